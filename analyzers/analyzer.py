@@ -1,0 +1,160 @@
+"""The analyzer: ingest -> store -> live windows -> findings, and the numbers
+the query service reports. Transport-free: the gRPC servicer calls this."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import structlog
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from gpuscope.v1 import samples_pb2 as pb
+
+from .classify import Classification
+from .findings import FindingsTracker
+from .ingest import DecodedBatch, decode
+from .live import LiveWindows
+from .store import Store, StoreConfig, finding_row
+from .windows import DEFAULT_WINDOW_S, check_window
+from .writer import Writer
+
+log = structlog.get_logger("gpuscope.analyzer")
+
+
+@dataclass(frozen=True)
+class AnalyzerConfig:
+    db_path: str
+    window_s: float = DEFAULT_WINDOW_S
+    memory_limit: str = "1GB"
+    threads: int = 2
+
+
+@dataclass
+class GpuState:
+    host: str
+    gpu: int
+    verdict: str = ""
+    confidence: float = 0.0
+    flags: tuple[str, ...] = ()
+    last_sample: float = 0.0
+
+
+class Analyzer:
+    def __init__(self, config: AnalyzerConfig):
+        self.config = config
+        self.window_s = check_window(config.window_s)
+        self.store = Store(StoreConfig(config.db_path, config.memory_limit, config.threads))
+        self.live = LiveWindows(self.window_s)
+        self.findings = FindingsTracker()
+        self.findings.load(self.store.open_findings())
+        self.writer = Writer(self.store, self._analyse)
+        self.gpus: dict[tuple[str, int], GpuState] = {}
+        self._names: dict[tuple[str, int], str] = {}
+        self._lost: set[tuple[str, int]] = set()
+        for d in self.store.devices():
+            self._names[(d["host"], d["gpu"])] = d["name"]
+            if d["lost"]:
+                self._lost.add((d["host"], d["gpu"]))
+        self.rejected = 0
+        self.started = time.time()
+        self._lock = threading.Lock()
+        self._scheduler = BackgroundScheduler(daemon=True)
+
+    def start(self) -> None:
+        self.writer.start()
+        self._scheduler.add_job(self.sweep, "interval", seconds=self.window_s, max_instances=1,
+                                coalesce=True, id="sweep")
+        self._scheduler.start()
+        log.info("analyzer started", db=self.config.db_path, window_s=self.window_s)
+
+    def submit(self, batch: pb.SampleBatch) -> Future:
+        """Validate and queue; raises BatchError (nothing written) for invalid input."""
+        try:
+            decoded = decode(batch)
+        except ValueError:
+            with self._lock:
+                self.rejected += 1
+            raise
+        return self.writer.submit(decoded)
+
+    # -- writer thread ------------------------------------------------------------------
+    def _analyse(self, batches: list[DecodedBatch]) -> None:
+        results: list[tuple[str, Classification, str]] = []
+        for b in batches:
+            for d in b.devices:
+                self._names[(b.host, d.gpu)] = d.name
+                if d.lost:
+                    self._lost.add((b.host, d.gpu))
+            if b.count:
+                for g in set(b.gpu.tolist()):
+                    st = self._state(b.host, g)
+                    st.last_sample = max(st.last_sample, float(b.t[b.gpu == g].max()))
+            results.extend(self.live.add(b))
+        self._record(results)
+
+    def _state(self, host: str, gpu: int) -> GpuState:
+        st = self.gpus.get((host, gpu))
+        if st is None:
+            st = self.gpus[(host, gpu)] = GpuState(host, gpu)
+        return st
+
+    def _record(self, results: list[tuple[str, Classification, str]]) -> None:
+        if not results:
+            return
+        windows, changed = [], {}
+        for host, c, job in results:
+            st = self._state(host, c.gpu)
+            st.verdict, st.confidence, st.flags = c.verdict, c.confidence, tuple(c.flags)
+            windows.append((host, c.gpu, c.start, c.end, c.verdict, c.confidence, json.dumps(c.flags), c.summary))
+            for f in self.findings.observe(host, c, job):
+                changed[f["id"]] = f
+                if f["end"] is None and f["windows"] == 1:
+                    log.info("finding opened", host=host, gpu=c.gpu, verdict=c.verdict,
+                             confidence=c.confidence, summary=c.summary)
+        store = self.store
+        store.begin()
+        try:
+            store.insert_windows(windows)
+            store.upsert_findings([finding_row(f) for f in changed.values()])
+            store.commit()
+        except Exception:
+            store.rollback()
+            raise
+
+    def sweep(self) -> None:
+        """Judge windows of GPUs that went quiet, and close their findings."""
+        def run(_store: Store) -> None:
+            now = time.time()
+            self._record(self.live.sweep(now))
+            stale = [k for k, f in self.findings.open.items()
+                     if self.gpus.get(k) is None or self.gpus[k].last_sample < now - 3 * self.window_s]
+            if stale:
+                closed = [self.findings.close(k, self.gpus[k].last_sample if k in self.gpus else now)
+                          for k in stale]
+                self.store.upsert_findings([finding_row(f) for f in closed])
+        self.writer.call(run)
+
+    # -- queries ----------------------------------------------------------------------------
+    def status(self) -> dict:
+        gpus = []
+        for key, st in sorted(self.gpus.items()):
+            f = self.findings.open.get(key)
+            gpus.append(dict(host=st.host, gpu=st.gpu, name=self._names.get(key, ""), verdict=st.verdict,
+                             confidence=st.confidence, flags=list(st.flags), last_sample=st.last_sample,
+                             open_finding=f["id"] if f else None, lost=key in self._lost))
+        w = self.writer
+        return dict(started=self.started, batches_committed=w.batches, batches_duplicate=w.duplicates,
+                    batches_rejected=self.rejected, samples_committed=w.samples,
+                    hosts=len({h for h, _ in self.gpus}), gpus=gpus, findings_open=len(self.findings.open),
+                    db_path=self.config.db_path, window_seconds=self.window_s)
+
+    def close(self) -> None:
+        try:
+            self._scheduler.shutdown(wait=False)
+        except Exception:  # not started
+            pass
+        self.writer.stop()
+        self.store.close()

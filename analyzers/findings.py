@@ -1,0 +1,57 @@
+"""Findings lifecycle: an episode per GPU, opened when a bottleneck starts and
+closed when it ends, never a row per window.
+
+A window whose verdict differs from the open finding's closes it at that
+window's start; idle closes without opening (idle is a state, not a
+bottleneck). The evidence of a finding is the mean of its windows' numbers.
+"""
+from __future__ import annotations
+
+import uuid
+
+from .classify import Classification
+from .rules.common import IDLE
+
+
+class FindingsTracker:
+    def __init__(self) -> None:
+        self.open: dict[tuple[str, int], dict] = {}
+        self._sums: dict[str, dict[str, float]] = {}
+
+    def load(self, rows: list[dict]) -> None:
+        """Resume the findings left open by a previous run of the analyzer."""
+        for f in rows:
+            self.open[(f["host"], f["gpu"])] = f
+            self._sums[f["id"]] = {k: v * f["windows"] for k, v in f["evidence"].items()}
+
+    def observe(self, host: str, c: Classification, job: str) -> list[dict]:
+        """Returns the findings that changed (closed, opened or extended)."""
+        key = (host, c.gpu)
+        cur = self.open.get(key)
+        changed = []
+        if cur is not None and cur["verdict"] == c.verdict:
+            n = cur["windows"] + 1
+            sums = self._sums[cur["id"]]
+            for k, v in c.evidence.items():
+                sums[k] = sums.get(k, 0.0) + v
+            cur.update(windows=n, confidence=round((cur["confidence"] * (n - 1) + c.confidence) / n, 3),
+                       evidence={k: round(v / n, 6) for k, v in sums.items()},
+                       flags=sorted(set(cur["flags"]) | set(c.flags)), job=job or cur["job"])
+            return [cur]
+        if cur is not None:
+            changed.append(self.close(key, c.start))
+        if c.verdict != IDLE:
+            f = dict(id=uuid.uuid4().hex[:12], host=host, gpu=c.gpu, job=job, verdict=c.verdict,
+                     start=c.start, end=None, confidence=c.confidence, windows=1,
+                     evidence=dict(c.evidence), flags=list(c.flags), summary=c.summary,
+                     alternatives=list(c.alternatives), decided_by="counters")
+            self.open[key] = f
+            self._sums[f["id"]] = dict(c.evidence)
+            changed.append(f)
+        return changed
+
+    def close(self, key: tuple[str, int], end: float) -> dict:
+        f = self.open.pop(key)
+        self._sums.pop(f["id"], None)
+        f["end"] = max(end, f["start"])
+        return f

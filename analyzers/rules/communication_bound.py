@@ -1,0 +1,26 @@
+"""communication-bound: moving data (PCIe, NVLink) is the limit.
+
+Bulk host<->device copies and collectives show up as interconnect traffic of
+hundreds of MiB/s or more while the SMs wait (kernel launches alone move tens
+of MiB/s). The host CPU that a copy burns (pinned staging) is part of the
+transfer, so it does not make the window host-bound. A link near its peak is
+communication-bound even when the SMs are also busy (collectives run on SMs).
+"""
+from __future__ import annotations
+
+from ..features import Window
+from .common import COMMUNICATION, MIB, RuleResult, busy, ramp, traffic
+
+
+def evaluate(w: Window) -> RuleResult | None:
+    rate = w.get("interconnect_bytes_per_second")
+    if rate is None:
+        return None
+    waiting = 1.0 - busy(w)
+    saturated = ramp(w.get("pcie_link_util_ratio"), 0.5, 0.8)
+    score = max(traffic(w) * waiting, saturated)
+    pcie, nvl = w.get("pcie_bytes_per_second"), w.get("nvlink_bytes_per_second")
+    parts = [f"PCIe {pcie / MIB:,.0f} MiB/s" if pcie is not None else None,
+             f"NVLink {nvl / MIB:,.0f} MiB/s" if nvl else None]
+    why = " + ".join(p for p in parts if p) + " moving while the GPU computes little"
+    return RuleResult(COMMUNICATION, score, why)

@@ -1,0 +1,32 @@
+"""launch-bound: the GPU runs many kernels too short to cover their launch cost.
+
+Counters see it as a GPU that is "starved by the host" (its processes burn
+host CPU, the GPU is mostly idle) yet kernels keep arriving: util_gpu (any
+kernel running) stays above a trickle while few SMs are busy. Counters alone
+cannot separate this from host-bound with certainty, so the result names
+host-bound as the alternative; a trace (launch rate, kernel durations) decides.
+"""
+from __future__ import annotations
+
+from ..features import Window
+from .common import HOST, LAUNCH, RuleResult, pct, ramp, starved
+
+
+def kernel_trickle(w: Window) -> float:
+    """1 when kernels run a few % of the time: a steady stream of short ones."""
+    return ramp(w.get("util_gpu_ratio"), 0.01, 0.03)
+
+
+def describe(w: Window) -> str:
+    cpu = w.get("host_cpu_cores")
+    host = f"its processes use {cpu:.2f} host cores" if cpu is not None else "no per-process CPU recorded"
+    return (f"GPU starved by the host: kernels run {pct(w.get('util_gpu_ratio'))} of the time, "
+            f"{pct(w.get('sm_util_ratio'))} of SMs busy, {host}")
+
+
+def evaluate(w: Window) -> RuleResult | None:
+    if w.get("util_gpu_ratio") is None:
+        return None
+    score = starved(w) * kernel_trickle(w)
+    return RuleResult(LAUNCH, score, describe(w) + "; a steady trickle of short kernels points at launch overhead",
+                      alternatives=(HOST,))

@@ -1,0 +1,232 @@
+"""The analyzer's DuckDB store: schema, migrations and every SQL statement.
+
+Times are Unix seconds (DOUBLE); metric columns carry the catalogue's units
+(declared again in the `metrics` table so SQL users can see them). Samples are
+appended as Arrow tables, never row by row.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import duckdb
+import pyarrow as pa
+
+from gpuscope.collectors import catalogue as cat
+
+SCHEMA_VERSION = 1
+AGGREGATES = {"mean": "avg({m})", "min": "min({m})", "max": "max({m})",
+              "p50": "quantile_cont({m}, 0.5)", "p95": "quantile_cont({m}, 0.95)",
+              "p99": "quantile_cont({m}, 0.99)", "last": "arg_max({m}, t)"}
+FINDING_COLUMNS = ("id", "host", "gpu", "job", "verdict", "start", "end", "confidence",
+                   "windows", "evidence", "flags", "summary", "alternatives", "decided_by")
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    path: str
+    memory_limit: str = "1GB"        # DuckDB's own cap; the process adds Python and gRPC
+    threads: int = 2
+
+
+def _ddl() -> list[str]:
+    metric_cols = ",\n  ".join(f'"{m.name}" DOUBLE' for m in cat.METRICS)
+    return [
+        "CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
+        f"CREATE TABLE IF NOT EXISTS samples (\n  host VARCHAR NOT NULL,\n  gpu INTEGER NOT NULL,\n  t DOUBLE NOT NULL,\n  {metric_cols}\n)",
+        """CREATE TABLE IF NOT EXISTS metrics (name VARCHAR PRIMARY KEY, unit VARCHAR, kind VARCHAR, help VARCHAR)""",
+        """CREATE TABLE IF NOT EXISTS processes (host VARCHAR, gpu INTEGER, t DOUBLE, pid BIGINT,
+             used_memory_bytes BIGINT, cpu_cores DOUBLE, command VARCHAR)""",
+        """CREATE TABLE IF NOT EXISTS devices (host VARCHAR, gpu INTEGER, uuid VARCHAR, name VARCHAR,
+             architecture VARCHAR, memory_total_bytes BIGINT, power_limit_watts DOUBLE,
+             pcie_generation INTEGER, pcie_width INTEGER, gpm_supported BOOLEAN, lost BOOLEAN,
+             last_seen DOUBLE, PRIMARY KEY (host, gpu))""",
+        """CREATE TABLE IF NOT EXISTS health (host VARCHAR, gpu INTEGER, t DOUBLE, kind VARCHAR,
+             detail VARCHAR, code UBIGINT)""",
+        """CREATE TABLE IF NOT EXISTS agents (host VARCHAR, boot_id VARCHAR, max_seq UBIGINT,
+             last_seen DOUBLE, dropped_samples UBIGINT, PRIMARY KEY (host, boot_id))""",
+        """CREATE TABLE IF NOT EXISTS windows (host VARCHAR, gpu INTEGER, start DOUBLE, "end" DOUBLE,
+             verdict VARCHAR, confidence DOUBLE, flags VARCHAR, summary VARCHAR)""",
+        """CREATE TABLE IF NOT EXISTS findings (id VARCHAR PRIMARY KEY, host VARCHAR, gpu INTEGER,
+             job VARCHAR, verdict VARCHAR, start DOUBLE, "end" DOUBLE, confidence DOUBLE,
+             windows INTEGER, evidence VARCHAR, flags VARCHAR, summary VARCHAR,
+             alternatives VARCHAR, decided_by VARCHAR)""",
+    ]
+
+
+class Store:
+    """One DuckDB file. Writes go through one connection (the writer thread);
+    each reader gets its own cursor, so queries never block ingest."""
+
+    def __init__(self, config: StoreConfig):
+        self.config = config
+        try:
+            self._con = duckdb.connect(config.path)
+        except duckdb.Error as exc:
+            raise RuntimeError(f"cannot open DuckDB file {config.path}: {exc}") from exc
+        self._con.execute(f"SET memory_limit='{config.memory_limit}'")
+        self._con.execute(f"SET threads={int(config.threads)}")
+        self._local = threading.local()
+        self._migrate()
+
+    def _migrate(self) -> None:
+        con = self._con
+        for stmt in _ddl():
+            con.execute(stmt)
+        # Metrics added to the catalogue after the file was created become new columns.
+        have = {r[0] for r in con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'samples'").fetchall()}
+        for m in cat.METRICS:
+            if m.name not in have:
+                con.execute(f'ALTER TABLE samples ADD COLUMN "{m.name}" DOUBLE')
+        con.execute("DELETE FROM metrics")
+        con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?)",
+                        [(m.name, m.unit, m.kind.value, m.help) for m in cat.METRICS])
+        con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+
+    def reader(self) -> duckdb.DuckDBPyConnection:
+        cur = getattr(self._local, "cursor", None)
+        if cur is None:
+            cur = self._local.cursor = self._con.cursor()
+        return cur
+
+    # -- writes (writer thread only) -------------------------------------------------
+    def begin(self) -> None:
+        self._con.execute("BEGIN TRANSACTION")
+
+    def commit(self) -> None:
+        self._con.execute("COMMIT")
+
+    def rollback(self) -> None:
+        try:
+            self._con.execute("ROLLBACK")
+        except duckdb.Error:
+            pass
+
+    def append(self, table: str, rows: pa.Table) -> None:
+        self._con.register("_incoming", rows)
+        try:
+            cols = ", ".join(f'"{c}"' for c in rows.column_names)
+            self._con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _incoming")
+        finally:
+            self._con.unregister("_incoming")
+
+    def high_water_marks(self) -> dict[tuple[str, str], int]:
+        return {(h, b): int(s) for h, b, s in self._con.execute(
+            "SELECT host, boot_id, max_seq FROM agents").fetchall()}
+
+    def upsert_agents(self, rows: Sequence[tuple]) -> None:
+        self._con.executemany("INSERT OR REPLACE INTO agents VALUES (?, ?, ?, ?, ?)", rows)
+
+    def upsert_devices(self, rows: Sequence[tuple]) -> None:
+        self._con.executemany("INSERT OR REPLACE INTO devices VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+
+    def insert_health(self, rows: Sequence[tuple]) -> None:
+        self._con.executemany("INSERT INTO health VALUES (?, ?, ?, ?, ?, ?)", rows)
+
+    def insert_windows(self, rows: Sequence[tuple]) -> None:
+        self._con.executemany("INSERT INTO windows VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+
+    def upsert_findings(self, rows: Sequence[tuple]) -> None:
+        self._con.executemany(f"INSERT OR REPLACE INTO findings VALUES ({', '.join('?' * len(FINDING_COLUMNS))})", rows)
+
+    def open_findings(self) -> list[dict]:
+        return _findings(self._con.execute('SELECT * FROM findings WHERE "end" IS NULL'))
+
+    def devices(self) -> list[dict]:
+        return _dicts(self._con.execute("SELECT * FROM devices"))
+
+    # -- queries (any thread) ------------------------------------------------------------
+    def findings(self, host: str = "", gpu: int | None = None, verdicts: Iterable[str] = (),
+                 start: float | None = None, end: float | None = None, open_only: bool = False,
+                 limit: int = 1000) -> list[dict]:
+        where, args = [], []
+        if host:
+            where.append("host = ?")
+            args.append(host)
+        if gpu is not None:
+            where.append("gpu = ?")
+            args.append(gpu)
+        verdicts = list(verdicts)
+        if verdicts:
+            where.append(f"verdict IN ({', '.join('?' * len(verdicts))})")
+            args.extend(verdicts)
+        if start is not None:
+            where.append('coalesce("end", 1e300) >= ?')
+            args.append(start)
+        if end is not None:
+            where.append("start <= ?")
+            args.append(end)
+        if open_only:
+            where.append('"end" IS NULL')
+        sql = "SELECT * FROM findings" + (" WHERE " + " AND ".join(where) if where else "")
+        sql += " ORDER BY start DESC LIMIT ?"
+        args.append(limit)
+        return _findings(self.reader().execute(sql, args))
+
+    def top_bottlenecked(self, start: float, end: float, limit: int = 10, now: float | None = None) -> list[dict]:
+        """GPUs with the most seconds in a bottleneck (any verdict but idle) over [start, end]."""
+        now = end if now is None else now
+        sql = """
+            SELECT host, gpu,
+                   sum(least(coalesce("end", ?), ?) - greatest(start, ?)) AS bottleneck_seconds,
+                   arg_max(verdict, least(coalesce("end", ?), ?) - greatest(start, ?)) AS main_verdict,
+                   count(*) AS findings
+            FROM findings
+            WHERE verdict <> 'idle' AND start <= ? AND coalesce("end", ?) >= ?
+            GROUP BY host, gpu ORDER BY bottleneck_seconds DESC LIMIT ?"""
+        args = [now, end, start, now, end, start, end, now, start, limit]
+        return _dicts(self.reader().execute(sql, args))
+
+    def metric(self, metric: str, host: str, gpu: int | None, start: float, end: float,
+               aggregate: str, step: float) -> list[dict]:
+        if metric not in cat.BY_NAME:
+            raise KeyError(metric)
+        where, args = ["t BETWEEN ? AND ?", f'"{metric}" IS NOT NULL'], [start, end]
+        if host:
+            where.append("host = ?")
+            args.append(host)
+        if gpu is not None:
+            where.append("gpu = ?")
+            args.append(gpu)
+        w = " AND ".join(where)
+        col = f'"{metric}"'
+        if aggregate == "series":
+            sql = (f"SELECT host, gpu, floor(t / {step!r}) * {step!r} AS bucket, avg({col}) AS value, "
+                   f"count(*) AS n FROM samples WHERE {w} GROUP BY ALL ORDER BY host, gpu, bucket")
+        else:
+            sql = (f"SELECT host, gpu, {AGGREGATES[aggregate].format(m=col)} AS value, count(*) AS n "
+                   f"FROM samples WHERE {w} GROUP BY ALL ORDER BY host, gpu")
+        return _dicts(self.reader().execute(sql, args))
+
+    def count(self, table: str) -> int:
+        return int(self.reader().execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+    def close(self) -> None:
+        try:
+            self._con.close()
+        except duckdb.Error:
+            pass
+
+
+def _dicts(cur: Any) -> list[dict]:
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+_JSON_FIELDS = ("evidence", "flags", "alternatives")
+
+
+def _findings(cur: Any) -> list[dict]:
+    rows = _dicts(cur)
+    for r in rows:
+        for k in _JSON_FIELDS:
+            r[k] = json.loads(r[k]) if r[k] else ([] if k != "evidence" else {})
+    return rows
+
+
+def finding_row(f: dict) -> tuple:
+    return tuple(json.dumps(f[k]) if k in _JSON_FIELDS else f[k]
+                 for k in FINDING_COLUMNS)

@@ -1,0 +1,94 @@
+"""The metric catalogue: every metric is declared once, with its unit and kind.
+
+Units are normalised here and nowhere else: collectors hand raw vendor values
+to `normalise`, which applies the declared scale. Internally ratios are 0-1,
+sizes are bytes, rates bytes/s, times seconds, power watts, clocks hertz.
+Names follow Prometheus conventions (unit suffix, `_total` for counters).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Kind(str, Enum):
+    GAUGE = "gauge"
+    COUNTER = "counter"   # cumulative; may wrap (wrap_bits) or reset
+    RATIO = "ratio"       # gauge bounded to 0-1
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str
+    kind: Kind
+    help: str
+    raw_unit: str          # what NVML and recordings report
+    scale: float = 1.0     # raw * scale = value in `unit`
+    csv: str | None = None  # column in samples.csv-style recordings
+    wrap_bits: int | None = None
+    slow: bool = False      # too costly for every tick (see collectors/nvml.py)
+
+
+def _m(name, unit, kind, help, raw_unit, scale=1.0, csv=None, wrap_bits=None, slow=False):
+    return Metric(name, unit, kind, help, raw_unit, scale, csv, wrap_bits, slow)
+
+
+PERCENT, MILLI, MEGA, NANO, KIB, MIB = 0.01, 1e-3, 1e6, 1e-9, 1024.0, 1048576.0
+G, C, R = Kind.GAUGE, Kind.COUNTER, Kind.RATIO
+
+METRICS: tuple[Metric, ...] = (
+    _m("util_gpu_ratio", "ratio", R, "fraction of the sample period a kernel ran", "%", PERCENT, "util_gpu"),
+    _m("util_mem_ratio", "ratio", R, "fraction of the sample period device memory was read or written", "%", PERCENT, "util_mem"),
+    _m("mem_used_bytes", "bytes", G, "device memory in use", "B", 1.0, "mem_used"),
+    _m("mem_total_bytes", "bytes", G, "device memory in total", "B", 1.0, "mem_total"),
+    _m("power_watts", "watts", G, "board power, averaged by the driver", "mW", MILLI, "power_mw"),
+    _m("power_instant_watts", "watts", G, "board power, instantaneous", "mW", MILLI, "power_instant_mw"),
+    _m("power_limit_watts", "watts", G, "enforced power limit", "mW", MILLI, "power_limit_mw", slow=True),
+    _m("energy_joules_total", "joules", C, "energy since driver load", "mJ", MILLI, "energy_mj", slow=True),
+    _m("sm_clock_hertz", "hertz", G, "SM clock", "MHz", MEGA, "sm_clock"),
+    _m("mem_clock_hertz", "hertz", G, "memory clock", "MHz", MEGA, "mem_clock"),
+    _m("temp_celsius", "celsius", G, "GPU temperature", "C", 1.0, "temp_c"),
+    _m("mem_temp_celsius", "celsius", G, "HBM temperature", "C", 1.0, "mem_temp_c"),
+    _m("clock_event_reasons", "bitmask", G, "active clock-event (throttle) reasons, nvmlClocksEventReason bits", "bitmask", 1.0, "clk_reasons"),
+    _m("throttle_sw_power_cap_seconds_total", "seconds", C, "time clocks were held down by the software power cap", "ns", NANO, "clk_sw_power_cap_ns"),
+    _m("throttle_sync_boost_seconds_total", "seconds", C, "time in sync boost", "ns", NANO, "clk_sync_boost_ns"),
+    _m("throttle_sw_thermal_seconds_total", "seconds", C, "time clocks were held down by software thermal slowdown", "ns", NANO, "clk_sw_thermal_ns"),
+    _m("throttle_hw_thermal_seconds_total", "seconds", C, "time in hardware thermal slowdown", "ns", NANO, "clk_hw_thermal_ns", slow=True),
+    _m("throttle_hw_power_brake_seconds_total", "seconds", C, "time in hardware power-brake slowdown", "ns", NANO, "clk_hw_power_brake_ns", slow=True),
+    _m("pcie_tx_bytes_total", "bytes", C, "PCIe bytes sent by the GPU", "B", 1.0, "pcie_tx_bytes", wrap_bits=32),
+    _m("pcie_rx_bytes_total", "bytes", C, "PCIe bytes received by the GPU", "B", 1.0, "pcie_rx_bytes", wrap_bits=32),
+    _m("pcie_replay_total", "count", C, "PCIe replays", "count", 1.0, "pcie_replay", slow=True),
+    _m("nvlink_tx_bytes_total", "bytes", C, "NVLink data bytes sent, all links", "KiB", KIB, "nvlink_data_tx_kib"),
+    _m("nvlink_rx_bytes_total", "bytes", C, "NVLink data bytes received, all links", "KiB", KIB, "nvlink_data_rx_kib"),
+    _m("ecc_uncorrected_total", "count", C, "uncorrected ECC errors since driver load (volatile)", "count", 1.0, "ecc_uncorrected", slow=True),
+    _m("ecc_corrected_total", "count", C, "corrected ECC errors since driver load (volatile)", "count", 1.0, "ecc_corrected", slow=True),
+    _m("procs_count", "count", G, "compute processes on the GPU", "count", 1.0),
+    _m("procs_cpu_cores", "cores", G, "host CPU of the GPU's compute processes, summed (1 = one core)", "%", PERCENT, "proc_cpu_pct"),
+    _m("gpm_graphics_util_ratio", "ratio", R, "GPM: graphics engine activity", "%", PERCENT, "gpm_graphics_util"),
+    _m("gpm_sm_util_ratio", "ratio", R, "GPM: fraction of SMs busy", "%", PERCENT, "gpm_sm_util"),
+    _m("gpm_sm_occupancy_ratio", "ratio", R, "GPM: warps resident / maximum", "%", PERCENT, "gpm_sm_occupancy"),
+    _m("gpm_tensor_util_ratio", "ratio", R, "GPM: any tensor pipe active", "%", PERCENT, "gpm_any_tensor_util"),
+    _m("gpm_hmma_util_ratio", "ratio", R, "GPM: HMMA tensor pipe active", "%", PERCENT, "gpm_hmma_tensor_util"),
+    _m("gpm_dram_bw_util_ratio", "ratio", R, "GPM: DRAM bandwidth used / peak", "%", PERCENT, "gpm_dram_bw_util"),
+    _m("gpm_fp32_util_ratio", "ratio", R, "GPM: FP32 pipe active", "%", PERCENT, "gpm_fp32_util"),
+    _m("gpm_fp16_util_ratio", "ratio", R, "GPM: FP16 pipe active", "%", PERCENT, "gpm_fp16_util"),
+    _m("gpm_integer_util_ratio", "ratio", R, "GPM: integer pipe active", "%", PERCENT, "gpm_integer_util"),
+    _m("gpm_pcie_tx_bytes_per_second", "bytes/s", G, "GPM: PCIe bytes/s out of the GPU", "MiB/s", MIB, "gpm_pcie_tx_per_sec"),
+    _m("gpm_pcie_rx_bytes_per_second", "bytes/s", G, "GPM: PCIe bytes/s into the GPU", "MiB/s", MIB, "gpm_pcie_rx_per_sec"),
+    _m("gpm_nvlink_tx_bytes_per_second", "bytes/s", G, "GPM: NVLink bytes/s out of the GPU", "MiB/s", MIB, "gpm_nvlink_tx_per_sec"),
+    _m("gpm_nvlink_rx_bytes_per_second", "bytes/s", G, "GPM: NVLink bytes/s into the GPU", "MiB/s", MIB, "gpm_nvlink_rx_per_sec"),
+)
+
+BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+BY_CSV: dict[str, Metric] = {m.csv: m for m in METRICS if m.csv}
+NAMES: tuple[str, ...] = tuple(m.name for m in METRICS)
+
+
+def normalise(metric: Metric, raw: float) -> float:
+    """Raw vendor value -> catalogue unit. The only place units change."""
+    return raw * metric.scale if metric.scale != 1.0 else float(raw)
+
+
+def unit_of(name: str) -> str:
+    return BY_NAME[name].unit

@@ -1,0 +1,406 @@
+"""`gpuscope`: the command line, and the composition root that wires
+collectors, agent, analyzer and servers together. Only `main` exits."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from gpuscope.collectors import catalogue as cat
+from gpuscope.collectors.nvml import NvmlCollector, NvmlConfig, SourceUnavailable
+from gpuscope.collectors.recording import RecordingError, default_recording, read_recording
+from gpuscope.collectors.replay import ReplayCollector
+from gpuscope.v1 import agent_pb2_grpc, analyzer_pb2_grpc
+
+from . import clients, logs
+from .agent import Agent, AgentConfig
+from .serve import ListenError, build_server, parse_hostport, shutdown
+from .service import AgentServicer
+from .uplink import Uplink, UplinkConfig
+
+VERDICTS = ("compute-bound", "memory-bound", "launch-bound", "host-bound", "communication-bound", "idle")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+
+
+class UsageError(Exception):
+    pass
+
+
+def duration(value: str) -> float:
+    m = _DURATION.match(value.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a duration like 90s, 15m, 1h, 2d")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+def default_db() -> str:
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "gpuscope", "gpuscope.duckdb")
+
+
+def _print_json(obj) -> None:
+    json.dump(obj, sys.stdout, indent=1, default=str)
+    sys.stdout.write("\n")
+
+
+# -- sources ------------------------------------------------------------------------------
+def make_source(spec: str, speed: float, allow_fallback: bool):
+    """Returns (collector, description). nvml|replay:FILE|auto."""
+    if spec.startswith("replay:"):
+        return _replay(spec.removeprefix("replay:"), speed)
+    if spec not in ("nvml", "auto"):
+        raise UsageError(f"--source: {spec!r}, expected nvml, replay:FILE or auto")
+    collector = NvmlCollector(NvmlConfig())
+    try:
+        collector.start()
+    except SourceUnavailable as exc:
+        if spec == "nvml" or not allow_fallback:
+            raise
+        print(f"gpuscope: no GPU here ({exc}).\ngpuscope: replaying the bundled NVIDIA H200 recording "
+              f"at {speed:g}x instead.", file=sys.stderr)
+        return _replay(str(default_recording()), speed)
+    return _Started(collector), "nvml"
+
+
+def _replay(path: str, speed: float):
+    if speed <= 0:
+        raise UsageError(f"--speed: must be > 0, got {speed}")
+    rec = read_recording(path)
+    return ReplayCollector(rec, speed=speed, loop=True), f"replay:{path}"
+
+
+class _Started:
+    """Wraps a collector already started (NVML probing happens before the agent)."""
+    def __init__(self, inner):
+        self._inner = inner
+
+    def start(self):
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def _uplink_factory(host: str, target: str, buffer_samples: int):
+    def make(boot_id, devices):
+        return Uplink(UplinkConfig(target=target, buffer_samples=buffer_samples), host, boot_id, devices)
+    return make
+
+
+def _wait(stop: threading.Event, seconds: float | None, tick=None) -> None:
+    deadline = None if seconds is None else time.monotonic() + seconds
+    while not stop.is_set():
+        if tick is not None:
+            tick()
+        left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+        if left <= 0:
+            return
+        stop.wait(left)
+
+
+def _install_signals(stop: threading.Event) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+
+
+def _loopback(listen: str, port: int) -> str:
+    host = listen.rpartition(":")[0]
+    if host in ("0.0.0.0", "[::]", ""):
+        host = "127.0.0.1"
+    return f"{host}:{port}"
+
+
+# -- commands ---------------------------------------------------------------------------
+def cmd_up(ns) -> int:
+    from gpuscope.analyzers.analyzer import Analyzer, AnalyzerConfig
+    from gpuscope.analyzers.service import AnalyzerServicer
+    from .view import LiveView
+
+    parse_hostport(ns.listen, "--listen")
+    Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
+    collector, source = make_source(ns.source, ns.speed, allow_fallback=True)
+    analyzer = Analyzer(AnalyzerConfig(ns.db, window_s=ns.window, memory_limit=ns.memory_limit))
+    analyzer.start()
+    agent_cfg = AgentConfig(host=ns.host, source=source, interval_s=ns.interval)
+    agent = Agent(agent_cfg, collector)
+    server, port, health = build_server(ns.listen, [
+        (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, AnalyzerServicer(analyzer), "gpuscope.v1.Analyzer"),
+        (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent, "in-process"), "gpuscope.v1.Agent")])
+    server.start()
+    target = _loopback(ns.listen, port)
+    agent._uplink_factory = _uplink_factory(ns.host, target, ns.buffer_samples)
+    agent.start()
+    stop = threading.Event()
+    _install_signals(stop)
+    view = LiveView()
+    header = (f"gpuscope up: {source} ({ns.speed:g}x)  listening on {ns.listen.rpartition(':')[0]}:{port}  "
+              f"db {ns.db}")
+    print(f"gpuscope: serving on {ns.listen.rpartition(':')[0]}:{port}; query it with "
+          f"`gpuscope findings --server {target}`", file=sys.stderr)
+
+    def tick():
+        if not ns.no_view:
+            view.show(analyzer.status(), analyzer.store.findings(open_only=True, limit=8), header)
+    try:
+        _wait(stop, ns.duration, tick)
+    finally:
+        agent.stop()
+        shutdown(server, health)
+        analyzer.close()
+    print("gpuscope: stopped", file=sys.stderr)
+    return 0
+
+
+def cmd_agent(ns) -> int:
+    parse_hostport(ns.listen, "--listen")
+    if ns.analyzer:
+        parse_hostport(ns.analyzer, "--analyzer")
+    collector, source = make_source(ns.source, ns.speed, allow_fallback=False)
+    factory = _uplink_factory(ns.host, ns.analyzer, ns.buffer_samples) if ns.analyzer else None
+    agent = Agent(AgentConfig(host=ns.host, source=source, interval_s=ns.interval), collector, factory)
+    server, port, health = build_server(ns.listen, [
+        (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent, ns.analyzer or ""), "gpuscope.v1.Agent")],
+        max_workers=8)
+    agent.start()
+    server.start()
+    print(f"gpuscope agent: {source}, API on {ns.listen.rpartition(':')[0]}:{port}, "
+          f"analyzer {ns.analyzer or '(none)'}", file=sys.stderr)
+    stop = threading.Event()
+    _install_signals(stop)
+    try:
+        _wait(stop, ns.duration)
+    finally:
+        agent.stop()
+        shutdown(server, health)
+    return 0
+
+
+def cmd_analyzer(ns) -> int:
+    from gpuscope.analyzers.analyzer import Analyzer, AnalyzerConfig
+    from gpuscope.analyzers.service import AnalyzerServicer
+
+    parse_hostport(ns.listen, "--listen")
+    Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
+    analyzer = Analyzer(AnalyzerConfig(ns.db, window_s=ns.window, memory_limit=ns.memory_limit, threads=ns.threads))
+    server, port, health = build_server(ns.listen, [
+        (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, AnalyzerServicer(analyzer), "gpuscope.v1.Analyzer")],
+        max_workers=ns.max_streams)
+    analyzer.start()
+    server.start()
+    print(f"gpuscope analyzer: listening on {ns.listen.rpartition(':')[0]}:{port}, db {ns.db}", file=sys.stderr)
+    stop = threading.Event()
+    _install_signals(stop)
+    try:
+        _wait(stop, ns.duration)
+    finally:
+        shutdown(server, health)
+        analyzer.close()
+    return 0
+
+
+def _time_range(ns) -> tuple[float | None, float | None]:
+    end = ns.end
+    start = ns.start
+    if ns.since is not None:
+        start = (end or time.time()) - ns.since
+    return start, end
+
+
+def cmd_status(ns) -> int:
+    s = clients.status(ns.server)
+    if ns.json:
+        _print_json(s)
+        return 0
+    if s["kind"] == "agent":
+        print(f"agent {s['host']} ({s['source']}): {s['samples']} samples, uplink "
+              f"{'connected' if s['uplink_connected'] else 'DISCONNECTED'} to {s['analyzer']}, "
+              f"dropped {s['dropped_samples']}, unacked {s['unacked_samples']}")
+        for d in s.get("devices", []):
+            print(f"  gpu{d.get('gpu', 0)} {d.get('name', '')} {'LOST' if d.get('lost') else ''}")
+        return 0
+    print(f"analyzer {s['version']}: {s['hosts']} hosts, {s['samples_committed']} samples, "
+          f"{s['findings_open']} open findings, db {s['db_path']}")
+    for g in s.get("gpus", []):
+        print(f"  {g['host']}/gpu{g.get('gpu', 0)} {g.get('verdict') or '-':<20} {g.get('confidence', 0):.2f} "
+              f"{','.join(g.get('flags', []))}{' LOST' if g.get('lost') else ''}")
+    return 0
+
+
+def cmd_findings(ns) -> int:
+    start, end = _time_range(ns)
+    rows = clients.findings(ns.server, ns.host or "", ns.gpu, ns.verdict, start, end, ns.open, ns.limit)
+    if ns.json:
+        _print_json({"findings": rows})
+        return 0
+    if not rows:
+        print("no findings")
+    for f in rows:
+        end_s = "open" if f["end"] is None else time.strftime("%H:%M:%S", time.localtime(f["end"]))
+        print(f"{f['id']} {f['host']}/gpu{f['gpu']} {f['verdict']:<20} "
+              f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(f['start']))} -> {end_s} "
+              f"conf {f['confidence']:.2f} {','.join(f['flags'])}\n    {f['summary']}")
+    return 0
+
+
+def cmd_query(ns) -> int:
+    if ns.metric not in cat.BY_NAME:
+        raise UsageError(f"--metric: unknown {ns.metric!r}; `gpuscope metrics` lists them")
+    start, end = _time_range(ns)
+    end = end or time.time()
+    start = start if start is not None else end - 3600
+    r = clients.query(ns.server, ns.metric, ns.host or "", ns.gpu, start, end, ns.aggregate, ns.step or 0)
+    if ns.json:
+        _print_json(r)
+        return 0
+    for s in r["series"]:
+        if r["aggregate"] == "series":
+            print(f"{s['host']}/gpu{s['gpu']} {r['metric']} ({r['unit']}), {len(s['points'])} points:")
+            for t, v in s["points"]:
+                print(f"  {time.strftime('%H:%M:%S', time.localtime(t))} {v:.6g}")
+        else:
+            print(f"{s['host']}/gpu{s['gpu']} {r['aggregate']}({r['metric']}) = {s['value']} {r['unit']} "
+                  f"over {s['samples']} samples")
+    return 0
+
+
+def cmd_classify(ns) -> int:
+    from gpuscope.analyzers.offline import classify_recording
+
+    rec = read_recording(ns.file)
+    try:
+        results = classify_recording(rec, ns.window)
+    except ValueError as exc:
+        raise UsageError(f"--window: {exc}") from None
+    windows = [dict(gpu=c.gpu, start=c.start, end=c.end, verdict=c.verdict, confidence=c.confidence,
+                    evidence=c.evidence, flags=c.flags, summary=c.summary,
+                    alternatives=list(c.alternatives)) for c in results]
+    if ns.json:
+        _print_json({"windows": windows, "window_seconds": ns.window})
+        return 0
+    for w in windows:
+        print(f"gpu{w['gpu']} {time.strftime('%H:%M:%S', time.localtime(w['start']))} {w['verdict']:<20} "
+              f"{w['confidence']:.2f} {','.join(w['flags'])}  {w['summary']}")
+    return 0
+
+
+def cmd_metrics(ns) -> int:
+    rows = [dict(name=m.name, unit=m.unit, kind=m.kind.value, help=m.help, raw_unit=m.raw_unit,
+                 slow=m.slow) for m in cat.METRICS]
+    if ns.json:
+        _print_json({"metrics": rows})
+    else:
+        for r in rows:
+            print(f"{r['name']:<40} {r['unit']:<8} {r['kind']:<8} {r['help']}")
+    return 0
+
+
+# -- parser --------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpuscope", description="GPU fleet profiler: names each GPU's bottleneck.")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--json-logs", action="store_true", default=None, help="JSON log lines (default off a terminal)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def source_args(sp, default):
+        sp.add_argument("--source", default=default, help="nvml, replay:FILE, or auto (NVML, else the bundled H200 recording)")
+        sp.add_argument("--speed", type=float, default=1.0, help="replay speed (default 1)")
+        sp.add_argument("--interval", type=float, default=1.0, help="sampling interval in seconds, 0.1 to 60 (default 1)")
+        sp.add_argument("--host", default=socket.gethostname(), help="host name reported (default: this host's)")
+        sp.add_argument("--buffer-samples", type=int, default=50_000,
+                        help="samples kept while the analyzer is away (default 50000; oldest dropped first)")
+        sp.add_argument("--duration", type=duration, default=None, help="stop after this long (default: run until Ctrl-C)")
+
+    def analyzer_args(sp):
+        sp.add_argument("--db", default=default_db(), help=f"DuckDB file (default {default_db()})")
+        sp.add_argument("--window", type=float, default=5.0, help="classification window in seconds, 1-60 (default 5)")
+        sp.add_argument("--memory-limit", default="1GB", help="DuckDB memory cap (default 1GB)")
+
+    sp = sub.add_parser("up", help="agent + analyzer in one process, with a live view")
+    sp.add_argument("--listen", default="127.0.0.1:9400", help="gRPC address (default 127.0.0.1:9400)")
+    sp.add_argument("--no-view", action="store_true", help="no live view (logs only)")
+    source_args(sp, "auto")
+    analyzer_args(sp)
+    sp.set_defaults(fn=cmd_up)
+
+    sp = sub.add_parser("agent", help="the per-host sampling daemon")
+    sp.add_argument("--analyzer", default="", help="analyzer HOST:PORT to stream to")
+    sp.add_argument("--listen", default="127.0.0.1:9401", help="agent API address (default 127.0.0.1:9401)")
+    source_args(sp, "nvml")
+    sp.set_defaults(fn=cmd_agent)
+
+    sp = sub.add_parser("analyzer", help="the central analyzer: ingest, store, findings, queries")
+    sp.add_argument("--listen", default="0.0.0.0:9400", help="gRPC address (default 0.0.0.0:9400)")
+    sp.add_argument("--threads", type=int, default=2, help="DuckDB threads (default 2)")
+    sp.add_argument("--max-streams", type=int, default=256, help="concurrent gRPC calls, agents included (default 256)")
+    sp.add_argument("--duration", type=duration, default=None, help="stop after this long")
+    analyzer_args(sp)
+    sp.set_defaults(fn=cmd_analyzer)
+
+    def server_args(sp):
+        sp.add_argument("--server", required=True, help="analyzer (or agent) HOST:PORT")
+        sp.add_argument("--json", action="store_true", help="JSON output")
+
+    def range_args(sp):
+        sp.add_argument("--since", type=duration, default=None, help="from this long ago, e.g. 1h")
+        sp.add_argument("--start", type=float, default=None, help="Unix seconds")
+        sp.add_argument("--end", type=float, default=None, help="Unix seconds (default now)")
+        sp.add_argument("--host", default="")
+        sp.add_argument("--gpu", type=int, default=None)
+
+    sp = sub.add_parser("status", help="analyzer or agent status")
+    server_args(sp)
+    sp.set_defaults(fn=cmd_status)
+
+    sp = sub.add_parser("findings", help="bottleneck episodes")
+    server_args(sp)
+    range_args(sp)
+    sp.add_argument("--verdict", action="append", choices=VERDICTS, help="repeat for several")
+    sp.add_argument("--open", action="store_true", help="open findings only")
+    sp.add_argument("--limit", type=int, default=1000)
+    sp.set_defaults(fn=cmd_findings)
+
+    sp = sub.add_parser("query", help="a metric's series or aggregate over a time range")
+    server_args(sp)
+    range_args(sp)
+    sp.add_argument("--metric", required=True, help="catalogue name, e.g. util_gpu_ratio")
+    sp.add_argument("--aggregate", default="series", choices=["series", "mean", "min", "max", "p50", "p95", "p99", "last"])
+    sp.add_argument("--step", type=duration, default=None, help="bucket width for series (default: range/300)")
+    sp.set_defaults(fn=cmd_query)
+
+    sp = sub.add_parser("classify", help="classify a recording offline, window by window")
+    sp.add_argument("file")
+    sp.add_argument("--window", type=float, default=5.0, help="seconds, 1-60 (default 5)")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(fn=cmd_classify)
+
+    sp = sub.add_parser("metrics", help="the metric catalogue: names, units, kinds")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(fn=cmd_metrics)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    logs.configure(ns.log_level, ns.json_logs)
+    try:
+        return ns.fn(ns)
+    except (UsageError, ValueError, RecordingError, SourceUnavailable, ListenError,
+            clients.ClientError, RuntimeError) as exc:
+        print(f"gpuscope {ns.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:   # `gpuscope classify ... | head`
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""On-call queries over gRPC: status, findings, query. Plain functions that
+return JSON-ready dicts; the CLI prints them."""
+from __future__ import annotations
+
+import grpc
+from google.protobuf import json_format
+
+from gpuscope.v1 import agent_pb2, agent_pb2_grpc, analyzer_pb2 as apb, analyzer_pb2_grpc
+
+
+class ClientError(RuntimeError):
+    pass
+
+
+def _call(server: str, fn, timeout: float = 10.0):
+    with grpc.insecure_channel(server) as ch:
+        try:
+            return fn(ch, timeout)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                raise ClientError(f"cannot reach {server}: {exc.details()} "
+                                  "(is `gpuscope up` or `gpuscope analyzer` running there?)") from None
+            raise ClientError(f"{server}: {exc.code().name}: {exc.details()}") from None
+
+
+def finding_dict(f: apb.Finding) -> dict:
+    return dict(id=f.id, host=f.host, gpu=f.gpu, job=f.job, verdict=f.verdict, start=f.start,
+                end=f.end if f.HasField("end") else None, confidence=round(f.confidence, 3),
+                windows=f.windows, evidence=dict(sorted(f.evidence.numbers.items())),
+                flags=list(f.evidence.flags), summary=f.evidence.summary,
+                alternatives=list(f.evidence.alternatives), decided_by=f.evidence.decided_by)
+
+
+def status(server: str) -> dict:
+    def fn(ch, timeout):
+        try:
+            s = analyzer_pb2_grpc.AnalyzerStub(ch).GetStatus(apb.StatusRequest(), timeout=timeout)
+            return dict(kind="analyzer", **json_format.MessageToDict(
+                s, preserving_proto_field_name=True, always_print_fields_with_no_presence=True))
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+        s = agent_pb2_grpc.AgentStub(ch).GetStatus(agent_pb2.AgentStatusRequest(), timeout=timeout)
+        return dict(kind="agent", **json_format.MessageToDict(
+            s, preserving_proto_field_name=True, always_print_fields_with_no_presence=True))
+    return _call(server, fn)
+
+
+def findings(server: str, host: str = "", gpu: int | None = None, verdicts: list[str] | None = None,
+             start: float | None = None, end: float | None = None, open_only: bool = False,
+             limit: int = 1000) -> list[dict]:
+    req = apb.FindingsRequest(host=host, verdicts=verdicts or [], open_only=open_only, limit=limit)
+    if gpu is not None:
+        req.gpu = gpu
+    if start is not None:
+        req.start = start
+    if end is not None:
+        req.end = end
+    resp = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ListFindings(req, timeout=t))
+    return [finding_dict(f) for f in resp.findings]
+
+
+def query(server: str, metric: str, host: str, gpu: int | None, start: float, end: float,
+          aggregate: str, step: float) -> dict:
+    req = apb.MetricQuery(metric=metric, host=host, start=start, end=end, aggregate=aggregate, step_seconds=step)
+    if gpu is not None:
+        req.gpu = gpu
+    r = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).QueryMetric(req, timeout=t), timeout=60)
+    return dict(metric=r.metric, unit=r.unit, aggregate=r.aggregate, series=[
+        dict(host=s.host, gpu=s.gpu, samples=s.samples,
+             **({"points": [[p.t, p.value] for p in s.points]} if r.aggregate == "series"
+                else {"value": s.value if s.HasField("value") else None}))
+        for s in r.series])

@@ -1,0 +1,70 @@
+"""Records -> wire messages. The only place the agent builds protos."""
+from __future__ import annotations
+
+import math
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from gpuscope.collectors import catalogue as cat
+from gpuscope.collectors.records import DeviceInfo, GpuSample, HealthKind, HealthRecord
+from gpuscope.v1 import samples_pb2 as pb
+
+_HEALTH = {
+    HealthKind.GPU_LOST: pb.HEALTH_KIND_GPU_LOST,
+    HealthKind.XID: pb.HEALTH_KIND_XID,
+    HealthKind.ECC_UNCORRECTED: pb.HEALTH_KIND_ECC_UNCORRECTED,
+    HealthKind.SOURCE_ERROR: pb.HEALTH_KIND_SOURCE_ERROR,
+    HealthKind.RECOVERED: pb.HEALTH_KIND_RECOVERED,
+}
+_NAMES = cat.NAMES
+
+
+def device_pb(d: DeviceInfo) -> pb.Device:
+    m = pb.Device(gpu=d.gpu, uuid=d.uuid, name=d.name, architecture=d.architecture,
+                  gpm_supported=d.gpm_supported, lost=d.lost)
+    if d.memory_total_bytes is not None:
+        m.memory_total_bytes = int(d.memory_total_bytes)
+    if d.power_limit_watts is not None:
+        m.power_limit_watts = d.power_limit_watts
+    if d.pcie_generation is not None:
+        m.pcie_generation = d.pcie_generation
+    if d.pcie_width is not None:
+        m.pcie_width = d.pcie_width
+    return m
+
+
+def encode_batch(host: str, boot_id: str, seq: int, samples: Sequence[GpuSample],
+                 devices: Iterable[DeviceInfo], health: Iterable[HealthRecord] = (),
+                 dropped: int = 0) -> pb.SampleBatch:
+    n = len(samples)
+    batch = pb.SampleBatch(host=host, boot_id=boot_id, seq=seq, count=n, dropped_samples=dropped)
+    batch.t_f64le = np.fromiter((s.t for s in samples), dtype="<f8", count=n).tobytes()
+    batch.gpu_u32le = np.fromiter((s.gpu for s in samples), dtype="<u4", count=n).tobytes()
+    present: set[str] = set()
+    for s in samples:
+        present.update(s.values)
+    nan = math.nan
+    for name in _NAMES:
+        if name not in present:
+            continue
+        vals = np.fromiter((s.values.get(name, nan) for s in samples), dtype="<f8", count=n)
+        missing = np.isnan(vals)
+        col = batch.columns.add(metric=name)
+        if missing.any():
+            col.valid = np.packbits(~missing, bitorder="little").tobytes()
+            vals[missing] = 0.0
+        col.f64le = vals.tobytes()
+    for i, s in enumerate(samples):
+        for p in s.processes:
+            ps = batch.processes.add(sample=i, pid=p.pid, command=p.command)
+            if p.used_memory_bytes is not None:
+                ps.used_memory_bytes = int(p.used_memory_bytes)
+            if p.cpu_cores is not None:
+                ps.cpu_cores = p.cpu_cores
+    batch.devices.extend(device_pb(d) for d in devices)
+    for h in health:
+        e = batch.health.add(gpu=h.gpu, t=h.t, kind=_HEALTH[h.kind], detail=h.detail)
+        if h.code is not None:
+            e.code = h.code
+    return batch

@@ -1,0 +1,33 @@
+"""gRPC servicer of the agent's own API: status and recent samples."""
+from __future__ import annotations
+
+import resource
+
+from gpuscope.v1 import agent_pb2 as apb, agent_pb2_grpc
+
+from .agent import Agent
+from .convert import device_pb, encode_batch
+
+
+class AgentServicer(agent_pb2_grpc.AgentServicer):
+    def __init__(self, agent: Agent, analyzer_target: str = ""):
+        self.agent = agent
+        self.analyzer_target = analyzer_target
+
+    def GetStatus(self, request, context):
+        s = self.agent.status()
+        up = s["uplink"]
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return apb.AgentStatus(
+            host=s["host"], boot_id=s["boot_id"], source=s["source"], interval_seconds=s["interval_s"],
+            ticks=s["ticks"], samples=s["samples"], dropped_samples=up.get("dropped_samples", 0),
+            batches_sent=up.get("batches_sent", 0), batches_acked=up.get("batches_acked", 0),
+            batches_rejected=up.get("batches_rejected", 0), unacked_samples=up.get("unacked_samples", 0),
+            uplink_connected=up.get("connected", False), analyzer=self.analyzer_target,
+            devices=[device_pb(d) for d in s["devices"]], cpu_seconds=ru.ru_utime + ru.ru_stime,
+            tick_overruns=s["tick_overruns"], last_error=up.get("last_error") or s["last_error"],
+            source_errors=s["errors"])
+
+    def RecentSamples(self, request, context):
+        samples = self.agent.recent(request.seconds, request.gpu if request.HasField("gpu") else None)
+        return encode_batch(self.agent.config.host, self.agent.boot_id, 0, samples, self.agent.devices())

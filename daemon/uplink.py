@@ -1,0 +1,220 @@
+"""Uplink: streams sample batches to the analyzer and keeps them until acked.
+
+Sampling never waits on the network: `submit` only appends to a buffer. A
+flusher thread cuts batches; a connection thread holds one Ingest stream,
+resends every unacknowledged batch after a reconnect, and drops a batch for
+good only when the analyzer acknowledges it (committed or duplicate) or
+rejects it as invalid. The buffer is bounded: when the analyzer is away long
+enough to fill it, the oldest samples go first and are counted.
+"""
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import grpc
+import structlog
+
+from gpuscope.collectors.records import DeviceInfo, GpuSample, HealthRecord
+from gpuscope.v1 import analyzer_pb2_grpc, samples_pb2 as pb
+
+from .convert import encode_batch
+
+REJECTED_SEQ_KEY = "gpuscope-rejected-seq"
+log = structlog.get_logger("gpuscope.uplink")
+
+
+@dataclass(frozen=True)
+class UplinkConfig:
+    target: str
+    flush_interval_s: float = 1.0
+    max_batch_samples: int = 4096
+    buffer_samples: int = 50_000       # pending + unacknowledged, across GPUs
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 15.0
+
+
+class Uplink:
+    def __init__(self, config: UplinkConfig, host: str, boot_id: str,
+                 devices: Callable[[], list[DeviceInfo]],
+                 channel_factory: Callable[[str], grpc.Channel] = grpc.insecure_channel):
+        self.config = config
+        self.host, self.boot_id = host, boot_id
+        self._devices = devices
+        self._channel_factory = channel_factory
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._pending: collections.deque[GpuSample] = collections.deque()
+        self._pending_health: list[HealthRecord] = []
+        self._unacked: collections.OrderedDict[int, tuple[pb.SampleBatch, int]] = collections.OrderedDict()
+        self._unacked_samples = 0
+        self._send_q: queue.SimpleQueue | None = None
+        self._call = None
+        self._seq = 0
+        self.dropped = 0
+        self.sent = self.acked = self.rejected = 0
+        self.connected = False
+        self.last_error = ""
+        self._threads: list[threading.Thread] = []
+
+    # -- producer side (sampler thread) ------------------------------------------
+    def submit(self, samples: Sequence[GpuSample], health: Iterable[HealthRecord] = ()) -> None:
+        with self._lock:
+            self._pending.extend(samples)
+            self._pending_health.extend(health)
+            self._enforce_bound()
+            full = len(self._pending) >= self.config.max_batch_samples
+        if full:
+            self._wake.set()
+
+    def _enforce_bound(self) -> None:
+        over = len(self._pending) + self._unacked_samples - self.config.buffer_samples
+        while over > 0 and self._unacked:       # oldest data first
+            seq, (_, n) = self._unacked.popitem(last=False)
+            self._unacked_samples -= n
+            self.dropped += n
+            over -= n
+        if over > 0:
+            for _ in range(min(over, len(self._pending))):
+                self._pending.popleft()
+            self.dropped += over
+
+    @property
+    def buffered(self) -> int:
+        with self._lock:
+            return len(self._pending) + self._unacked_samples
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self) -> None:
+        for target, name in ((self._flush_loop, "uplink-flush"), (self._connection_loop, "uplink-conn")):
+            th = threading.Thread(target=target, name=name, daemon=True)
+            th.start()
+            self._threads.append(th)
+
+    def stop(self, drain_s: float = 2.0) -> None:
+        """Flush what is pending and give the analyzer `drain_s` to ack it."""
+        self.flush()
+        deadline = time.monotonic() + drain_s
+        while self.connected and self._unacked and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self._stop.set()
+        self._wake.set()
+        with self._lock:
+            if self._send_q is not None:
+                self._send_q.put(None)
+            call = self._call
+        if call is not None:
+            call.cancel()
+        for th in self._threads:
+            th.join(timeout=5)
+
+    # -- batching ------------------------------------------------------------------
+    def _flush_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.config.flush_interval_s)
+            self._wake.clear()
+            try:
+                self.flush()
+            except Exception:  # the loop must survive; a bad sample must not stop uploads
+                log.exception("uplink flush failed")
+
+    def flush(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending and not self._pending_health:
+                    return
+                take = min(len(self._pending), self.config.max_batch_samples)
+                samples = [self._pending.popleft() for _ in range(take)]
+                health, self._pending_health = self._pending_health, []
+                self._seq += 1
+                seq = self._seq
+                self._unacked_samples += take   # still counted against the bound
+                dropped = self.dropped
+            batch = encode_batch(self.host, self.boot_id, seq, samples, self._devices(), health, dropped)
+            with self._lock:
+                self._unacked[seq] = (batch, take)
+                if self._send_q is not None:
+                    self._send_q.put(batch)
+                    self.sent += 1
+
+    # -- the stream ------------------------------------------------------------------
+    def _connection_loop(self) -> None:
+        backoff = self.config.backoff_initial_s
+        while not self._stop.is_set():
+            channel = self._channel_factory(self.config.target)
+            q: queue.SimpleQueue = queue.SimpleQueue()
+            with self._lock:
+                for batch, _ in self._unacked.values():
+                    q.put(batch)
+                    self.sent += 1
+                self._send_q = q
+            try:
+                call = analyzer_pb2_grpc.AnalyzerStub(channel).Ingest(iter(q.get, None))
+                with self._lock:
+                    self._call = call
+                for ack in call:
+                    if not self.connected:
+                        log.info("uplink connected", analyzer=self.config.target)
+                    self.connected = True
+                    backoff = self.config.backoff_initial_s
+                    self._on_ack(ack)
+                retry = False
+            except grpc.RpcError as exc:
+                retry = self._on_error(exc)
+            except Exception:  # never let the uplink die; the agent keeps sampling
+                log.exception("uplink stream failed")
+                retry = False
+            finally:
+                with self._lock:
+                    self._send_q = None
+                    self._call = None
+                q.put(None)
+                channel.close()
+                self.connected = False
+            if not retry and self._stop.wait(backoff):
+                return
+            backoff = min(backoff * 2, self.config.backoff_max_s)
+
+    def _on_ack(self, ack: pb.BatchAck) -> None:
+        with self._lock:
+            entry = self._unacked.pop(ack.seq, None)
+            if entry is not None:
+                self._unacked_samples -= entry[1]
+            if ack.status == pb.BatchAck.REJECTED:
+                self.rejected += 1
+                self.last_error = ack.error
+            else:
+                self.acked += 1
+        if ack.status == pb.BatchAck.REJECTED:
+            log.error("analyzer rejected batch", seq=ack.seq, error=ack.error)
+
+    def _on_error(self, exc: grpc.RpcError) -> bool:
+        """Returns True when the stream should be reopened at once."""
+        code = exc.code() if hasattr(exc, "code") else None
+        detail = exc.details() if hasattr(exc, "details") else str(exc)
+        if self._stop.is_set():
+            return False
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            seq = None
+            for key, value in (exc.trailing_metadata() or ()):
+                if key == REJECTED_SEQ_KEY:
+                    seq = int(value)
+            if seq is not None:  # never resend an invalid batch; resend the rest
+                self._on_ack(pb.BatchAck(seq=seq, status=pb.BatchAck.REJECTED, error=detail))
+                return True
+        if self.connected or self.last_error != detail:
+            log.warning("analyzer unavailable, buffering", analyzer=self.config.target,
+                        code=str(code), error=detail, buffered=self.buffered)
+        self.last_error = f"{code}: {detail}"
+        return False
+
+    def stats(self) -> dict:
+        with self._lock:
+            return dict(connected=self.connected, dropped_samples=self.dropped, batches_sent=self.sent,
+                        batches_acked=self.acked, batches_rejected=self.rejected,
+                        unacked_samples=len(self._pending) + self._unacked_samples, last_error=self.last_error)

@@ -1,0 +1,67 @@
+from gpuscope.v1 import samples_pb2 as _samples_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AgentStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class AgentStatus(_message.Message):
+    __slots__ = ("host", "boot_id", "source", "interval_seconds", "ticks", "samples", "dropped_samples", "batches_sent", "batches_acked", "batches_rejected", "unacked_samples", "uplink_connected", "analyzer", "devices", "cpu_seconds", "tick_overruns", "last_error", "source_errors")
+    class SourceErrorsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TICKS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_SENT_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_ACKED_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_REJECTED_FIELD_NUMBER: _ClassVar[int]
+    UNACKED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    UPLINK_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    ANALYZER_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TICK_OVERRUNS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    boot_id: str
+    source: str
+    interval_seconds: float
+    ticks: int
+    samples: int
+    dropped_samples: int
+    batches_sent: int
+    batches_acked: int
+    batches_rejected: int
+    unacked_samples: int
+    uplink_connected: bool
+    analyzer: str
+    devices: _containers.RepeatedCompositeFieldContainer[_samples_pb2.Device]
+    cpu_seconds: float
+    tick_overruns: int
+    last_error: str
+    source_errors: _containers.ScalarMap[str, int]
+    def __init__(self, host: _Optional[str] = ..., boot_id: _Optional[str] = ..., source: _Optional[str] = ..., interval_seconds: _Optional[float] = ..., ticks: _Optional[int] = ..., samples: _Optional[int] = ..., dropped_samples: _Optional[int] = ..., batches_sent: _Optional[int] = ..., batches_acked: _Optional[int] = ..., batches_rejected: _Optional[int] = ..., unacked_samples: _Optional[int] = ..., uplink_connected: _Optional[bool] = ..., analyzer: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[_samples_pb2.Device, _Mapping]]] = ..., cpu_seconds: _Optional[float] = ..., tick_overruns: _Optional[int] = ..., last_error: _Optional[str] = ..., source_errors: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class RecentSamplesRequest(_message.Message):
+    __slots__ = ("seconds", "gpu")
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    seconds: float
+    gpu: int
+    def __init__(self, seconds: _Optional[float] = ..., gpu: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,181 @@
+from gpuscope.v1 import samples_pb2 as _samples_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Evidence(_message.Message):
+    __slots__ = ("numbers", "flags", "summary", "alternatives", "decided_by")
+    class NumbersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    NUMBERS_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
+    numbers: _containers.ScalarMap[str, float]
+    flags: _containers.RepeatedScalarFieldContainer[str]
+    summary: str
+    alternatives: _containers.RepeatedScalarFieldContainer[str]
+    decided_by: str
+    def __init__(self, numbers: _Optional[_Mapping[str, float]] = ..., flags: _Optional[_Iterable[str]] = ..., summary: _Optional[str] = ..., alternatives: _Optional[_Iterable[str]] = ..., decided_by: _Optional[str] = ...) -> None: ...
+
+class Finding(_message.Message):
+    __slots__ = ("id", "host", "gpu", "job", "verdict", "start", "end", "confidence", "evidence", "windows")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    host: str
+    gpu: int
+    job: str
+    verdict: str
+    start: float
+    end: float
+    confidence: float
+    evidence: Evidence
+    windows: int
+    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., gpu: _Optional[int] = ..., job: _Optional[str] = ..., verdict: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., confidence: _Optional[float] = ..., evidence: _Optional[_Union[Evidence, _Mapping]] = ..., windows: _Optional[int] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GpuState(_message.Message):
+    __slots__ = ("host", "gpu", "name", "verdict", "confidence", "last_sample", "open_finding", "flags", "lost")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    LAST_SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FINDING_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    gpu: int
+    name: str
+    verdict: str
+    confidence: float
+    last_sample: float
+    open_finding: str
+    flags: _containers.RepeatedScalarFieldContainer[str]
+    lost: bool
+    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., name: _Optional[str] = ..., verdict: _Optional[str] = ..., confidence: _Optional[float] = ..., last_sample: _Optional[float] = ..., open_finding: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., lost: _Optional[bool] = ...) -> None: ...
+
+class AnalyzerStatus(_message.Message):
+    __slots__ = ("version", "started", "batches_committed", "batches_duplicate", "batches_rejected", "samples_committed", "hosts", "gpus", "findings_open", "db_path", "window_seconds")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_REJECTED_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    FINDINGS_OPEN_FIELD_NUMBER: _ClassVar[int]
+    DB_PATH_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    started: float
+    batches_committed: int
+    batches_duplicate: int
+    batches_rejected: int
+    samples_committed: int
+    hosts: int
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuState]
+    findings_open: int
+    db_path: str
+    window_seconds: float
+    def __init__(self, version: _Optional[str] = ..., started: _Optional[float] = ..., batches_committed: _Optional[int] = ..., batches_duplicate: _Optional[int] = ..., batches_rejected: _Optional[int] = ..., samples_committed: _Optional[int] = ..., hosts: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ..., findings_open: _Optional[int] = ..., db_path: _Optional[str] = ..., window_seconds: _Optional[float] = ...) -> None: ...
+
+class FindingsRequest(_message.Message):
+    __slots__ = ("host", "gpu", "verdicts", "start", "end", "open_only", "limit")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    VERDICTS_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    OPEN_ONLY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    gpu: int
+    verdicts: _containers.RepeatedScalarFieldContainer[str]
+    start: float
+    end: float
+    open_only: bool
+    limit: int
+    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., verdicts: _Optional[_Iterable[str]] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., open_only: _Optional[bool] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class FindingsResponse(_message.Message):
+    __slots__ = ("findings",)
+    FINDINGS_FIELD_NUMBER: _ClassVar[int]
+    findings: _containers.RepeatedCompositeFieldContainer[Finding]
+    def __init__(self, findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ...) -> None: ...
+
+class MetricQuery(_message.Message):
+    __slots__ = ("metric", "host", "gpu", "start", "end", "aggregate", "step_seconds")
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATE_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    metric: str
+    host: str
+    gpu: int
+    start: float
+    end: float
+    aggregate: str
+    step_seconds: float
+    def __init__(self, metric: _Optional[str] = ..., host: _Optional[str] = ..., gpu: _Optional[int] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., aggregate: _Optional[str] = ..., step_seconds: _Optional[float] = ...) -> None: ...
+
+class MetricPoint(_message.Message):
+    __slots__ = ("t", "value")
+    T_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    t: float
+    value: float
+    def __init__(self, t: _Optional[float] = ..., value: _Optional[float] = ...) -> None: ...
+
+class MetricSeries(_message.Message):
+    __slots__ = ("host", "gpu", "points", "value", "samples")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    POINTS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    gpu: int
+    points: _containers.RepeatedCompositeFieldContainer[MetricPoint]
+    value: float
+    samples: int
+    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., points: _Optional[_Iterable[_Union[MetricPoint, _Mapping]]] = ..., value: _Optional[float] = ..., samples: _Optional[int] = ...) -> None: ...
+
+class MetricResult(_message.Message):
+    __slots__ = ("metric", "unit", "aggregate", "series")
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATE_FIELD_NUMBER: _ClassVar[int]
+    SERIES_FIELD_NUMBER: _ClassVar[int]
+    metric: str
+    unit: str
+    aggregate: str
+    series: _containers.RepeatedCompositeFieldContainer[MetricSeries]
+    def __init__(self, metric: _Optional[str] = ..., unit: _Optional[str] = ..., aggregate: _Optional[str] = ..., series: _Optional[_Iterable[_Union[MetricSeries, _Mapping]]] = ...) -> None: ...

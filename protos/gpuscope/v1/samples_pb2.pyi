@@ -1,0 +1,131 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class HealthKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HEALTH_KIND_UNSPECIFIED: _ClassVar[HealthKind]
+    HEALTH_KIND_GPU_LOST: _ClassVar[HealthKind]
+    HEALTH_KIND_XID: _ClassVar[HealthKind]
+    HEALTH_KIND_ECC_UNCORRECTED: _ClassVar[HealthKind]
+    HEALTH_KIND_SOURCE_ERROR: _ClassVar[HealthKind]
+    HEALTH_KIND_RECOVERED: _ClassVar[HealthKind]
+HEALTH_KIND_UNSPECIFIED: HealthKind
+HEALTH_KIND_GPU_LOST: HealthKind
+HEALTH_KIND_XID: HealthKind
+HEALTH_KIND_ECC_UNCORRECTED: HealthKind
+HEALTH_KIND_SOURCE_ERROR: HealthKind
+HEALTH_KIND_RECOVERED: HealthKind
+
+class Device(_message.Message):
+    __slots__ = ("gpu", "uuid", "name", "architecture", "memory_total_bytes", "power_limit_watts", "pcie_generation", "pcie_width", "gpm_supported", "lost")
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    POWER_LIMIT_WATTS_FIELD_NUMBER: _ClassVar[int]
+    PCIE_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PCIE_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    GPM_SUPPORTED_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    gpu: int
+    uuid: str
+    name: str
+    architecture: str
+    memory_total_bytes: int
+    power_limit_watts: float
+    pcie_generation: int
+    pcie_width: int
+    gpm_supported: bool
+    lost: bool
+    def __init__(self, gpu: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., architecture: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., power_limit_watts: _Optional[float] = ..., pcie_generation: _Optional[int] = ..., pcie_width: _Optional[int] = ..., gpm_supported: _Optional[bool] = ..., lost: _Optional[bool] = ...) -> None: ...
+
+class Column(_message.Message):
+    __slots__ = ("metric", "f64le", "valid")
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    F64LE_FIELD_NUMBER: _ClassVar[int]
+    VALID_FIELD_NUMBER: _ClassVar[int]
+    metric: str
+    f64le: bytes
+    valid: bytes
+    def __init__(self, metric: _Optional[str] = ..., f64le: _Optional[bytes] = ..., valid: _Optional[bytes] = ...) -> None: ...
+
+class ProcessSample(_message.Message):
+    __slots__ = ("sample", "pid", "used_memory_bytes", "cpu_cores", "command")
+    SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    USED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CPU_CORES_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    sample: int
+    pid: int
+    used_memory_bytes: int
+    cpu_cores: float
+    command: str
+    def __init__(self, sample: _Optional[int] = ..., pid: _Optional[int] = ..., used_memory_bytes: _Optional[int] = ..., cpu_cores: _Optional[float] = ..., command: _Optional[str] = ...) -> None: ...
+
+class HealthEvent(_message.Message):
+    __slots__ = ("gpu", "t", "kind", "detail", "code")
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    T_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    gpu: int
+    t: float
+    kind: HealthKind
+    detail: str
+    code: int
+    def __init__(self, gpu: _Optional[int] = ..., t: _Optional[float] = ..., kind: _Optional[_Union[HealthKind, str]] = ..., detail: _Optional[str] = ..., code: _Optional[int] = ...) -> None: ...
+
+class SampleBatch(_message.Message):
+    __slots__ = ("host", "boot_id", "seq", "count", "t_f64le", "gpu_u32le", "columns", "processes", "devices", "health", "dropped_samples")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    T_F64LE_FIELD_NUMBER: _ClassVar[int]
+    GPU_U32LE_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    boot_id: str
+    seq: int
+    count: int
+    t_f64le: bytes
+    gpu_u32le: bytes
+    columns: _containers.RepeatedCompositeFieldContainer[Column]
+    processes: _containers.RepeatedCompositeFieldContainer[ProcessSample]
+    devices: _containers.RepeatedCompositeFieldContainer[Device]
+    health: _containers.RepeatedCompositeFieldContainer[HealthEvent]
+    dropped_samples: int
+    def __init__(self, host: _Optional[str] = ..., boot_id: _Optional[str] = ..., seq: _Optional[int] = ..., count: _Optional[int] = ..., t_f64le: _Optional[bytes] = ..., gpu_u32le: _Optional[bytes] = ..., columns: _Optional[_Iterable[_Union[Column, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[ProcessSample, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., health: _Optional[_Iterable[_Union[HealthEvent, _Mapping]]] = ..., dropped_samples: _Optional[int] = ...) -> None: ...
+
+class BatchAck(_message.Message):
+    __slots__ = ("seq", "status", "error")
+    class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        STATUS_UNSPECIFIED: _ClassVar[BatchAck.Status]
+        COMMITTED: _ClassVar[BatchAck.Status]
+        DUPLICATE: _ClassVar[BatchAck.Status]
+        REJECTED: _ClassVar[BatchAck.Status]
+    STATUS_UNSPECIFIED: BatchAck.Status
+    COMMITTED: BatchAck.Status
+    DUPLICATE: BatchAck.Status
+    REJECTED: BatchAck.Status
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    status: BatchAck.Status
+    error: str
+    def __init__(self, seq: _Optional[int] = ..., status: _Optional[_Union[BatchAck.Status, str]] = ..., error: _Optional[str] = ...) -> None: ...
