@@ -66,7 +66,7 @@ def decode(batch: pb.SampleBatch, now: float | None = None) -> DecodedBatch:
     if n:
         if not np.isfinite(t).all() or (t <= 0).any():
             i = int(np.flatnonzero(~np.isfinite(t) | (t <= 0))[0])
-            raise BatchError(f"t_f64le[{i}]: {t[i]!r} is not a Unix time")
+            raise BatchError(f"t_f64le[{i}]: {float(t[i])!r} is not a Unix time")
         if t.max() > now + MAX_FUTURE_SKEW_S:
             i = int(t.argmax())
             raise BatchError(f"t_f64le[{i}]: {t[i]:.3f} is {t[i] - now:.0f} s in the future "
@@ -99,14 +99,14 @@ def decode(batch: pb.SampleBatch, now: float | None = None) -> DecodedBatch:
             full = values
         if not np.isfinite(check).all():
             i = int(np.flatnonzero(~np.isfinite(values) & (mask if col.valid else True))[0])
-            raise BatchError(f"{where}.f64le ({col.metric})[{i}]: {values[i]!r} is not a number "
+            raise BatchError(f"{where}.f64le ({col.metric})[{i}]: {float(values[i])!r} is not a number "
                              "(mark missing values in `valid`, never as NaN)")
         if (check < 0).any():
             i = int(np.flatnonzero(values < 0)[0])
-            raise BatchError(f"{where}.f64le ({col.metric})[{i}]: negative value {values[i]!r}")
+            raise BatchError(f"{where}.f64le ({col.metric})[{i}]: negative value {float(values[i])!r}")
         if m.kind is cat.Kind.RATIO and (check > RATIO_CEILING).any():
             i = int(np.flatnonzero(values > RATIO_CEILING)[0])
-            raise BatchError(f"{where}.f64le ({col.metric})[{i}]: {values[i]!r} is not a ratio (0-1)")
+            raise BatchError(f"{where}.f64le ({col.metric})[{i}]: {float(values[i])!r} is not a ratio (0-1)")
         arrays[col.metric] = pa.Array.from_buffers(pa.float64(), n, [valid_buf, pa.py_buffer(col.f64le)])
         columns[col.metric] = full
     for pi, p in enumerate(batch.processes):

@@ -1,0 +1,53 @@
+import math
+import time
+
+import numpy as np
+import pytest
+
+from gpuscope.analyzers.ingest import BatchError, decode
+from gpuscope.collectors.records import DeviceInfo, GpuSample
+from gpuscope.daemon.convert import encode_batch
+
+
+def batch(n=4, gpus=(0, 1), values=None, t0=None):
+    t0 = time.time() - 10 if t0 is None else t0
+    samples = [GpuSample(gpus[i % len(gpus)], t0 + i, dict(values or {"util_gpu_ratio": 0.5, "power_watts": 300.0}))
+               for i in range(n)]
+    return encode_batch("h1", "boot", 1, samples, [DeviceInfo(gpu=g) for g in gpus])
+
+
+def test_round_trip_keeps_missing_as_missing():
+    samples = [GpuSample(0, time.time() - 2, {"util_gpu_ratio": 0.5}), GpuSample(0, time.time() - 1, {"power_watts": 100.0})]
+    d = decode(encode_batch("h", "b", 1, samples, [DeviceInfo(gpu=0)]))
+    assert d.samples.column("util_gpu_ratio").to_pylist() == [0.5, None]
+    assert d.samples.column("power_watts").to_pylist() == [None, 100.0]
+    assert d.samples.column("temp_celsius").null_count == 2
+    assert math.isnan(d.columns["util_gpu_ratio"][1])
+
+
+def _set(b, metric, i, value):
+    col = next(c for c in b.columns if c.metric == metric)
+    arr = np.frombuffer(col.f64le, "<f8").copy()
+    arr[i] = value
+    col.f64le = arr.tobytes()
+    return b
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda b: _set(b, "power_watts", 2, float("nan")), r"columns\[\d\]\.f64le \(power_watts\)\[2\]: nan is not a number"),
+    (lambda b: _set(b, "power_watts", 1, -5.0), r"power_watts\)\[1\]: negative"),
+    (lambda b: _set(b, "util_gpu_ratio", 0, 95.0), r"util_gpu_ratio\)\[0\]: 95.0 is not a ratio"),
+    (lambda b: setattr(b, "t_f64le", np.full(4, time.time() + 3600, "<f8").tobytes()), r"t_f64le\[0\]: .* in the future"),
+    (lambda b: setattr(b, "t_f64le", b"\0" * 7), r"t_f64le: 7 bytes, expected 32"),
+    (lambda b: b.devices.pop(), r"gpu_u32le: GPU 1 has samples but no entry in devices"),
+    (lambda b: setattr(b.columns[0], "metric", "util_gpu_percent"), r"columns\[0\]\.metric: unknown metric 'util_gpu_percent'"),
+    (lambda b: setattr(b, "host", ""), r"host: empty"),
+    (lambda b: setattr(b, "count", 10**7), r"count: 10000000 samples, at most"),
+    (lambda b: setattr(b.columns[0], "valid", b"\x01\x02"), r"columns\[0\]\.valid .*2 bytes, expected 1"),
+    (lambda b: b.processes.add(sample=99, pid=1), r"processes\[0\]\.sample: 99 >= count 4"),
+])
+def test_bad_batches_name_the_field(mutate, match):
+    b = batch()
+    mutate(b)
+    with pytest.raises(BatchError, match=match):
+        decode(b)

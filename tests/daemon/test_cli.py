@@ -1,0 +1,105 @@
+"""The command line as users run it: real subprocesses, real servers."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import SAMPLES, free_port
+
+GPUSCOPE = [sys.executable, "-m", "gpuscope.daemon.cli"]
+
+
+def run(*args, timeout=120):
+    return subprocess.run(GPUSCOPE + list(args), capture_output=True, text=True, timeout=timeout)
+
+
+def test_classify_json_shape(fixture_dir):
+    r = run("classify", str(SAMPLES), "--window", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    w = out["windows"][0]
+    assert set(w) >= {"gpu", "start", "end", "verdict", "confidence", "evidence"}
+    assert w["end"] - w["start"] == 2 and 1.79e9 < w["start"] < 1.8e9
+    verdicts = {x["verdict"] for x in out["windows"]}
+    assert {"compute-bound", "memory-bound", "communication-bound", "idle"} <= verdicts
+
+
+@pytest.mark.parametrize("args,message", [
+    (["classify", "/nonexistent.csv", "--json"], "no such file"),
+    (["classify", str(SAMPLES), "--window", "0.2"], "1 to 60"),
+    (["up", "--source", "replay:/nonexistent.csv", "--duration", "1s"], "no such file"),
+    (["up", "--source", "bogus", "--duration", "1s"], "expected nvml, replay:FILE or auto"),
+    (["agent", "--source", "nvml", "--duration", "1s"], "replay:FILE"),
+    (["findings", "--server", "127.0.0.1:1"], "cannot reach 127.0.0.1:1"),
+    (["query", "--server", "127.0.0.1:1", "--metric", "nope"], "unknown 'nope'"),
+])
+def test_bad_input_gets_a_clear_message_and_nonzero_exit(fixture_dir, args, message, tmp_path):
+    r = run(*args, "--db", str(tmp_path / "x.duckdb")) if args[0] == "up" else run(*args)
+    assert r.returncode != 0
+    assert message in r.stderr, r.stderr
+
+
+def test_up_replays_without_a_gpu_and_answers_on_call_queries(fixture_dir, tmp_path):
+    port = free_port()
+    db = tmp_path / "up.duckdb"
+    proc = subprocess.Popen(GPUSCOPE + ["up", "--db", str(db), "--listen", f"127.0.0.1:{port}",
+                                        "--speed", "5", "--window", "1", "--interval", "0.2", "--duration", "60s"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server = f"127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        findings = []
+        while time.time() < deadline:
+            r = run("findings", "--server", server, "--json")
+            if r.returncode == 0:
+                findings = json.loads(r.stdout)["findings"]
+                if {f["verdict"] for f in findings} >= {"compute-bound", "memory-bound"}:
+                    break
+            time.sleep(1)
+        assert {f["verdict"] for f in findings} >= {"compute-bound", "memory-bound"}, findings
+        f = findings[0]
+        assert set(f) >= {"host", "gpu", "verdict", "start", "end", "confidence", "evidence"}
+        st = json.loads(run("status", "--server", server, "--json").stdout)
+        assert st["kind"] == "analyzer" and st["gpus"][0]["name"].startswith("replay of h200-run1")
+        q = json.loads(run("query", "--server", server, "--metric", "power_watts", "--since", "5m",
+                           "--aggregate", "p95", "--json").stdout)
+        assert q["unit"] == "watts" and q["series"][0]["value"] > 100
+        one = run("findings", "--server", server, "--verdict", "memory-bound", "--json")
+        assert {x["verdict"] for x in json.loads(one.stdout)["findings"]} == {"memory-bound"}
+    finally:
+        proc.send_signal(2)   # Ctrl-C
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "replaying the bundled NVIDIA H200 recording" in err
+    assert db.exists()
+
+
+def test_agent_and_analyzer_as_separate_processes(fixture_dir, tmp_path):
+    aport, gport = free_port(), free_port()
+    analyzer = subprocess.Popen(GPUSCOPE + ["analyzer", "--db", str(tmp_path / "c.duckdb"), "--listen",
+                                            f"127.0.0.1:{aport}", "--window", "1", "--duration", "60s"],
+                                stderr=subprocess.PIPE, text=True)
+    agent = subprocess.Popen(GPUSCOPE + ["agent", "--analyzer", f"127.0.0.1:{aport}", "--listen",
+                                         f"127.0.0.1:{gport}", "--source", f"replay:{SAMPLES}", "--speed", "4",
+                                         "--interval", "0.2", "--host", "gpu-host-7", "--duration", "60s"],
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 45
+        while time.time() < deadline:
+            r = run("status", "--server", f"127.0.0.1:{aport}", "--json")
+            if r.returncode == 0 and int(json.loads(r.stdout)["samples_committed"]) > 50:
+                break
+            time.sleep(0.5)
+        st = json.loads(run("status", "--server", f"127.0.0.1:{aport}", "--json").stdout)
+        assert int(st["samples_committed"]) > 50 and st["gpus"][0]["host"] == "gpu-host-7"
+        ag = json.loads(run("status", "--server", f"127.0.0.1:{gport}", "--json").stdout)
+        assert ag["kind"] == "agent" and ag["uplink_connected"]
+    finally:
+        for p in (agent, analyzer):
+            p.send_signal(2)
+        for p in (agent, analyzer):
+            p.communicate(timeout=30)
+    assert agent.returncode == 0 and analyzer.returncode == 0

@@ -1,0 +1,49 @@
+"""Real servers on loopback for tests: an analyzer (gRPC + DuckDB file) and
+agents sampling a fake NVML."""
+from __future__ import annotations
+
+import time
+
+from gpuscope.analyzers.analyzer import Analyzer, AnalyzerConfig
+from gpuscope.analyzers.service import AnalyzerServicer
+from gpuscope.collectors.nvml import NvmlCollector
+from gpuscope.daemon.agent import Agent, AgentConfig
+from gpuscope.daemon.serve import build_server, shutdown
+from gpuscope.daemon.uplink import Uplink, UplinkConfig
+from gpuscope.v1 import analyzer_pb2_grpc
+
+
+class AnalyzerServer:
+    def __init__(self, db: str, port: int = 0, window_s: float = 1.0):
+        self.analyzer = Analyzer(AnalyzerConfig(str(db), window_s=window_s, memory_limit="256MB"))
+        self.server, self.port, self.health = build_server(f"127.0.0.1:{port}", [
+            (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, AnalyzerServicer(self.analyzer),
+             "gpuscope.v1.Analyzer")], max_workers=64)
+        self.analyzer.start()
+        self.server.start()
+        self.target = f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        shutdown(self.server, self.health, grace_s=0.5)
+        self.analyzer.close()
+
+
+def fake_agent(fake_nvml, target: str, host: str = "host-a", interval_s: float = 0.1,
+               buffer_samples: int = 50_000) -> Agent:
+    def uplink(boot_id, devices):
+        return Uplink(UplinkConfig(target=target, flush_interval_s=0.1, buffer_samples=buffer_samples,
+                                   backoff_initial_s=0.1, backoff_max_s=0.5), host, boot_id, devices)
+    agent = Agent(AgentConfig(host=host, source="nvml", interval_s=interval_s, slow_interval_s=1.0),
+                  NvmlCollector(nvml=fake_nvml), uplink)
+    agent.start()
+    return agent
+
+
+def wait_for(predicate, timeout: float = 15.0, step: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
