@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import struct
 import threading
 import time
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable
+
+import numpy as np
 
 from . import catalogue as cat
 from .procstat import ProcStat
@@ -82,24 +85,34 @@ def load_pynvml() -> ModuleType:
     return pynvml
 
 
-def _field_value(v: Any) -> float | None:
-    t = v.valueType
-    u = v.value
-    if t == 0:
-        return u.dVal
-    if t == 1:
-        return u.uiVal
-    if t == 2:
-        return u.ulVal
-    if t == 3:
-        return u.ullVal
-    if t == 4:
-        return u.sllVal
-    if t == 5:
-        return u.siVal
-    if t == 6:
-        return u.usVal
-    return None
+def _struct_dtype(struct: type, fields: dict[str, str]) -> np.dtype:
+    """A numpy view of a ctypes structure, so a whole array of NVML results is
+    read at once instead of through pynvml's per-attribute __getattribute__."""
+    return np.dtype({"names": list(fields), "formats": list(fields.values()),
+                     "offsets": [getattr(struct, f).offset for f in fields], "itemsize": ctypes.sizeof(struct)})
+
+
+
+
+_FIELD_ROW: struct.Struct | None = None
+_UNION = {0: struct.Struct("<d"), 1: struct.Struct("<I"), 2: struct.Struct("<Q"), 3: struct.Struct("<Q"),
+          4: struct.Struct("<q"), 5: struct.Struct("<i"), 6: struct.Struct("<H")}
+
+
+def _field_rows(out: Any) -> list[tuple[int, float | None]]:
+    """(nvmlReturn, value) of every entry of a field-values array, unpacked in
+    one pass over its bytes instead of through pynvml's attribute hooks."""
+    global _FIELD_ROW
+    if _FIELD_ROW is None:
+        t = type(out[0])
+        vt, ret, val = t.valueType.offset, t.nvmlReturn.offset, t.value.offset
+        assert ret == vt + 4 and val == ret + 4, "unexpected nvmlFieldValue_t layout"
+        _FIELD_ROW = struct.Struct(f"<{vt}xII8s{ctypes.sizeof(t) - val - 8}x")
+    rows = []
+    for kind, ret, raw in _FIELD_ROW.iter_unpack(bytes(out)):
+        u = _UNION.get(kind)
+        rows.append((ret, u.unpack_from(raw)[0] if u is not None else None))
+    return rows
 
 
 def handle_key(handle: Any) -> int:
@@ -126,6 +139,8 @@ class _Device:
         self.gpm_get: Any = None
         self.gpm_primed = False
         self.gpm_names: list[str] = []
+        self.gpm_view: np.ndarray | None = None
+        self.gpm_scale: np.ndarray | None = None
         self.ecc_uncorrected: float | None = None
 
     def call(self, key: str, scrape: Scrape, fn: Callable, *args):
@@ -152,12 +167,10 @@ class _Device:
         if out is None:
             return
         dropped = []
-        for (fid, scope, name), v in zip(spec, out):
-            ret = v.nvmlReturn
+        for (fid, scope, name), (ret, raw) in zip(spec, _field_rows(out)):
             if ret == 0:
-                raw = _field_value(v)
                 if raw is not None:
-                    values[name] = cat.normalise(_M[name], raw)
+                    values[name] = raw * _M[name].scale
             elif ret == _NOT_SUPPORTED:
                 dropped.append(fid)
             elif ret == _GPU_IS_LOST:
@@ -227,6 +240,10 @@ class NvmlCollector:
                     mg.metrics[i].metricId = mid
                 dev.gpm_get = mg
                 dev.gpm_names = [name for _, name in GPM_METRICS]
+                metric_t = type(mg.metrics[0])
+                dt = _struct_dtype(metric_t, {"nvmlReturn": "<u4", "value": "<f8"})
+                dev.gpm_view = np.frombuffer(mg.metrics, dtype=dt, count=len(GPM_METRICS))
+                dev.gpm_scale = np.array([_M[name].scale for name in dev.gpm_names])
         dev.info = DeviceInfo(
             gpu=dev.index, uuid=uuid or "", name=name or "",
             architecture=ARCHITECTURES.get(arch, "") if arch is not None else "",
@@ -320,11 +337,12 @@ class NvmlCollector:
         if dev.gpm_primed:  # a metric is a rate between two samples
             mg.sample1, mg.sample2 = pair[0], pair[1]
             if dev.call("gpm_metrics", scrape, n.nvmlGpmMetricsGet, mg) is not None:
-                metrics = mg.metrics
-                for i, name in enumerate(dev.gpm_names):
-                    m = metrics[i]
-                    if m.nvmlReturn == 0:
-                        values[name] = m.value * _M[name].scale
+                view = dev.gpm_view   # numpy view on the struct NVML just filled
+                ok = view["nvmlReturn"] == 0
+                scaled = (view["value"] * dev.gpm_scale).tolist()
+                for name, good, v in zip(dev.gpm_names, ok.tolist(), scaled):
+                    if good:
+                        values[name] = v
         pair.reverse()
         dev.gpm_primed = True
 

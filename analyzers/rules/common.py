@@ -64,11 +64,13 @@ def host_feeding(w: Window) -> float:
     """1 when the GPU's own processes burn host CPU (they are preparing or
     launching work) while the GPU waits. Without per-process CPU (older
     recordings), a GPU that runs some kernels but is mostly idle is taken
-    as waiting on its host, with less weight."""
+    as waiting on its host, with less weight (a GPU busy 20% or more of
+    the time is not trickle-fed)."""
     cpu = w.get("host_cpu_cores")
     if cpu is not None:
         return ramp(cpu, 0.3, 0.7)
-    return 0.6 * ramp(w.get("util_gpu_ratio"), 0.01, 0.03)
+    util = w.get("util_gpu_ratio")
+    return 0.6 * ramp(util, 0.01, 0.03) * (1.0 - ramp(util, 0.10, 0.20))
 
 
 def starved(w: Window) -> float:

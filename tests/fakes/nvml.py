@@ -62,8 +62,12 @@ class FakeNvml:
     NVML_VOLATILE_ECC = real.NVML_VOLATILE_ECC
     nvmlEventTypeXidCriticalError = real.nvmlEventTypeXidCriticalError
 
-    def __init__(self, gpus: list[FakeGpu], library_missing: bool = False):
+    def __init__(self, gpus: list[FakeGpu], library_missing: bool = False, frozen: bool = False):
+        """frozen=True: the specs will not change, so results are built once and
+        replayed; calls then cost (almost) nothing, for overhead benchmarks."""
         self.gpus = gpus
+        self.frozen = frozen
+        self._cache: dict = {}
         self.library_missing = library_missing
         self.initialised = False
         self.calls = 0
@@ -76,8 +80,7 @@ class FakeNvml:
         self.calls += 1
         if not self.initialised:
             raise real.NVMLError(real.NVML_ERROR_UNINITIALIZED)
-        i = ctypes.cast(handle, ctypes.c_void_p).value - 0x1000
-        g = self.gpus[i]
+        g = self.gpus[handle.value - 0x1000]
         if g.lost:
             raise real.NVMLError(GPU_IS_LOST)
         if fn in g.unsupported:
@@ -157,6 +160,16 @@ class FakeNvml:
 
     def nvmlDeviceGetFieldValues(self, h, field_ids):
         g = self._gpu(h, "nvmlDeviceGetFieldValues")
+        if self.frozen:
+            key = (h.value, tuple(field_ids))
+            if key not in self._cache:
+                self._cache[key] = bytes(self._field_values(g, field_ids))
+            values = (real.c_nvmlFieldValue_t * len(field_ids))()
+            ctypes.memmove(values, self._cache[key], len(self._cache[key]))
+            return values
+        return self._field_values(g, field_ids)
+
+    def _field_values(self, g, field_ids):
         values = (real.c_nvmlFieldValue_t * len(field_ids))()
         for i, fid in enumerate(field_ids):
             fid, scope = fid if isinstance(fid, tuple) else (fid, 0)
@@ -196,12 +209,17 @@ class FakeNvml:
         g = self.gpus[gi]
         if g.lost:
             raise real.NVMLError(GPU_IS_LOST)
+        if self.frozen and gi in self._cache:
+            ctypes.memmove(mg.metrics, self._cache[gi], len(self._cache[gi]))
+            return mg
         for i in range(mg.numMetrics):
             m = mg.metrics[i]
             if m.metricId in g.gpm_values:
                 m.nvmlReturn, m.value = 0, g.gpm_values[m.metricId]
             else:
                 m.nvmlReturn = NOT_SUPPORTED
+        if self.frozen:
+            self._cache[gi] = bytes(mg.metrics)[: ctypes.sizeof(real.c_nvmlGpmMetric_t) * mg.numMetrics]
         return mg
 
     # -- slow path ----------------------------------------------------------------------------
