@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .classify import Classification, classify
-from .features import compute_window
+from .features import Columns, compute_window
 from .ingest import DecodedBatch
 from .windows import split
 
@@ -17,7 +17,7 @@ from .windows import split
 class _Acc:
     start: float
     t: list[np.ndarray] = field(default_factory=list)
-    cols: list[dict[str, np.ndarray]] = field(default_factory=list)
+    rows: list[tuple[tuple[str, ...], np.ndarray]] = field(default_factory=list)   # (metric names, matrix)
     job: str = ""
 
 
@@ -39,6 +39,8 @@ class LiveWindows:
             return out
         order = np.argsort(b.t, kind="stable")
         t, gpu = b.t[order], b.gpu[order]
+        names = tuple(b.columns)
+        matrix = np.column_stack([b.columns[k] for k in names]) if names else np.empty((b.count, 0))
         for g, start, idx in split(t, gpu, self.window_s):
             key = (b.host, g)
             acc = self._acc.get(key)
@@ -54,7 +56,7 @@ class LiveWindows:
                 acc = self._acc[key] = _Acc(start)
             rows = order[idx]
             acc.t.append(b.t[rows])
-            acc.cols.append({k: v[rows] for k, v in b.columns.items()})
+            acc.rows.append((names, matrix[rows]))
             if g in b.job:
                 acc.job = b.job[g]
         return out
@@ -62,10 +64,8 @@ class LiveWindows:
     def _close(self, key: tuple[str, int]) -> Classification | None:
         acc = self._acc.pop(key)
         t = np.concatenate(acc.t)
-        names = {k for c in acc.cols for k in c}
-        cols = {k: np.concatenate([c.get(k, np.full(len(tt), np.nan)) for c, tt in zip(acc.cols, acc.t)])
-                for k in names}
-        w = compute_window(key[1], acc.start, acc.start + self.window_s, t, cols, **self.devices.get(key, {}))
+        w = compute_window(key[1], acc.start, acc.start + self.window_s, t, _merge(acc.rows),
+                           **self.devices.get(key, {}))
         return classify(w) if w is not None else None
 
     def sweep(self, now: float, grace_windows: float = 2.0) -> list[tuple[str, Classification, str]]:
@@ -77,3 +77,18 @@ class LiveWindows:
             if c is not None:
                 out.append((key[0], c, job))
         return out
+
+
+def _merge(chunks: list[tuple[tuple[str, ...], np.ndarray]]) -> Columns:
+    """One matrix from chunks whose metric sets may differ (fast and slow rows)."""
+    first = chunks[0][0]
+    if all(names == first for names, _ in chunks):
+        return Columns(first, np.vstack([m for _, m in chunks]))
+    union = tuple(dict.fromkeys(n for names, _ in chunks for n in names))
+    pos = {n: i for i, n in enumerate(union)}
+    out = np.full((sum(len(m) for _, m in chunks), len(union)), np.nan)
+    r = 0
+    for names, m in chunks:
+        out[r:r + len(m), [pos[n] for n in names]] = m
+        r += len(m)
+    return Columns(union, out)
