@@ -20,6 +20,10 @@ SCHEMA_VERSION = 1
 AGGREGATES = {"mean": "avg({m})", "min": "min({m})", "max": "max({m})",
               "p50": "quantile_cont({m}, 0.5)", "p95": "quantile_cont({m}, 0.95)",
               "p99": "quantile_cont({m}, 0.99)", "last": "arg_max({m}, t)"}
+AGENT_COLUMNS = ("host", "boot_id", "max_seq", "last_seen", "dropped_samples")
+DEVICE_COLUMNS = ("host", "gpu", "uuid", "name", "architecture", "memory_total_bytes", "power_limit_watts",
+                  "pcie_generation", "pcie_width", "gpm_supported", "lost", "last_seen")
+HEALTH_COLUMNS = ("host", "gpu", "t", "kind", "detail", "code")
 WINDOW_COLUMNS = ("host", "gpu", "start", "end", "verdict", "confidence", "flags", "summary")
 FINDING_COLUMNS = ("id", "host", "gpu", "job", "verdict", "start", "end", "confidence",
                    "windows", "evidence", "flags", "summary", "alternatives", "decided_by")
@@ -106,38 +110,39 @@ class Store:
         except duckdb.Error:
             pass
 
-    def append(self, table: str, rows: pa.Table) -> None:
+    def append(self, table: str, rows: pa.Table, replace: bool = False) -> None:
+        """Columnar insert; replace=True upserts on the table's primary key.
+        (executemany costs ~100 us a row in DuckDB; an Arrow scan does not.)"""
         self._con.register("_incoming", rows)
         try:
             cols = ", ".join(f'"{c}"' for c in rows.column_names)
-            self._con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _incoming")
+            verb = "INSERT OR REPLACE" if replace else "INSERT"
+            self._con.execute(f"{verb} INTO {table} ({cols}) SELECT {cols} FROM _incoming")
         finally:
             self._con.unregister("_incoming")
+
+    def _rows(self, table: str, names: Sequence[str], rows: Sequence[tuple], replace: bool = False) -> None:
+        if rows:
+            self.append(table, _arrow(names, rows), replace)
 
     def high_water_marks(self) -> dict[tuple[str, str], int]:
         return {(h, b): int(s) for h, b, s in self._con.execute(
             "SELECT host, boot_id, max_seq FROM agents").fetchall()}
 
     def upsert_agents(self, rows: Sequence[tuple]) -> None:
-        self._con.executemany("INSERT OR REPLACE INTO agents VALUES (?, ?, ?, ?, ?)", rows)
+        self._rows("agents", AGENT_COLUMNS, rows, replace=True)
 
     def upsert_devices(self, rows: Sequence[tuple]) -> None:
-        self._con.executemany("INSERT OR REPLACE INTO devices VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+        self._rows("devices", DEVICE_COLUMNS, rows, replace=True)
 
     def insert_health(self, rows: Sequence[tuple]) -> None:
-        self._con.executemany("INSERT INTO health VALUES (?, ?, ?, ?, ?, ?)", rows)
+        self._rows("health", HEALTH_COLUMNS, rows)
 
     def insert_windows(self, rows: Sequence[tuple]) -> None:
-        if rows:   # executemany costs ~100 us a row in DuckDB; an Arrow append does not
-            self.append("windows", _arrow(WINDOW_COLUMNS, rows))
+        self._rows("windows", WINDOW_COLUMNS, rows)
 
     def upsert_findings(self, rows: Sequence[tuple]) -> None:
-        if rows:
-            self._con.register("_incoming", _arrow(FINDING_COLUMNS, rows))
-            try:
-                self._con.execute("INSERT OR REPLACE INTO findings SELECT * FROM _incoming")
-            finally:
-                self._con.unregister("_incoming")
+        self._rows("findings", FINDING_COLUMNS, rows, replace=True)
 
     def open_findings(self) -> list[dict]:
         return _findings(self._con.execute('SELECT * FROM findings WHERE "end" IS NULL'))
@@ -217,7 +222,10 @@ def _where_host_gpu(where: list[str], args: list, host: str, gpu: int | None) ->
 
 
 def _arrow(names: Sequence[str], rows: Sequence[tuple]) -> pa.Table:
-    return pa.table({n: list(col) for n, col in zip(names, zip(*rows))})
+    cols = list(zip(*rows))
+    # an all-None column has no type for Arrow to infer; DuckDB casts on insert
+    return pa.table({n: pa.array(list(c), type=pa.null() if all(v is None for v in c) else None)
+                     for n, c in zip(names, cols)})
 
 
 def _dicts(cur: Any) -> list[dict]:

@@ -33,6 +33,7 @@ class Writer:
         self._clock = clock
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._hw = store.high_water_marks()
+        self._devices_written: dict[tuple[str, int], tuple] = {}
         self._thread = threading.Thread(target=self._run, name="db-writer", daemon=True)
         self.batches = self.duplicates = self.samples = self.failed_groups = 0
 
@@ -107,7 +108,8 @@ class Writer:
                 agents = {(b.host, b.boot_id): (b.host, b.boot_id, marks[(b.host, b.boot_id)], now, b.dropped_samples)
                           for b, _ in fresh}
                 store.upsert_agents(list(agents.values()))
-                store.upsert_devices(_device_rows(fresh, now))
+                devices = self._changed_devices(fresh, now)
+                store.upsert_devices(devices)
                 store.commit()
         except Exception as exc:  # disk full, file gone: fail the group, keep running
             store.rollback()
@@ -119,6 +121,8 @@ class Writer:
                 fut.set_result(DUPLICATE)
             return
         self._hw = marks
+        for row in (devices if fresh else ()):
+            self._devices_written[(row[0], row[1])] = (row[:-1], now)
         self.batches += len(fresh)
         self.duplicates += len(dup)
         self.samples += sum(b.count for b, _ in fresh)
@@ -133,12 +137,17 @@ class Writer:
                 log.exception("live analysis failed")
 
 
-def _device_rows(fresh: list[tuple[DecodedBatch, Future]], now: float) -> list[tuple]:
-    rows = {}
-    for b, _ in fresh:
-        for d in b.devices:
-            opt = lambda f: getattr(d, f) if d.HasField(f) else None  # noqa: E731
-            rows[(b.host, d.gpu)] = (b.host, d.gpu, d.uuid, d.name, d.architecture, opt("memory_total_bytes"),
-                                     opt("power_limit_watts"), opt("pcie_generation"), opt("pcie_width"),
-                                     d.gpm_supported, d.lost, now)
-    return list(rows.values())
+    def _changed_devices(self, fresh: list[tuple[DecodedBatch, Future]], now: float) -> list[tuple]:
+        """Device rows that changed, or whose last_seen is over a minute old:
+        every batch repeats the devices, rewriting them each time is waste."""
+        rows = {}
+        for b, _ in fresh:
+            for d in b.devices:
+                opt = lambda f: getattr(d, f) if d.HasField(f) else None  # noqa: E731
+                facts = (b.host, d.gpu, d.uuid, d.name, d.architecture, opt("memory_total_bytes"),
+                         opt("power_limit_watts"), opt("pcie_generation"), opt("pcie_width"), d.gpm_supported, d.lost)
+                key = (b.host, d.gpu)
+                last = self._devices_written.get(key)
+                if last is None or last[0] != facts or now - last[1] > 60:
+                    rows[key] = facts + (now,)
+        return list(rows.values())   # remembered once the transaction commits

@@ -6,7 +6,7 @@ DuckDB Arrow append of the same rows in the same run.
 The analyzer runs as `gpuscope analyzer` in its own process; the agents are
 threads of this process streaming pre-encoded batches (8 GPUs, every
 catalogue metric an agent on an H200 sends) over the real Ingest stream and
-waiting for acks. The ratio is (end-to-end samples/s) / (raw append samples/s).
+waiting for acks. Ratios: end-to-end samples/s over each raw append's samples/s.
 """
 import argparse
 import json
@@ -48,9 +48,13 @@ def batches(host: str, n_batches: int, size: int, t0: float) -> list:
     return out
 
 
-def raw_append(all_batches) -> float:
-    """The same rows appended straight into DuckDB from Arrow, same schema and settings."""
+def raw_append(all_batches, one_transaction: bool) -> float:
+    """The same rows appended straight into DuckDB from Arrow, same schema and
+    settings: a transaction per batch, or everything in one append."""
+    import pyarrow as pa
     tables = [decode(b, now=1e10).samples for b in all_batches]
+    if one_transaction:
+        tables = [pa.concat_tables(tables)]
     path = tempfile.mktemp(suffix=".duckdb")
     store = Store(StoreConfig(path))
     t0 = time.perf_counter()
@@ -83,6 +87,12 @@ def end_to_end(agents: int, per_agent: list[list], port: int) -> tuple[float, in
     return n / dt, sum(done)
 
 
+def _cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--agents", type=int, default=16)
@@ -97,17 +107,23 @@ def main():
                             f"127.0.0.1:{port}", "--window", "60"], stderr=subprocess.DEVNULL)
     try:
         grpc.channel_ready_future(grpc.insecure_channel(f"127.0.0.1:{port}")).result(timeout=30)
+        cpu0 = _cpu(srv.pid)
         e2e, acks = end_to_end(ns.agents, per_agent, port)
+        analyzer_cpu = _cpu(srv.pid) - cpu0
     finally:
         srv.terminate()
         srv.wait()
     n_rows = duckdb.connect(db, read_only=True).execute("SELECT count(*) FROM samples").fetchone()[0]
-    raw = raw_append([b for bs in per_agent for b in bs])
+    flat = [b for bs in per_agent for b in bs]
+    raw = raw_append(flat, one_transaction=False)
+    raw_one = raw_append(flat, one_transaction=True)
     out = dict(date=time.strftime("%Y-%m-%d %H:%M"), machine=f"{platform.node()} {os.cpu_count()} cpu",
                agents=ns.agents, batch_samples=ns.batch, metrics_per_sample=len(FAST),
                samples=sum(b.count for bs in per_agent for b in bs), stored=n_rows, acks=acks,
-               end_to_end_samples_per_s=round(e2e), raw_arrow_append_samples_per_s=round(raw),
-               ratio=round(e2e / raw, 3))
+               end_to_end_samples_per_s=round(e2e),
+               analyzer_cpu_us_per_sample=round(analyzer_cpu / sum(b.count for bs in per_agent for b in bs) * 1e6, 2), raw_arrow_append_per_batch_samples_per_s=round(raw),
+               raw_arrow_append_one_transaction_samples_per_s=round(raw_one),
+               ratio_vs_per_batch=round(e2e / raw, 3), ratio_vs_one_transaction=round(e2e / raw_one, 3))
     print(json.dumps(out, indent=1))
 
 
