@@ -1,6 +1,7 @@
 """gRPC servicer of the analyzer: translates protos to Analyzer calls, no logic."""
 from __future__ import annotations
 
+import importlib.metadata
 import queue
 import threading
 import time
@@ -16,7 +17,10 @@ from .store import AGGREGATES
 from .writer import COMMITTED
 
 REJECTED_SEQ_KEY = "gpuscope-rejected-seq"
-VERSION = "0.1.0"
+try:
+    VERSION = importlib.metadata.version("gpuscope")
+except importlib.metadata.PackageNotFoundError:   # running from a source tree
+    VERSION = "unknown"
 _ACK = {COMMITTED: pb.BatchAck.COMMITTED}
 
 

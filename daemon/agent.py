@@ -66,7 +66,10 @@ class Agent:
     def devices(self) -> list[DeviceInfo]:
         return self.collector.devices()
 
-    def start(self) -> None:
+    def start(self, uplink_factory: Callable[[str, Callable[[], list[DeviceInfo]]], Uplink] | None = None) -> None:
+        """uplink_factory here overrides the constructor's (`gpuscope up` learns
+        its own port only after its server has bound)."""
+        self._uplink_factory = uplink_factory or self._uplink_factory
         self.collector.start()                      # fail fast: only here may we refuse to run
         n = max(1, len(self.collector.devices()))
         per_tick = n * max(1, round(1.0 / self.config.interval_s))  # replay may emit several rows per tick
