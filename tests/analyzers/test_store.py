@@ -1,0 +1,43 @@
+import duckdb
+
+from gpuscope.analyzers.store import Store, StoreConfig
+from tests.helpers import AnalyzerServer
+
+
+def test_memory_cap_is_applied(tmp_path):
+    s = Store(StoreConfig(str(tmp_path / "m.duckdb"), memory_limit="300MB"))
+    limit = s.reader().execute("SELECT current_setting('memory_limit')").fetchone()[0]
+    assert limit.replace(" ", "").upper().startswith(("286.1MIB", "300.0MB", "300MB", "286MIB"))
+    s.close()
+
+
+def test_metrics_added_to_the_catalogue_become_columns(tmp_path):
+    path = str(tmp_path / "old.duckdb")
+    Store(StoreConfig(path)).close()
+    con = duckdb.connect(path)
+    con.execute('ALTER TABLE samples DROP COLUMN "gpm_fp16_util_ratio"')
+    con.close()
+    s = Store(StoreConfig(path))
+    cols = {r[0] for r in s.reader().execute("DESCRIBE samples").fetchall()}
+    assert "gpm_fp16_util_ratio" in cols
+    assert s.reader().execute("SELECT unit FROM metrics WHERE name = 'power_watts'").fetchone()[0] == "watts"
+    s.close()
+
+
+def test_open_findings_survive_an_analyzer_restart(tmp_path):
+    from gpuscope.analyzers.classify import Classification
+    srv = AnalyzerServer(tmp_path / "f.duckdb")
+    c = Classification(gpu=0, start=100.0, end=105.0, verdict="memory-bound", confidence=0.9, summary="s",
+                       evidence={"dram_bw_util_ratio": 0.8})
+    srv.analyzer.writer.call(lambda store: srv.analyzer._record([("h", c, "pid:1")])).result()
+    srv.stop()
+    srv = AnalyzerServer(tmp_path / "f.duckdb")
+    try:
+        assert [f["verdict"] for f in srv.analyzer.findings.open.values()] == ["memory-bound"]
+        c2 = Classification(gpu=0, start=105.0, end=110.0, verdict="memory-bound", confidence=0.7, summary="s",
+                            evidence={"dram_bw_util_ratio": 0.6})
+        srv.analyzer.writer.call(lambda store: srv.analyzer._record([("h", c2, "pid:1")])).result()
+        f = srv.analyzer.store.findings(host="h")[0]
+        assert f["windows"] == 2 and f["end"] is None and abs(f["evidence"]["dram_bw_util_ratio"] - 0.7) < 1e-9
+    finally:
+        srv.stop()
