@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpuscope.analyzers.replay_live import replay_findings  # noqa: E402
+from tests.live_replay import replay_findings  # noqa: E402
 from gpuscope.collectors.recording import read_recording  # noqa: E402
 from tests.analyzers.test_classify_fixture import EXPECTED  # noqa: E402
 

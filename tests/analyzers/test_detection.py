@@ -2,7 +2,7 @@
 bottleneck phase becomes an open finding within two windows of its onset."""
 import pytest
 
-from gpuscope.analyzers.replay_live import replay_findings
+from tests.live_replay import replay_findings
 from gpuscope.collectors.recording import read_recording
 from tests.analyzers.test_classify_fixture import EXPECTED
 from tests.conftest import SAMPLES

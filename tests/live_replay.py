@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpuscope.analyzers.findings import FindingsTracker
+from gpuscope.analyzers.ingest import decode
+from gpuscope.analyzers.live import LiveWindows
 from gpuscope.collectors.recording import Recording
 from gpuscope.collectors.records import DeviceInfo, GpuSample
-
-from .findings import FindingsTracker
-from .ingest import decode
-from .live import LiveWindows
+from gpuscope.daemon.convert import encode_batch
 
 
 def replay_findings(rec: Recording, window_s: float, batch_s: float = 1.0, host: str = "replay") -> list[dict]:
     """Every finding state change, in order, each with `seen_at`: the sample
     time of the batch after which the analyzer knew it."""
-    from gpuscope.daemon.convert import encode_batch   # the agent's own encoder, so the wire path is real
-
+    # the agent's own encoder and the analyzer's decoder: the wire path is real
     live, tracker = LiveWindows(window_s), FindingsTracker()
     devices = [DeviceInfo(gpu=g) for g in rec.gpus()]
     names = list(rec.metrics)
