@@ -17,6 +17,7 @@ from gpuscope.collectors import catalogue as cat
 from gpuscope.collectors.nvml import NvmlCollector, NvmlConfig, SourceUnavailable
 from gpuscope.collectors.recording import RecordingError, default_recording, read_recording
 from gpuscope.collectors.replay import ReplayCollector
+from gpuscope.collectors.xspace_reader import TraceError
 from gpuscope.v1 import agent_pb2_grpc, analyzer_pb2_grpc
 
 from . import clients, logs
@@ -289,6 +290,25 @@ def cmd_classify(ns) -> int:
     return 0
 
 
+def cmd_trace_summarize(ns) -> int:
+    from gpuscope.analyzers.trace_analysis import summarize
+    from gpuscope.collectors.trace_files import load_trace
+
+    summary = summarize(load_trace(ns.path))
+    if ns.json:
+        _print_json(summary)
+        return 0
+    print(f"{summary['source']} ({summary['format']}, {summary['span_seconds'] * 1e3:.0f} ms)")
+    print(f"verdict: {summary['verdict'] or 'none'} (confidence {summary['confidence']:.2f}, decided by the trace)")
+    print(f"  {summary['summary']}")
+    for op in summary.get("top_ops", [])[:5]:
+        bound = op.get("bound") or "?"
+        print(f"  {op['time_fraction']:6.1%}  {op['count']:6d}x  {(op['op'] or '-')[:32]:<32} {op['kernel'][:40]:<40} {bound}")
+    for w in summary["warnings"]:
+        print(f"  note: {w}")
+    return 0
+
+
 def cmd_metrics(ns) -> int:
     rows = [dict(name=m.name, unit=m.unit, kind=m.kind.value, help=m.help, raw_unit=m.raw_unit,
                  slow=m.slow) for m in cat.METRICS]
@@ -379,6 +399,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(fn=cmd_classify)
 
+    sp = sub.add_parser("trace", help="read profiler traces")
+    trace_sub = sp.add_subparsers(dest="trace_command", required=True)
+    tp = trace_sub.add_parser("summarize", help="the bottleneck of one trace: .xplane.pb, trace JSON, or a profile dir")
+    tp.add_argument("path")
+    tp.add_argument("--json", action="store_true")
+    tp.set_defaults(fn=cmd_trace_summarize)
+
     sp = sub.add_parser("metrics", help="the metric catalogue: names, units, kinds")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(fn=cmd_metrics)
@@ -390,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(ns.log_level, ns.json_logs)
     try:
         return ns.fn(ns)
-    except (UsageError, ValueError, RecordingError, SourceUnavailable, ListenError,
+    except (UsageError, ValueError, RecordingError, TraceError, SourceUnavailable, ListenError,
             clients.ClientError, RuntimeError) as exc:
         print(f"gpuscope {ns.command}: error: {exc}", file=sys.stderr)
         return 1

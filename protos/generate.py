@@ -12,7 +12,8 @@ import tempfile
 from grpc_tools import protoc
 
 ROOT = pathlib.Path(__file__).resolve().parent
-PROTOS = sorted((ROOT / "gpuscope" / "v1").glob("*.proto"))
+PACKAGES = ("v1", "xla")   # gpuscope.v1: our wire; gpuscope.xla: copies of the XLA profiler's
+PROTOS = sorted(p for pkg in PACKAGES for p in (ROOT / "gpuscope" / pkg).glob("*.proto"))
 
 
 def generate(out: pathlib.Path) -> None:
@@ -30,21 +31,20 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--check", action="store_true")
     ns = parser.parse_args()
-    target = ROOT / "gpuscope" / "v1"
     with tempfile.TemporaryDirectory() as tmp:
         generate(pathlib.Path(tmp))
-        fresh = sorted((pathlib.Path(tmp) / "gpuscope" / "v1").glob("*_pb2*.py*"))
-        if ns.check:
-            stale = [f.name for f in fresh
-                     if not (target / f.name).exists()
-                     or not filecmp.cmp(f, target / f.name, shallow=False)]
-            if stale:
-                print("stale generated code, run `python protos/generate.py`: "
-                      + ", ".join(stale), file=sys.stderr)
-                return 1
-            return 0
-        for f in fresh:
-            (target / f.name).write_bytes(f.read_bytes())
+        stale = []
+        for pkg in PACKAGES:
+            target = ROOT / "gpuscope" / pkg
+            for f in sorted((pathlib.Path(tmp) / "gpuscope" / pkg).glob("*_pb2*.py*")):
+                if ns.check:
+                    if not (target / f.name).exists() or not filecmp.cmp(f, target / f.name, shallow=False):
+                        stale.append(f"{pkg}/{f.name}")
+                else:
+                    (target / f.name).write_bytes(f.read_bytes())
+        if stale:
+            print("stale generated code, run `python protos/generate.py`: " + ", ".join(stale), file=sys.stderr)
+            return 1
     return 0
 
 

@@ -1,0 +1,107 @@
+"""Device peaks and the roofline position of each op in a trace.
+
+Peak dense BF16 tensor throughput per SM per clock by compute capability
+(NVIDIA's published dense figures divided by SMs x boost clock: V100 125 TF,
+A100 312 TF, A10/RTX 30 ~0.5x A100 per SM, L40S 362 TF, H100/H200 989 TF,
+B200 2.25 PF). Peak bandwidth comes from the trace's own plane stats.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpuscope.collectors.trace_model import KERNEL, DeviceTimeline, Trace
+
+from .hlo_cost import load_program
+
+BF16_FLOP_PER_CLK_PER_SM = {(7, 0): 1024, (7, 5): 512, (8, 0): 2048, (8, 6): 512, (8, 7): 512, (8, 9): 1024,
+                            (9, 0): 4096, (10, 0): 8192, (12, 0): 1024}
+GEMM_KERNEL = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|wgmma|matmul|conv|dot", re.I)
+
+
+@dataclass
+class Peaks:
+    flops_per_s: float | None
+    bytes_per_s: float | None
+
+    @property
+    def ridge(self) -> float | None:
+        if self.flops_per_s and self.bytes_per_s:
+            return self.flops_per_s / self.bytes_per_s
+        return None
+
+
+def device_peaks(dev: DeviceTimeline) -> Peaks:
+    p = dev.props
+    cc = (int(p.get("cc_major", 0)), int(p.get("cc_minor", 0)))
+    per_sm = BF16_FLOP_PER_CLK_PER_SM.get(cc)
+    flops = per_sm * p["core_count"] * p["clock_rate_hz"] if per_sm and "core_count" in p and "clock_rate_hz" in p else None
+    return Peaks(flops, p.get("memory_bandwidth"))
+
+
+def op_table(trace: Trace, dev: DeviceTimeline, peaks: Peaks) -> list[dict]:
+    """One row per (op, kernel) group of kernels: time, count and, where the
+    trace's HLO allows, FLOPs, bytes, intensity and the bound it sits under."""
+    m = dev.kind == KERNEL
+    if not m.any():
+        return []
+    keys = dev.op_idx[m].astype(np.int64) * (len(dev.names) + 1) + dev.name_idx[m]
+    uniq, inv = np.unique(keys, return_inverse=True)
+    time = np.bincount(inv, weights=dev.dur_ns[m]).astype(float)
+    count = np.bincount(inv)
+    total = float(dev.dur_ns[m].sum()) or 1.0
+    rows = []
+    for k, t, n in zip(uniq.tolist(), time.tolist(), count.tolist()):
+        op_i, name_i = divmod(k, len(dev.names) + 1)
+        program, op = dev.ops[op_i] if op_i >= 0 and op_i < len(dev.ops) else ("", "")
+        kernel = dev.names[name_i]
+        rows.append(dict(op=op, kernel=kernel, program=program, count=n, time_s=t / 1e9, time_fraction=t / total))
+    _costs(trace, rows, peaks)
+    rows.sort(key=lambda r: r["time_s"], reverse=True)
+    return rows
+
+
+def _costs(trace: Trace, rows: list[dict], peaks: Peaks) -> None:
+    # An op's cost covers all its kernels: spread it over the op's groups by time.
+    by_op: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        by_op.setdefault((r["program"], r["op"]), []).append(r)
+    for (program, op), group in by_op.items():
+        prog = load_program(trace.programs.get(program, b""))
+        op_cost = prog.cost(op) if prog and op else None
+        op_time = sum(r["time_s"] for r in group)
+        executions = max(r["count"] for r in group)
+        for r in group:
+            cost = prog.cost(r["kernel"]) if prog and (op_cost is None or op_cost.flops is None) else None
+            if cost is not None and cost.flops is not None:      # kernel named after its fusion
+                flops, nbytes = cost.flops * r["count"], cost.bytes * r["count"]
+            elif op_cost is not None and op_cost.flops is not None and op_time > 0:
+                share = r["time_s"] / op_time
+                flops, nbytes = op_cost.flops * executions * share, op_cost.bytes * executions * share
+            else:
+                r["bound"] = _by_name(r["kernel"])
+                continue
+            r.update(flops=flops, bytes=nbytes)
+            if r["time_s"] > 0:
+                r["achieved_flops_per_s"] = flops / r["time_s"]
+                r["achieved_bytes_per_s"] = nbytes / r["time_s"]
+            if nbytes:
+                r["intensity_flops_per_byte"] = flops / nbytes
+            ridge = peaks.ridge
+            if ridge and nbytes:
+                r["bound"] = "compute" if flops / nbytes >= ridge else "memory"
+                if r["time_s"] > 0:
+                    r["fraction_of_peak"] = (r["achieved_flops_per_s"] / peaks.flops_per_s if r["bound"] == "compute"
+                                             else r["achieved_bytes_per_s"] / peaks.bytes_per_s)
+            else:
+                r["bound"] = _by_name(r["kernel"])
+
+
+def _by_name(kernel: str) -> str:
+    """Without FLOPs and bytes: GEMM/convolution kernels sit above the ridge at
+    any size worth profiling; elementwise, reduction and copy kernels
+    (XLA's loop_/input_ fusions) do a few FLOPs per byte and sit below it.
+    GEMV-shaped dots (LLM decode) are the known miss: only the HLO tells."""
+    return "compute (kernel name)" if GEMM_KERNEL.search(kernel) else "memory (kernel name)"

@@ -1,0 +1,226 @@
+"""From a trace to a verdict: timeline arithmetic (busy, gaps and who caused
+them, copies, collectives and their overlap with compute), the roofline
+position of the ops, then one verdict in the counters' vocabulary.
+
+How the verdict is reached (docs/verdicts.md has the reasoning):
+1. no GPU activity at all -> idle;
+2. copies and collectives not hidden behind compute take half or more of
+   the GPU's active time -> communication-bound;
+3. GPU busy half the span or more -> compute- or memory-bound, by where the
+   time-weighted ops sit against the ridge point;
+4. otherwise the GPU waits. If it mostly waits for launches that come after
+   it went idle (host-caused gaps): launch-bound when kernels are short and
+   the gaps are as short as a dispatch, host-bound when the gaps are long
+   (the host does other work between steps). If the waits are not caused
+   by late launches, the GPU is idle.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from gpuscope.collectors.trace_model import (COLLECTIVE, KERNEL, KIND_NAMES, MEMCPY_D2D, MEMCPY_D2H, MEMCPY_H2D,
+                                             MEMCPY_P2P, DeviceTimeline, Trace)
+
+from .roofline import Peaks, device_peaks, op_table
+from .rules.common import COMMUNICATION, COMPUTE, HOST, IDLE, LAUNCH, MEMORY
+
+SHORT_KERNEL_NS = 20_000        # a kernel shorter than ~2-4 launch latencies cannot hide its launch
+DISPATCH_GAP_NS = 100_000       # gaps up to this are the dispatch path itself; longer ones are other host work
+TOP_OPS = 10
+COMM_KINDS = (MEMCPY_H2D, MEMCPY_D2H, MEMCPY_P2P, COLLECTIVE)
+
+
+def _merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if not len(starts):
+        return starts, ends
+    o = np.argsort(starts, kind="stable")
+    s, e = starts[o], np.maximum.accumulate(ends[o])
+    new = np.empty(len(s), bool)
+    new[0] = True
+    new[1:] = s[1:] > e[:-1]
+    idx = np.flatnonzero(new)
+    return s[idx], np.maximum.reduceat(e, idx)
+
+
+def _length(iv) -> int:
+    return int((iv[1] - iv[0]).sum())
+
+
+def _overlap(a, b) -> int:
+    """Total length of the intersection of two merged interval lists."""
+    total, i, j = 0, 0, 0
+    (as_, ae), (bs, be) = a, b
+    while i < len(as_) and j < len(bs):
+        lo, hi = max(as_[i], bs[j]), min(ae[i], be[j])
+        if hi > lo:
+            total += int(hi - lo)
+        if ae[i] < be[j]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def _pct(values: np.ndarray, q: float) -> float | None:
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def device_summary(trace: Trace, dev: DeviceTimeline) -> dict:
+    span = max(trace.span_ns, 1)
+    ends = dev.start_ns + dev.dur_ns
+    active = _merge(dev.start_ns, ends)
+    busy_ns = _length(active)
+    k = dev.kind == KERNEL
+    kern = _merge(dev.start_ns[k], ends[k])
+    comm_mask = np.isin(dev.kind, COMM_KINDS)
+    comm = _merge(dev.start_ns[comm_mask], ends[comm_mask])
+    comm_ns = _length(comm)
+    exposed_comm_ns = comm_ns - _overlap(comm, kern)
+    coll = dev.kind == COLLECTIVE
+    coll_iv = _merge(dev.start_ns[coll], ends[coll])
+    compute_only = _merge(dev.start_ns[k & ~coll], ends[k & ~coll])
+    kdur = dev.dur_ns[k]
+    out: dict = dict(device=dev.name, name=dev.props.get("name"), span_seconds=span / 1e9,
+                     busy_fraction=busy_ns / span, activities=int(len(dev)),
+                     host_transfer_fraction=trace.host.transfer_ns / span)
+    out["kernels"] = dict(count=int(k.sum()), launch_rate_per_s=float(k.sum()) / (span / 1e9),
+                          duration_us=dict(p50=_us(_pct(kdur, 50)), p90=_us(_pct(kdur, 90)), p99=_us(_pct(kdur, 99)),
+                                           mean=_us(float(kdur.mean()) if len(kdur) else None)))
+    out["idle_gaps"] = _gaps(trace, dev, active)
+    copies = {}
+    for kind in (MEMCPY_H2D, MEMCPY_D2H, MEMCPY_D2D, MEMCPY_P2P):
+        m = dev.kind == kind
+        if m.any():
+            nbytes = dev.bytes[m]
+            t = _length(_merge(dev.start_ns[m], ends[m]))
+            known = float(np.nansum(nbytes)) if not np.isnan(nbytes).all() else None
+            copies[KIND_NAMES[kind]] = dict(count=int(m.sum()), time_fraction=t / span, bytes=known,
+                                            bytes_per_s=known / (t / 1e9) if known and t else None)
+    out["memcpy"] = copies
+    out["communication"] = dict(time_fraction=comm_ns / span, exposed_fraction=exposed_comm_ns / span,
+                                collective_fraction=_length(coll_iv) / span,
+                                collective_overlap_with_compute=(_overlap(coll_iv, compute_only) / _length(coll_iv)
+                                                                 if len(coll_iv[0]) else None))
+    peaks = device_peaks(dev)
+    ops = op_table(trace, dev, peaks)
+    out["roofline"] = _roofline(peaks, ops)
+    out["top_ops"] = [{k2: (round(v, 9) if isinstance(v, float) else v) for k2, v in r.items() if k2 != "program"}
+                      for r in ops[:TOP_OPS]]
+    out.update(_verdict(out, exposed_comm_ns, busy_ns, span))
+    return out
+
+
+def _us(ns: float | None) -> float | None:
+    return None if ns is None else round(ns / 1e3, 3)
+
+
+def _gaps(trace: Trace, dev: DeviceTimeline, active) -> dict:
+    """Gaps between blocks of device activity, and which of them the host
+    caused: the next activity was launched only after the GPU went idle."""
+    starts, ends = active
+    if len(starts) < 2:
+        return dict(count=0, total_seconds=0.0, host_caused_fraction=None, median_us=None, p90_us=None,
+                    host_caused_median_us=None)
+    gap_start, gap_end = ends[:-1], starts[1:]
+    gaps = gap_end - gap_start
+    host = trace.host
+    caused = np.zeros(len(gaps), bool)
+    known = np.zeros(len(gaps), bool)
+    if len(host.launch_correlation):
+        order = np.argsort(host.launch_correlation)
+        corr_sorted, launch_sorted = host.launch_correlation[order], host.launch_start_ns[order]
+        first_of_block = np.searchsorted(dev.start_ns, gap_end)   # first activity of each next block
+        nxt_corr = dev.correlation[np.minimum(first_of_block, len(dev) - 1)]
+        pos = np.searchsorted(corr_sorted, nxt_corr)
+        pos = np.minimum(pos, len(corr_sorted) - 1)
+        found = (corr_sorted[pos] == nxt_corr) & (nxt_corr >= 0)
+        launch = launch_sorted[pos]
+        known = found
+        caused = found & (launch >= gap_start - 1_000)       # launched after the GPU ran dry (1 µs slack)
+    total = float(gaps.sum())
+    host_gaps = gaps[caused]
+    return dict(count=int(len(gaps)), total_seconds=total / 1e9,
+                median_us=_us(_pct(gaps, 50)), p90_us=_us(_pct(gaps, 90)),
+                attributed_fraction=float(gaps[known].sum() / total) if total else None,
+                host_caused_fraction=float(host_gaps.sum() / total) if total and known.any() else None,
+                host_caused_median_us=_us(_pct(host_gaps, 50)))
+
+
+def _roofline(peaks: Peaks, ops: list[dict]) -> dict:
+    t = sum(r["time_s"] for r in ops) or 1.0
+    comp = sum(r["time_s"] for r in ops if (r.get("bound") or "").startswith("compute"))
+    mem = sum(r["time_s"] for r in ops if (r.get("bound") or "").startswith("memory"))
+    return dict(peak_flops_per_s=peaks.flops_per_s, peak_bytes_per_s=peaks.bytes_per_s,
+                ridge_flops_per_byte=peaks.ridge, compute_bound_time_fraction=comp / t,
+                memory_bound_time_fraction=mem / t, unknown_time_fraction=max(0.0, 1 - (comp + mem) / t))
+
+
+def _verdict(s: dict, exposed_comm_ns: int, busy_ns: int, span: int) -> dict:
+    busy = s["busy_fraction"]
+    k, gaps, roof = s["kernels"], s["idle_gaps"], s["roofline"]
+    if busy_ns == 0:
+        return dict(verdict=IDLE, confidence=1.0, summary="no GPU activity in the trace")
+    comm_share = exposed_comm_ns / busy_ns
+    # Data movement must also matter to the job: copies on the GPU or transfer work
+    # on the host (staging, device_put) for a fifth of the trace or more.
+    moving = s["communication"]["exposed_fraction"] + s["host_transfer_fraction"]
+    if comm_share >= 0.5 and moving >= 0.2:
+        return dict(verdict=COMMUNICATION, confidence=round(min(1.0, comm_share), 3),
+                    summary=f"copies/collectives not overlapped with compute take {comm_share:.0%} of the GPU's "
+                            f"active time; moving data occupies {min(moving, 1):.0%} of the trace (GPU copies "
+                            f"{s['communication']['exposed_fraction']:.0%}, host transfers {s['host_transfer_fraction']:.0%})")
+    if busy >= 0.5:
+        c, m = roof["compute_bound_time_fraction"], roof["memory_bound_time_fraction"]
+        known = c + m
+        if known == 0:
+            return dict(verdict=COMPUTE, confidence=0.3,
+                        summary=f"GPU busy {busy:.0%}; no op could be placed on the roofline (no HLO in the trace)")
+        verdict = COMPUTE if c >= m else MEMORY
+        top = next((r for r in s["top_ops"] if r.get("bound")), None)
+        detail = ""
+        if top is not None and top.get("fraction_of_peak") is not None:
+            what = "of peak FLOP/s" if top["bound"] == "compute" else "of peak HBM bandwidth"
+            detail = f"; top op {top['op'] or top['kernel']} at {top['fraction_of_peak']:.0%} {what}"
+        share = max(c, m) / known
+        return dict(verdict=verdict, confidence=round(busy * share * min(1.0, known / 0.5), 3),
+                    summary=f"GPU busy {busy:.0%}; {c:.0%} of kernel time in compute-bound ops, "
+                            f"{m:.0%} in memory-bound ops{detail}")
+    host_share = gaps.get("host_caused_fraction")
+    idle = 1 - busy
+    if host_share is None or host_share < 0.5:
+        if k["launch_rate_per_s"] < 100 or host_share is not None:
+            return dict(verdict=IDLE, confidence=round(idle * (1 - (host_share or 0)), 3),
+                        summary=f"GPU idle {idle:.0%} of the trace and the idle time is not waiting on launches")
+    p50 = (k["duration_us"]["p50"] or 0) * 1e3
+    gap50 = (gaps.get("host_caused_median_us") or gaps.get("median_us") or 0) * 1e3
+    basis = (f"GPU idle {idle:.0%}, {host_share:.0%} of it waiting for launches issued after it ran dry"
+             if host_share is not None else f"GPU idle {idle:.0%}; no launch records to attribute the gaps")
+    if p50 < SHORT_KERNEL_NS and gap50 < DISPATCH_GAP_NS:
+        return dict(verdict=LAUNCH, confidence=round(idle * (host_share or 0.5), 3),
+                    summary=f"{basis}: {k['launch_rate_per_s']:,.0f} launches/s, median kernel "
+                            f"{p50 / 1e3:.1f} µs, median gap {gap50 / 1e3:.1f} µs")
+    return dict(verdict=HOST, confidence=round(idle * (host_share or 0.5), 3),
+                summary=f"{basis}: median gap {gap50 / 1e3:,.0f} µs between steps, "
+                        f"{k['launch_rate_per_s']:,.0f} launches/s")
+
+
+def summarize(trace: Trace) -> dict:
+    devices = [device_summary(trace, d) for d in trace.devices]
+    host = trace.host
+    span = max(trace.span_ns, 1)
+    out = dict(source=trace.source, format=trace.format, span_seconds=span / 1e9,
+               start_unix=trace.start_unix_ns / 1e9 if trace.start_unix_ns else None,
+               hostnames=trace.hostnames, decided_by="trace",
+               host=dict(dispatch_fraction=host.dispatch_ns / span, busiest_thread_busy_fraction=host.busy_ns / span,
+                         transfer_fraction=host.transfer_ns / span, threads=host.threads,
+                         launches=int(len(host.launch_correlation))),
+               devices=devices, warnings=list(trace.warnings))
+    if not devices:
+        out.update(verdict=None, confidence=0.0, missing=["GPU device plane"],
+                   summary="no GPU activity recorded: a CPU-only job, or device tracing was off")
+        return out
+    main = max(devices, key=lambda d: d["busy_fraction"] if d["verdict"] != IDLE else -1)
+    out.update({k: main[k] for k in ("verdict", "confidence", "summary", "busy_fraction", "kernels", "idle_gaps",
+                                     "memcpy", "communication", "roofline", "top_ops")})
+    out["device"] = main["device"]
+    return out

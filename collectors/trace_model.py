@@ -1,0 +1,131 @@
+"""A profiler trace, reduced to what analysis needs, independent of the file
+format it came from (XSpace protobuf or Chrome trace-event JSON).
+
+Times are nanoseconds from the trace's own origin; `start_unix_ns` maps them
+to wall time when the file says (XSpace's "Task Environment" plane).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+KERNEL, MEMCPY_H2D, MEMCPY_D2H, MEMCPY_D2D, MEMCPY_P2P, MEMSET, COLLECTIVE = range(7)
+KIND_NAMES = ("kernel", "memcpy_h2d", "memcpy_d2h", "memcpy_d2d", "memcpy_p2p", "memset", "collective")
+COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
+                  "collective-broadcast", "send", "recv")
+
+
+@dataclass
+class DeviceTimeline:
+    """Every activity of one GPU: kernels, copies, memsets, collectives."""
+    name: str                          # "/device:GPU:0"
+    props: dict[str, float | str]      # device name, memory_bandwidth (B/s), core_count, clock_rate_hz, compute_cap
+    start_ns: np.ndarray               # int64
+    dur_ns: np.ndarray                 # int64
+    kind: np.ndarray                   # int8, see KIND_NAMES
+    stream: np.ndarray                 # int64
+    correlation: np.ndarray            # int64, -1 when unknown
+    name_idx: np.ndarray               # int32 into names
+    names: list[str]                   # kernel / activity names
+    op_idx: np.ndarray                 # int32 into ops, -1 when unknown
+    ops: list[tuple[str, str]]         # (program key, HLO instruction name)
+    bytes: np.ndarray                  # float64, NaN unless the event says (copies)
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+
+@dataclass
+class HostTimeline:
+    launch_correlation: np.ndarray     # int64: correlation id of each launch API event
+    launch_start_ns: np.ndarray        # int64
+    dispatch_ns: int = 0               # time inside the runtime's dispatch path (framework -> driver)
+    busy_ns: int = 0                   # union of top-level events of the busiest host thread
+    threads: int = 0
+    transfer_ns: int = 0               # host time spent moving data to/from devices (staging, device_put, ...)
+
+
+@dataclass
+class Trace:
+    source: str
+    format: str                        # "xplane" or "chrome-json"
+    devices: list[DeviceTimeline]
+    host: HostTimeline
+    start_ns: int                      # trace origin .. end, over every event
+    end_ns: int
+    start_unix_ns: int | None = None
+    hostnames: list[str] = field(default_factory=list)
+    programs: dict[str, bytes] = field(default_factory=dict)   # program key -> serialized HloProto
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def span_ns(self) -> int:
+        return max(0, self.end_ns - self.start_ns)
+
+
+# Host-side events that move data between host and device (framework TraceMes).
+TRANSFER_MARKERS = ("H2D", "D2H", "Memcpy", "Staging", "DevicePut", "device_put", "BufferFromHostBuffer",
+                    "ToLiteral", "CopyRawToHost", "TransferTo", "TransferFrom", "np.asarray(jax.Array)")
+
+
+def kind_of(stream_or_name: str, hlo_op: str = "") -> int:
+    """Classify an activity from its stream or event name and its HLO op."""
+    s = stream_or_name
+    if "MemcpyH2D" in s or "Memcpy HtoD" in s:
+        return MEMCPY_H2D
+    if "MemcpyD2H" in s or "Memcpy DtoH" in s:
+        return MEMCPY_D2H
+    if "MemcpyP2P" in s or "Memcpy PtoP" in s:
+        return MEMCPY_P2P
+    if "MemcpyD2D" in s or "Memcpy DtoD" in s:
+        return MEMCPY_D2D
+    if s.startswith("Memset"):
+        return MEMSET
+    low = s.lower()
+    if "nccl" in low or "rccl" in low or hlo_op.startswith(COLLECTIVE_OPS):
+        return COLLECTIVE
+    return KERNEL
+
+
+class _Builder:
+    """Accumulates one device's events before they become arrays."""
+
+    def __init__(self, name: str, props: dict):
+        self.name, self.props = name, props
+        self.cols: dict[str, list] = {k: [] for k in ("start", "dur", "kind", "stream", "corr", "name", "op", "bytes")}
+        self.names: dict[str, int] = {}
+        self.ops: dict[tuple[str, str], int] = {}
+
+    def add(self, start: int, dur: int, kind: int, stream: int, corr: int, name: str,
+            op: tuple[str, str] | None, nbytes: float) -> None:
+        c = self.cols
+        c["start"].append(start)
+        c["dur"].append(dur)
+        c["kind"].append(kind)
+        c["stream"].append(stream)
+        c["corr"].append(corr)
+        c["name"].append(self.names.setdefault(name, len(self.names)))
+        c["op"].append(self.ops.setdefault(op, len(self.ops)) if op else -1)
+        c["bytes"].append(nbytes)
+
+    def build(self) -> DeviceTimeline:
+        c = self.cols
+        order = np.argsort(np.asarray(c["start"], dtype=np.int64), kind="stable")
+        arr = lambda k, dt: np.asarray(c[k], dtype=dt)[order] if c[k] else np.empty(0, dt)  # noqa: E731
+        return DeviceTimeline(self.name, self.props, arr("start", np.int64), arr("dur", np.int64),
+                              arr("kind", np.int8), arr("stream", np.int64), arr("corr", np.int64),
+                              arr("name", np.int32), list(self.names), arr("op", np.int32), list(self.ops),
+                              arr("bytes", np.float64))
+
+
+def parse_bytes(details: str) -> float:
+    """`num_bytes:268435456` inside memcpy_details -> 268435456.0; NaN if absent."""
+    i = details.find("num_bytes:")
+    if i < 0:
+        return float("nan")
+    j = i + len("num_bytes:")
+    k = j
+    while k < len(details) and details[k].isdigit():
+        k += 1
+    return float(details[j:k]) if k > j else float("nan")
