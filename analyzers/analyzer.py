@@ -124,6 +124,38 @@ class Analyzer:
             store.rollback()
             raise
 
+    def report_capture(self, record, xspace: bytes) -> dict:
+        """A capture an agent ran: summarize its trace, store it, link it to
+        the open finding of its GPU. Returns the stored row."""
+        from gpuscope.collectors.xspace_reader import TraceError, parse_xspace
+        from .trace_analysis import summarize
+
+        summary: dict | None = None
+        error = record.error
+        if xspace:
+            try:
+                summary = summarize(parse_xspace(xspace, record.path or record.id))
+            except TraceError as exc:
+                error = (error + "; " if error else "") + str(exc)
+        verdict = summary.get("verdict") if summary else None
+        confidence = float(summary.get("confidence") or 0.0) if summary else 0.0
+        row = dict(id=record.id, host=record.host, target=record.target,
+                   pid=record.pid if record.HasField("pid") else None, gpus=json.dumps(list(record.gpus)),
+                   job=record.job, start=record.start, end=record.end, duration_ms=record.duration_ms,
+                   path=record.path, size_bytes=record.size_bytes, status=record.status, error=error,
+                   trigger=record.trigger, verdict=verdict, confidence=confidence,
+                   summary=json.dumps(summary, default=str) if summary else None, finding_id=None)
+
+        def store(st: Store) -> dict:
+            f = self.findings.attach_capture(record.host, list(record.gpus), record.id, verdict, confidence,
+                                             summary.get("summary", "") if summary else "")
+            if f is not None:
+                row["finding_id"] = f["id"]
+                st.upsert_findings([finding_row(f)])
+            st.upsert_capture(row)
+            return row
+        return self.writer.call(store).result(timeout=30)
+
     def sweep(self) -> None:
         """Judge windows of GPUs that went quiet, and close their findings."""
         def run(_store: Store) -> None:

@@ -4,6 +4,12 @@ closed when it ends, never a row per window.
 A window whose verdict differs from the open finding's closes it at that
 window's start; idle closes without opening (idle is a state, not a
 bottleneck). The evidence of a finding is the mean of its windows' numbers.
+
+A capture linked to an open finding refines it: the trace's verdict becomes
+the finding's (counters cannot tell launch-bound from host-bound; a trace
+can), the counters' verdict is kept beside it, and `decided_by` says which.
+Episodes still follow the counters, so a refined finding goes on for as long
+as the counters keep saying what they said.
 """
 from __future__ import annotations
 
@@ -11,6 +17,8 @@ import uuid
 
 from .classify import Classification
 from .rules.common import IDLE
+
+TRACE_DECIDES_AT = 0.5      # a trace verdict below this confidence is recorded, not adopted
 
 
 class FindingsTracker:
@@ -29,7 +37,7 @@ class FindingsTracker:
         key = (host, c.gpu)
         cur = self.open.get(key)
         changed = []
-        if cur is not None and cur["verdict"] == c.verdict:
+        if cur is not None and cur["counters_verdict"] == c.verdict:
             n = cur["windows"] + 1
             sums = self._sums[cur["id"]]
             for k, v in c.evidence.items():
@@ -44,7 +52,8 @@ class FindingsTracker:
             f = dict(id=uuid.uuid4().hex[:12], host=host, gpu=c.gpu, job=job, verdict=c.verdict,
                      start=c.start, end=None, confidence=c.confidence, windows=1,
                      evidence=dict(c.evidence), flags=list(c.flags), summary=c.summary,
-                     alternatives=list(c.alternatives), decided_by="counters")
+                     alternatives=list(c.alternatives), decided_by="counters", counters_verdict=c.verdict,
+                     trace_verdict=None, captures=[])
             self.open[key] = f
             self._sums[f["id"]] = dict(c.evidence)
             changed.append(f)
@@ -55,3 +64,22 @@ class FindingsTracker:
         self._sums.pop(f["id"], None)
         f["end"] = max(end, f["start"])
         return f
+
+    def attach_capture(self, host: str, gpus: list[int], capture_id: str, verdict: str | None,
+                       confidence: float, summary: str) -> dict | None:
+        """Link a capture to the open finding of one of its GPUs; returns the
+        finding if one was open."""
+        for gpu in gpus:
+            f = self.open.get((host, gpu))
+            if f is None:
+                continue
+            f["captures"] = list(f.get("captures") or []) + [capture_id]
+            if verdict is not None:
+                f["trace_verdict"] = verdict
+                if confidence >= TRACE_DECIDES_AT:
+                    if verdict != f["counters_verdict"]:
+                        f["summary"] = f"{summary} (trace); counters said {f['counters_verdict']}"
+                    f["verdict"], f["decided_by"] = verdict, "trace"
+                    f["alternatives"] = []
+            return f
+        return None

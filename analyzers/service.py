@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import queue
 import threading
 import time
@@ -24,6 +25,18 @@ except importlib.metadata.PackageNotFoundError:   # running from a source tree
 _ACK = {COMMITTED: pb.BatchAck.COMMITTED}
 
 
+def capture_summary_pb(row: dict) -> apb.CaptureSummary:
+    rec = pb.CaptureRecord(id=row["id"], host=row["host"] or "", target=row["target"] or "",
+                           gpus=json.loads(row["gpus"] or "[]"), job=row["job"] or "", start=row["start"] or 0,
+                           end=row["end"] or 0, duration_ms=row["duration_ms"] or 0, path=row["path"] or "",
+                           size_bytes=row["size_bytes"] or 0, status=row["status"] or "", error=row["error"] or "",
+                           trigger=row["trigger"] or "")
+    if row.get("pid") is not None:
+        rec.pid = row["pid"]
+    return apb.CaptureSummary(record=rec, verdict=row["verdict"] or "", confidence=row["confidence"] or 0.0,
+                              summary_json=row["summary"] or "", finding_id=row["finding_id"] or "")
+
+
 def finding_pb(f: dict) -> apb.Finding:
     ev = f["evidence"] or {}
     m = apb.Finding(id=f["id"], host=f["host"], gpu=f["gpu"], job=f["job"] or "", verdict=f["verdict"],
@@ -31,7 +44,10 @@ def finding_pb(f: dict) -> apb.Finding:
                     evidence=apb.Evidence(numbers={k: float(v) for k, v in ev.items()},
                                           flags=f["flags"] or [], summary=f["summary"] or "",
                                           alternatives=f["alternatives"] or [],
-                                          decided_by=f["decided_by"] or ""))
+                                          decided_by=f["decided_by"] or "",
+                                          counters_verdict=f.get("counters_verdict") or f["verdict"],
+                                          trace_verdict=f.get("trace_verdict") or "",
+                                          captures=f.get("captures") or []))
     if f["end"] is not None:
         m.end = f["end"]
     return m
@@ -142,3 +158,12 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                 s.value = float(r["value"])
         return out
 
+
+    def ReportCapture(self, request, context):
+        if not request.record.id or not request.record.host:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "record.id and record.host: required")
+        return capture_summary_pb(self.analyzer.report_capture(request.record, request.xspace))
+
+    def ListCaptures(self, request, context):
+        rows = self.analyzer.store.captures(request.host, request.limit or 100)
+        return apb.CapturesResponse(captures=[capture_summary_pb(r) for r in rows])

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from gpuscope.collectors import catalogue as cat
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 AGGREGATES = {"mean": "avg({m})", "min": "min({m})", "max": "max({m})",
               "p50": "quantile_cont({m}, 0.5)", "p95": "quantile_cont({m}, 0.95)",
               "p99": "quantile_cont({m}, 0.99)", "last": "arg_max({m}, t)"}
@@ -26,7 +26,10 @@ DEVICE_COLUMNS = ("host", "gpu", "uuid", "name", "architecture", "memory_total_b
 HEALTH_COLUMNS = ("host", "gpu", "t", "kind", "detail", "code")
 WINDOW_COLUMNS = ("host", "gpu", "start", "end", "verdict", "confidence", "flags", "summary")
 FINDING_COLUMNS = ("id", "host", "gpu", "job", "verdict", "start", "end", "confidence",
-                   "windows", "evidence", "flags", "summary", "alternatives", "decided_by")
+                   "windows", "evidence", "flags", "summary", "alternatives", "decided_by",
+                   "counters_verdict", "trace_verdict", "captures")
+CAPTURE_COLUMNS = ("id", "host", "target", "pid", "gpus", "job", "start", "end", "duration_ms", "path", "size_bytes",
+                   "status", "error", "trigger", "verdict", "confidence", "summary", "finding_id")
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,10 @@ def _ddl() -> list[str]:
              job VARCHAR, verdict VARCHAR, start DOUBLE, "end" DOUBLE, confidence DOUBLE,
              windows INTEGER, evidence VARCHAR, flags VARCHAR, summary VARCHAR,
              alternatives VARCHAR, decided_by VARCHAR)""",
+        """CREATE TABLE IF NOT EXISTS captures (id VARCHAR PRIMARY KEY, host VARCHAR, target VARCHAR, pid BIGINT,
+             gpus VARCHAR, job VARCHAR, start DOUBLE, "end" DOUBLE, duration_ms INTEGER, path VARCHAR,
+             size_bytes UBIGINT, status VARCHAR, error VARCHAR, trigger VARCHAR, verdict VARCHAR,
+             confidence DOUBLE, summary VARCHAR, finding_id VARCHAR)""",
     ]
 
 
@@ -86,6 +93,11 @@ class Store:
         for m in cat.METRICS:
             if m.name not in have:
                 con.execute(f'ALTER TABLE samples ADD COLUMN "{m.name}" DOUBLE')
+        have = {r[0] for r in con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'findings'").fetchall()}
+        for col in ("counters_verdict", "trace_verdict", "captures"):     # schema 2: captures refine findings
+            if col not in have:
+                con.execute(f"ALTER TABLE findings ADD COLUMN {col} VARCHAR")
         con.execute("DELETE FROM metrics")
         con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?)",
                         [(m.name, m.unit, m.kind.value, m.help) for m in cat.METRICS])
@@ -143,6 +155,14 @@ class Store:
 
     def upsert_findings(self, rows: Sequence[tuple]) -> None:
         self._rows("findings", FINDING_COLUMNS, rows, replace=True)
+
+    def upsert_capture(self, row: dict) -> None:
+        self._rows("captures", CAPTURE_COLUMNS, [tuple(row.get(k) for k in CAPTURE_COLUMNS)], replace=True)
+
+    def captures(self, host: str = "", limit: int = 100) -> list[dict]:
+        where, args = _where_host_gpu([], [], host, None)
+        sql = "SELECT * FROM captures" + (" WHERE " + " AND ".join(where) if where else "")
+        return _dicts(self.reader().execute(sql + " ORDER BY start DESC LIMIT ?", args + [limit]))
 
     def open_findings(self) -> list[dict]:
         return _findings(self._con.execute('SELECT * FROM findings WHERE "end" IS NULL'))
@@ -233,17 +253,17 @@ def _dicts(cur: Any) -> list[dict]:
     return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
-_JSON_FIELDS = ("evidence", "flags", "alternatives")
+_JSON_FIELDS = ("evidence", "flags", "alternatives", "captures")
 
 
 def _findings(cur: Any) -> list[dict]:
     rows = _dicts(cur)
     for r in rows:
         for k in _JSON_FIELDS:
-            r[k] = json.loads(r[k]) if r[k] else ([] if k != "evidence" else {})
+            r[k] = json.loads(r[k]) if r.get(k) else ([] if k != "evidence" else {})
+        r["counters_verdict"] = r.get("counters_verdict") or r["verdict"]
     return rows
 
 
 def finding_row(f: dict) -> tuple:
-    return tuple(json.dumps(f[k]) if k in _JSON_FIELDS else f[k]
-                 for k in FINDING_COLUMNS)
+    return tuple(json.dumps(f.get(k, [])) if k in _JSON_FIELDS else f.get(k) for k in FINDING_COLUMNS)

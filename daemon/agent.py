@@ -18,6 +18,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from gpuscope.collectors.records import DeviceInfo, GpuSample, HealthRecord, Scrape
 
+from .captures import CaptureRecord, CaptureRunner
 from .uplink import Uplink
 
 log = structlog.get_logger("gpuscope.agent")
@@ -62,6 +63,10 @@ class Agent:
         self.errors: dict[str, int] = {}
         self.last_error = ""
         self.health: collections.deque[HealthRecord] = collections.deque(maxlen=256)
+        self.captures: CaptureRunner | None = None
+        self.discovery = None                       # collectors.jobs.JobDiscovery
+        self.capture_reporter: Callable[[CaptureRecord, bytes], None] | None = None
+        self._gpu_pids: dict[int, dict[int, str]] = {}   # gpu -> {pid: command}, from the latest samples
 
     def devices(self) -> list[DeviceInfo]:
         return self.collector.devices()
@@ -117,6 +122,9 @@ class Agent:
             with self._ring_lock:
                 self._ring.extend(scrape.samples)
             self.samples += len(scrape.samples)
+            for s in scrape.samples:
+                if "procs_count" in s.values or s.processes:
+                    self._gpu_pids[s.gpu] = {p.pid: p.command for p in s.processes}
         for key, n in scrape.errors.items():
             self._count_error(key, n)
         for h in scrape.health:
@@ -141,6 +149,43 @@ class Agent:
         if gpu is not None:
             ring = [s for s in ring if s.gpu == gpu]
         return ring
+
+    def gpu_pids(self) -> dict[int, list[int]]:
+        """pid -> the GPUs it runs on, from the latest sample of each GPU."""
+        out: dict[int, list[int]] = {}
+        for gpu, procs in self._gpu_pids.items():
+            for pid in procs:
+                out.setdefault(pid, []).append(gpu)
+        return out
+
+    def jobs(self) -> list:
+        return self.discovery.discover(self.gpu_pids()) if self.discovery is not None else []
+
+    def capture(self, duration_ms: int, address: str = "", pid: int | None = None,
+                trigger: str = "on-call") -> tuple[CaptureRecord, bytes]:
+        """Deep capture of one job now. Raises LookupError when the job has no
+        profiler we can find, ValueError for a bad duration."""
+        if self.captures is None:
+            raise LookupError("captures are off on this agent (no --capture-dir)")
+        gpus, job = [], ""
+        if pid is not None:
+            found = self.discovery.find(pid, self.gpu_pids().get(pid, [])) if self.discovery else None
+            if found is None:
+                raise LookupError(f"pid {pid}: no XLA profiler service found (start the job with "
+                                  f"jax.profiler.start_server(PORT), or set GPUSCOPE_PROFILER_PORT in its environment)")
+            address, gpus, job = found.address, found.gpus, f"pid:{pid} {found.command}".strip()
+        else:
+            for j in self.jobs():
+                if j.address == address and j.pid is not None:
+                    pid, gpus, job = j.pid, j.gpus, f"pid:{j.pid} {j.command}".strip()
+        rec, data = self.captures.capture(address, duration_ms, pid=pid, gpus=gpus, job=job, trigger=trigger)
+        if self.capture_reporter is not None:
+            try:
+                self.capture_reporter(rec, data)
+            except Exception as exc:  # the analyzer being away must not lose the capture
+                rec.error = (rec.error + "; " if rec.error else "") + f"not reported to the analyzer: {exc}"
+                log.warning("capture not reported", id=rec.id, error=str(exc))
+        return rec, data
 
     def status(self) -> dict:
         up = self.uplink.stats() if self.uplink else {}

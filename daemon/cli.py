@@ -89,6 +89,20 @@ class _Started:
         return getattr(self._inner, name)
 
 
+def _setup_captures(agent: Agent, ns, analyzer_target: str | None) -> None:
+    """Deep captures: runner under --capture-dir, job discovery, and reports
+    to the analyzer (which summarizes, stores and links them)."""
+    from gpuscope.collectors.jobs import JobDiscovery
+    from gpuscope.collectors.xla_profiler import XlaProfilerClient
+    from .captures import CaptureConfig, CaptureRunner
+    from .convert import capture_pb
+
+    agent.captures = CaptureRunner(CaptureConfig(Path(ns.capture_dir), max_bytes=ns.capture_budget_mb << 20), ns.host)
+    agent.discovery = JobDiscovery(lambda addr: XlaProfilerClient(addr).probe(), configured=ns.profiler or [])
+    if analyzer_target:
+        agent.capture_reporter = lambda rec, data: clients.report_capture(analyzer_target, capture_pb(rec), data)
+
+
 def _uplink_factory(host: str, target: str, buffer_samples: int):
     def make(boot_id, devices):
         return Uplink(UplinkConfig(target=target, buffer_samples=buffer_samples), host, boot_id, devices)
@@ -136,6 +150,7 @@ def cmd_up(ns) -> int:
         (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent, "in-process"), "gpuscope.v1.Agent")])
     server.start()
     target = _loopback(ns.listen, port)
+    _setup_captures(agent, ns, target)
     agent.start(_uplink_factory(ns.host, target, ns.buffer_samples))
     stop = threading.Event()
     _install_signals(stop)
@@ -165,6 +180,7 @@ def cmd_agent(ns) -> int:
     collector, source = make_source(ns.source, ns.speed, allow_fallback=False)
     factory = _uplink_factory(ns.host, ns.analyzer, ns.buffer_samples) if ns.analyzer else None
     agent = Agent(AgentConfig(host=ns.host, source=source, interval_s=ns.interval), collector, factory)
+    _setup_captures(agent, ns, ns.analyzer or None)
     server, port, health = build_server(ns.listen, [
         (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent, ns.analyzer or ""), "gpuscope.v1.Agent")],
         max_workers=8)
@@ -309,6 +325,45 @@ def cmd_trace_summarize(ns) -> int:
     return 0
 
 
+def cmd_capture(ns) -> int:
+    from gpuscope.analyzers.trace_analysis import summarize
+    from gpuscope.collectors.xspace_reader import parse_xspace
+
+    if ns.duration_ms <= 0:
+        raise UsageError(f"--duration-ms: must be > 0, got {ns.duration_ms}")
+    record, xspace = clients.capture(ns.server, ns.jax, ns.pid, ns.duration_ms)
+    summary = summarize(parse_xspace(xspace, record["path"])) if xspace else None
+    if ns.json:
+        out = dict(summary) if summary else dict(verdict=None, summary=f"capture {record['status']}: {record['error']}")
+        out["capture"] = record
+        _print_json(out)
+    else:
+        print(f"capture {record['id']}: {record['status']} ({record['target']}, {record['duration_ms']} ms) "
+              f"-> {record['path'] or '-'} on {record['host']}")
+        if record["error"]:
+            print(f"  error: {record['error']}")
+        if summary:
+            print(f"  verdict: {summary['verdict'] or 'none'} (confidence {summary['confidence']:.2f})")
+            print(f"  {summary['summary']}")
+    return 0 if record["status"].startswith("ok") else 1
+
+
+def cmd_captures(ns) -> int:
+    rows = clients.captures(ns.server)
+    if ns.json:
+        _print_json({"captures": rows})
+        return 0
+    if not rows:
+        print("no captures")
+    for r in rows:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["start"]))
+        print(f"{r['id']} {when} {r['host']} {r['target']} {r['status']:<10} {r.get('verdict') or '-':<20} "
+              f"{r['size_bytes'] >> 10} KiB {r['job'][:40]}")
+        if r.get("error"):
+            print(f"    {r['error']}")
+    return 0
+
+
 def cmd_metrics(ns) -> int:
     rows = [dict(name=m.name, unit=m.unit, kind=m.kind.value, help=m.help, raw_unit=m.raw_unit,
                  slow=m.slow) for m in cat.METRICS]
@@ -335,6 +390,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--buffer-samples", type=int, default=50_000,
                         help="samples kept while the analyzer is away (default 50000; oldest dropped first)")
         sp.add_argument("--duration", type=duration, default=None, help="stop after this long (default: run until Ctrl-C)")
+        sp.add_argument("--capture-dir", default=os.path.join(os.path.dirname(default_db()), "captures"),
+                        help="where deep captures are written (default: beside the default DB)")
+        sp.add_argument("--capture-budget-mb", type=int, default=2048, help="capture directory budget (default 2048)")
+        sp.add_argument("--profiler", action="append", metavar="HOST:PORT",
+                        help="a JAX profiler server to know about (repeat); others are discovered")
 
     def analyzer_args(sp):
         sp.add_argument("--db", default=default_db(), help=f"DuckDB file (default {default_db()})")
@@ -405,6 +465,18 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("path")
     tp.add_argument("--json", action="store_true")
     tp.set_defaults(fn=cmd_trace_summarize)
+
+    sp = sub.add_parser("capture", help="deep-capture a JAX/XLA job now, through its host's agent")
+    server_args(sp)
+    target = sp.add_mutually_exclusive_group(required=True)
+    target.add_argument("--jax", metavar="HOST:PORT", help="the job's profiler server, as the agent reaches it")
+    target.add_argument("--pid", type=int, help="a process on the agent's GPUs; its profiler port is discovered")
+    sp.add_argument("--duration-ms", type=int, default=2000, help="trace length (default 2000)")
+    sp.set_defaults(fn=cmd_capture)
+
+    sp = sub.add_parser("captures", help="list captures with status and verdict")
+    server_args(sp)
+    sp.set_defaults(fn=cmd_captures)
 
     sp = sub.add_parser("metrics", help="the metric catalogue: names, units, kinds")
     sp.add_argument("--json", action="store_true")

@@ -2,6 +2,8 @@
 return JSON-ready dicts; the CLI prints them."""
 from __future__ import annotations
 
+import json
+
 import grpc
 from google.protobuf import json_format
 
@@ -28,7 +30,48 @@ def finding_dict(f: apb.Finding) -> dict:
                 end=f.end if f.HasField("end") else None, confidence=round(f.confidence, 3),
                 windows=f.windows, evidence=dict(sorted(f.evidence.numbers.items())),
                 flags=list(f.evidence.flags), summary=f.evidence.summary,
-                alternatives=list(f.evidence.alternatives), decided_by=f.evidence.decided_by)
+                alternatives=list(f.evidence.alternatives), decided_by=f.evidence.decided_by,
+                counters_verdict=f.evidence.counters_verdict or f.verdict, trace_verdict=f.evidence.trace_verdict or None,
+                captures=list(f.evidence.captures))
+
+
+def _record_dict(r) -> dict:
+    return dict(id=r.id, host=r.host, target=r.target, pid=r.pid if r.HasField("pid") else None, gpus=list(r.gpus),
+                job=r.job, start=r.start, end=r.end, duration_ms=r.duration_ms, path=r.path, size_bytes=r.size_bytes,
+                status=r.status, error=r.error, trigger=r.trigger)
+
+
+def capture(server: str, jax: str | None, pid: int | None, duration_ms: int) -> tuple[dict, bytes]:
+    req = agent_pb2.CaptureRequest(duration_ms=duration_ms, trigger="on-call")
+    if jax:
+        req.jax_address = jax
+    else:
+        req.pid = pid
+    reply = _call(server, lambda ch, t: agent_pb2_grpc.AgentStub(ch).Capture(req, timeout=t),
+                  timeout=duration_ms / 1e3 + 60)
+    return _record_dict(reply.record), reply.xspace
+
+
+def captures(server: str) -> list[dict]:
+    def fn(ch, timeout):
+        try:
+            resp = analyzer_pb2_grpc.AnalyzerStub(ch).ListCaptures(apb.CapturesRequest(), timeout=timeout)
+            return [dict(_record_dict(c.record), verdict=c.verdict or None, confidence=c.confidence,
+                         finding_id=c.finding_id or None,
+                         summary=(json.loads(c.summary_json).get("summary") if c.summary_json else None))
+                    for c in resp.captures]
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+        resp = agent_pb2_grpc.AgentStub(ch).ListCaptures(agent_pb2.ListCapturesRequest(), timeout=timeout)
+        return [_record_dict(r) for r in resp.captures]
+    return _call(server, fn)
+
+
+def report_capture(analyzer: str, record, xspace: bytes) -> None:
+    """Agent -> analyzer: the capture and its trace, to store and link."""
+    req = apb.CaptureReport(record=record, xspace=xspace)
+    _call(analyzer, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ReportCapture(req, timeout=t), timeout=60)
 
 
 def status(server: str) -> dict:

@@ -5,8 +5,12 @@ import resource
 
 from gpuscope.v1 import agent_pb2 as apb, agent_pb2_grpc
 
+import grpc
+
 from .agent import Agent
-from .convert import device_pb, encode_batch
+from .convert import capture_pb, device_pb, encode_batch
+
+DEFAULT_CAPTURE_MS = 2000
 
 
 class AgentServicer(agent_pb2_grpc.AgentServicer):
@@ -31,3 +35,25 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
     def RecentSamples(self, request, context):
         samples = self.agent.recent(request.seconds, request.gpu if request.HasField("gpu") else None)
         return encode_batch(self.agent.config.host, self.agent.boot_id, 0, samples, self.agent.devices())
+
+    def Capture(self, request, context):
+        target = request.WhichOneof("target")
+        if target is None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "target: give jax_address (HOST:PORT) or pid")
+        try:
+            rec, data = self.agent.capture(request.duration_ms or DEFAULT_CAPTURE_MS,
+                                           address=request.jax_address, pid=request.pid if target == "pid" else None,
+                                           trigger=request.trigger or "on-call")
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"duration_ms: {exc}")
+        except LookupError as exc:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        return apb.CaptureReply(record=capture_pb(rec), xspace=data)
+
+    def ListCaptures(self, request, context):
+        runner = self.agent.captures
+        return apb.ListCapturesReply(captures=[capture_pb(r) for r in (runner.records if runner else [])])
+
+    def ListJobs(self, request, context):
+        return apb.ListJobsReply(jobs=[apb.Job(pid=j.pid or 0, address=j.address, gpus=j.gpus, command=j.command,
+                                               found_by=j.found_by) for j in self.agent.jobs()])

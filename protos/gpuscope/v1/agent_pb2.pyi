@@ -7,6 +7,60 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class CaptureRequest(_message.Message):
+    __slots__ = ("jax_address", "pid", "duration_ms", "trigger")
+    JAX_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    jax_address: str
+    pid: int
+    duration_ms: int
+    trigger: str
+    def __init__(self, jax_address: _Optional[str] = ..., pid: _Optional[int] = ..., duration_ms: _Optional[int] = ..., trigger: _Optional[str] = ...) -> None: ...
+
+class CaptureReply(_message.Message):
+    __slots__ = ("record", "xspace")
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    XSPACE_FIELD_NUMBER: _ClassVar[int]
+    record: _samples_pb2.CaptureRecord
+    xspace: bytes
+    def __init__(self, record: _Optional[_Union[_samples_pb2.CaptureRecord, _Mapping]] = ..., xspace: _Optional[bytes] = ...) -> None: ...
+
+class ListCapturesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListCapturesReply(_message.Message):
+    __slots__ = ("captures",)
+    CAPTURES_FIELD_NUMBER: _ClassVar[int]
+    captures: _containers.RepeatedCompositeFieldContainer[_samples_pb2.CaptureRecord]
+    def __init__(self, captures: _Optional[_Iterable[_Union[_samples_pb2.CaptureRecord, _Mapping]]] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Job(_message.Message):
+    __slots__ = ("pid", "address", "gpus", "command", "found_by")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    FOUND_BY_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    address: str
+    gpus: _containers.RepeatedScalarFieldContainer[int]
+    command: str
+    found_by: str
+    def __init__(self, pid: _Optional[int] = ..., address: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., command: _Optional[str] = ..., found_by: _Optional[str] = ...) -> None: ...
+
+class ListJobsReply(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[Job]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ...) -> None: ...
+
 class AgentStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -46,6 +46,21 @@ class AgentStub:
                 request_serializer=gpuscope_dot_v1_dot_agent__pb2.RecentSamplesRequest.SerializeToString,
                 response_deserializer=gpuscope_dot_v1_dot_samples__pb2.SampleBatch.FromString,
                 _registered_method=True)
+        self.Capture = channel.unary_unary(
+                '/gpuscope.v1.Agent/Capture',
+                request_serializer=gpuscope_dot_v1_dot_agent__pb2.CaptureRequest.SerializeToString,
+                response_deserializer=gpuscope_dot_v1_dot_agent__pb2.CaptureReply.FromString,
+                _registered_method=True)
+        self.ListCaptures = channel.unary_unary(
+                '/gpuscope.v1.Agent/ListCaptures',
+                request_serializer=gpuscope_dot_v1_dot_agent__pb2.ListCapturesRequest.SerializeToString,
+                response_deserializer=gpuscope_dot_v1_dot_agent__pb2.ListCapturesReply.FromString,
+                _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/gpuscope.v1.Agent/ListJobs',
+                request_serializer=gpuscope_dot_v1_dot_agent__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=gpuscope_dot_v1_dot_agent__pb2.ListJobsReply.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -65,6 +80,26 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Capture(self, request, context):
+        """Deep capture of a JAX/XLA job now; returns when the capture has ended.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCaptures(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJobs(self, request, context):
+        """Jobs on this host's GPUs that expose a profiler service.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +112,21 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.RecentSamples,
                     request_deserializer=gpuscope_dot_v1_dot_agent__pb2.RecentSamplesRequest.FromString,
                     response_serializer=gpuscope_dot_v1_dot_samples__pb2.SampleBatch.SerializeToString,
+            ),
+            'Capture': grpc.unary_unary_rpc_method_handler(
+                    servicer.Capture,
+                    request_deserializer=gpuscope_dot_v1_dot_agent__pb2.CaptureRequest.FromString,
+                    response_serializer=gpuscope_dot_v1_dot_agent__pb2.CaptureReply.SerializeToString,
+            ),
+            'ListCaptures': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCaptures,
+                    request_deserializer=gpuscope_dot_v1_dot_agent__pb2.ListCapturesRequest.FromString,
+                    response_serializer=gpuscope_dot_v1_dot_agent__pb2.ListCapturesReply.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=gpuscope_dot_v1_dot_agent__pb2.ListJobsRequest.FromString,
+                    response_serializer=gpuscope_dot_v1_dot_agent__pb2.ListJobsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -134,6 +184,87 @@ class Agent:
             '/gpuscope.v1.Agent/RecentSamples',
             gpuscope_dot_v1_dot_agent__pb2.RecentSamplesRequest.SerializeToString,
             gpuscope_dot_v1_dot_samples__pb2.SampleBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Capture(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuscope.v1.Agent/Capture',
+            gpuscope_dot_v1_dot_agent__pb2.CaptureRequest.SerializeToString,
+            gpuscope_dot_v1_dot_agent__pb2.CaptureReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCaptures(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuscope.v1.Agent/ListCaptures',
+            gpuscope_dot_v1_dot_agent__pb2.ListCapturesRequest.SerializeToString,
+            gpuscope_dot_v1_dot_agent__pb2.ListCapturesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuscope.v1.Agent/ListJobs',
+            gpuscope_dot_v1_dot_agent__pb2.ListJobsRequest.SerializeToString,
+            gpuscope_dot_v1_dot_agent__pb2.ListJobsReply.FromString,
             options,
             channel_credentials,
             insecure,

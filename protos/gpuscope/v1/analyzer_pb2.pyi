@@ -7,8 +7,44 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class CaptureReport(_message.Message):
+    __slots__ = ("record", "xspace")
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    XSPACE_FIELD_NUMBER: _ClassVar[int]
+    record: _samples_pb2.CaptureRecord
+    xspace: bytes
+    def __init__(self, record: _Optional[_Union[_samples_pb2.CaptureRecord, _Mapping]] = ..., xspace: _Optional[bytes] = ...) -> None: ...
+
+class CaptureSummary(_message.Message):
+    __slots__ = ("record", "verdict", "confidence", "summary_json", "finding_id")
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_JSON_FIELD_NUMBER: _ClassVar[int]
+    FINDING_ID_FIELD_NUMBER: _ClassVar[int]
+    record: _samples_pb2.CaptureRecord
+    verdict: str
+    confidence: float
+    summary_json: str
+    finding_id: str
+    def __init__(self, record: _Optional[_Union[_samples_pb2.CaptureRecord, _Mapping]] = ..., verdict: _Optional[str] = ..., confidence: _Optional[float] = ..., summary_json: _Optional[str] = ..., finding_id: _Optional[str] = ...) -> None: ...
+
+class CapturesRequest(_message.Message):
+    __slots__ = ("host", "limit")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    limit: int
+    def __init__(self, host: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class CapturesResponse(_message.Message):
+    __slots__ = ("captures",)
+    CAPTURES_FIELD_NUMBER: _ClassVar[int]
+    captures: _containers.RepeatedCompositeFieldContainer[CaptureSummary]
+    def __init__(self, captures: _Optional[_Iterable[_Union[CaptureSummary, _Mapping]]] = ...) -> None: ...
+
 class Evidence(_message.Message):
-    __slots__ = ("numbers", "flags", "summary", "alternatives", "decided_by")
+    __slots__ = ("numbers", "flags", "summary", "alternatives", "decided_by", "counters_verdict", "trace_verdict", "captures")
     class NumbersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -21,12 +57,18 @@ class Evidence(_message.Message):
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
     DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_VERDICT_FIELD_NUMBER: _ClassVar[int]
+    TRACE_VERDICT_FIELD_NUMBER: _ClassVar[int]
+    CAPTURES_FIELD_NUMBER: _ClassVar[int]
     numbers: _containers.ScalarMap[str, float]
     flags: _containers.RepeatedScalarFieldContainer[str]
     summary: str
     alternatives: _containers.RepeatedScalarFieldContainer[str]
     decided_by: str
-    def __init__(self, numbers: _Optional[_Mapping[str, float]] = ..., flags: _Optional[_Iterable[str]] = ..., summary: _Optional[str] = ..., alternatives: _Optional[_Iterable[str]] = ..., decided_by: _Optional[str] = ...) -> None: ...
+    counters_verdict: str
+    trace_verdict: str
+    captures: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, numbers: _Optional[_Mapping[str, float]] = ..., flags: _Optional[_Iterable[str]] = ..., summary: _Optional[str] = ..., alternatives: _Optional[_Iterable[str]] = ..., decided_by: _Optional[str] = ..., counters_verdict: _Optional[str] = ..., trace_verdict: _Optional[str] = ..., captures: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Finding(_message.Message):
     __slots__ = ("id", "host", "gpu", "job", "verdict", "start", "end", "confidence", "evidence", "windows")

@@ -61,6 +61,16 @@ class AnalyzerStub:
                 request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.MetricQuery.SerializeToString,
                 response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.MetricResult.FromString,
                 _registered_method=True)
+        self.ReportCapture = channel.unary_unary(
+                '/gpuscope.v1.Analyzer/ReportCapture',
+                request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.CaptureReport.SerializeToString,
+                response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.CaptureSummary.FromString,
+                _registered_method=True)
+        self.ListCaptures = channel.unary_unary(
+                '/gpuscope.v1.Analyzer/ListCaptures',
+                request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.CapturesRequest.SerializeToString,
+                response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.CapturesResponse.FromString,
+                _registered_method=True)
 
 
 class AnalyzerServicer:
@@ -99,6 +109,20 @@ class AnalyzerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportCapture(self, request, context):
+        """An agent reports a capture it ran (with the trace), the analyzer
+        summarizes it, stores it and links it to the GPU's open finding.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCaptures(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AnalyzerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +150,16 @@ def add_AnalyzerServicer_to_server(servicer, server):
                     servicer.QueryMetric,
                     request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.MetricQuery.FromString,
                     response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.MetricResult.SerializeToString,
+            ),
+            'ReportCapture': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportCapture,
+                    request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.CaptureReport.FromString,
+                    response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.CaptureSummary.SerializeToString,
+            ),
+            'ListCaptures': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCaptures,
+                    request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.CapturesRequest.FromString,
+                    response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.CapturesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,6 +298,60 @@ class Analyzer:
             '/gpuscope.v1.Analyzer/QueryMetric',
             gpuscope_dot_v1_dot_analyzer__pb2.MetricQuery.SerializeToString,
             gpuscope_dot_v1_dot_analyzer__pb2.MetricResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportCapture(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuscope.v1.Analyzer/ReportCapture',
+            gpuscope_dot_v1_dot_analyzer__pb2.CaptureReport.SerializeToString,
+            gpuscope_dot_v1_dot_analyzer__pb2.CaptureSummary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCaptures(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuscope.v1.Analyzer/ListCaptures',
+            gpuscope_dot_v1_dot_analyzer__pb2.CapturesRequest.SerializeToString,
+            gpuscope_dot_v1_dot_analyzer__pb2.CapturesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -129,3 +129,35 @@ class BatchAck(_message.Message):
     status: BatchAck.Status
     error: str
     def __init__(self, seq: _Optional[int] = ..., status: _Optional[_Union[BatchAck.Status, str]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class CaptureRecord(_message.Message):
+    __slots__ = ("id", "host", "target", "pid", "gpus", "job", "start", "end", "duration_ms", "path", "size_bytes", "status", "error", "trigger")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    host: str
+    target: str
+    pid: int
+    gpus: _containers.RepeatedScalarFieldContainer[int]
+    job: str
+    start: float
+    end: float
+    duration_ms: int
+    path: str
+    size_bytes: int
+    status: str
+    error: str
+    trigger: str
+    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., target: _Optional[str] = ..., pid: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., job: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., duration_ms: _Optional[int] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., trigger: _Optional[str] = ...) -> None: ...

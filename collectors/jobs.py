@@ -1,0 +1,99 @@
+"""Finds the JAX/XLA jobs on this host's GPUs that expose a profiler service.
+
+Three sources, in order: configuration (addresses given to the agent), the
+job's environment (`GPUSCOPE_PROFILER_PORT=9012` in /proc/PID/environ), and
+the TCP ports the GPU's processes listen on (/proc/PID/fd socket inodes
+matched against /proc/PID/net/tcp{,6}), each recognised as a profiler by a
+probe that starts no capture. Probe answers are remembered per (pid, port).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+ENV_PORT = "GPUSCOPE_PROFILER_PORT"
+TCP_LISTEN = "0A"
+
+
+@dataclass
+class Job:
+    pid: int | None
+    address: str
+    gpus: list[int] = field(default_factory=list)
+    command: str = ""
+    found_by: str = ""
+
+
+class JobDiscovery:
+    def __init__(self, probe: Callable[[str], bool], proc_root: str | os.PathLike = "/proc",
+                 configured: Iterable[str] = ()):
+        self._probe = probe
+        self._root = Path(proc_root)
+        self._configured = list(configured)
+        self._verdicts: dict[tuple[int, int], bool] = {}
+
+    def discover(self, gpu_pids: dict[int, list[int]]) -> list[Job]:
+        """gpu_pids: pid -> GPUs it runs on (from NVML's process lists)."""
+        jobs = [Job(None, a, found_by="config") for a in self._configured]
+        for pid, gpus in sorted(gpu_pids.items()):
+            job = self.find(pid, gpus)
+            if job is not None:
+                jobs.append(job)
+        return jobs
+
+    def find(self, pid: int, gpus: list[int] | None = None) -> Job | None:
+        command = self._command(pid)
+        port = self._env_port(pid)
+        if port is not None:
+            return Job(pid, f"127.0.0.1:{port}", list(gpus or []), command, "environ")
+        for port in self.listening_ports(pid):
+            key = (pid, port)
+            if key not in self._verdicts:
+                self._verdicts[key] = self._probe(f"127.0.0.1:{port}")
+            if self._verdicts[key]:
+                return Job(pid, f"127.0.0.1:{port}", list(gpus or []), command, "port")
+        return None
+
+    def _command(self, pid: int) -> str:
+        try:
+            return (self._root / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").strip().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def _env_port(self, pid: int) -> int | None:
+        try:
+            env = (self._root / str(pid) / "environ").read_bytes()
+        except OSError:
+            return None
+        for item in env.split(b"\0"):
+            if item.startswith(ENV_PORT.encode() + b"="):
+                value = item.split(b"=", 1)[1]
+                return int(value) if value.isdigit() and 0 < int(value) < 65536 else None
+        return None
+
+    def listening_ports(self, pid: int) -> list[int]:
+        inodes = set()
+        fd_dir = self._root / str(pid) / "fd"
+        try:
+            for fd in fd_dir.iterdir():
+                try:
+                    target = os.readlink(fd)
+                except OSError:
+                    continue
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            return []
+        ports = []
+        for table in ("tcp", "tcp6"):
+            try:
+                lines = (self._root / str(pid) / "net" / table).read_text().splitlines()[1:]
+            except OSError:
+                continue
+            for line in lines:
+                cols = line.split()
+                if len(cols) > 9 and cols[3] == TCP_LISTEN and cols[9] in inodes:
+                    ports.append(int(cols[1].rsplit(":", 1)[1], 16))
+        return sorted(set(ports))
