@@ -180,12 +180,16 @@ class Agent:
                     pid, gpus, job = j.pid, j.gpus, f"pid:{j.pid} {j.command}".strip()
         rec, data = self.captures.capture(address, duration_ms, pid=pid, gpus=gpus, job=job, trigger=trigger)
         if self.capture_reporter is not None:
-            try:
-                self.capture_reporter(rec, data)
-            except Exception as exc:  # the analyzer being away must not lose the capture
-                rec.error = (rec.error + "; " if rec.error else "") + f"not reported to the analyzer: {exc}"
-                log.warning("capture not reported", id=rec.id, error=str(exc))
+            # The caller gets the trace now; the analyzer's summary and linking follow.
+            threading.Thread(target=self._report, args=(rec, data), name="capture-report", daemon=True).start()
         return rec, data
+
+    def _report(self, rec: CaptureRecord, data: bytes) -> None:
+        try:
+            self.capture_reporter(rec, data)
+        except Exception as exc:  # the analyzer being away must not lose the capture
+            rec.error = (rec.error + "; " if rec.error else "") + f"not reported to the analyzer: {exc}"
+            log.warning("capture not reported", id=rec.id, error=str(exc))
 
     def status(self) -> dict:
         up = self.uplink.stats() if self.uplink else {}

@@ -364,6 +364,19 @@ def cmd_captures(ns) -> int:
     return 0
 
 
+def cmd_jobs(ns) -> int:
+    rows = clients.jobs(ns.server)
+    if ns.json:
+        _print_json({"jobs": rows})
+        return 0
+    if not rows:
+        print("no JAX/XLA jobs with a profiler server on this host's GPUs")
+    for j in rows:
+        print(f"pid {j['pid'] or '-':>7}  {j['address']:<21} gpus {','.join(map(str, j['gpus'])) or '-':<8} "
+              f"({j['found_by']})  {j['command'][:60]}")
+    return 0
+
+
 def cmd_metrics(ns) -> int:
     rows = [dict(name=m.name, unit=m.unit, kind=m.kind.value, help=m.help, raw_unit=m.raw_unit,
                  slow=m.slow) for m in cat.METRICS]
@@ -473,6 +486,10 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--pid", type=int, help="a process on the agent's GPUs; its profiler port is discovered")
     sp.add_argument("--duration-ms", type=int, default=2000, help="trace length (default 2000)")
     sp.set_defaults(fn=cmd_capture)
+
+    sp = sub.add_parser("jobs", help="JAX/XLA jobs on an agent's GPUs that expose a profiler server")
+    server_args(sp)
+    sp.set_defaults(fn=cmd_jobs)
 
     sp = sub.add_parser("captures", help="list captures with status and verdict")
     server_args(sp)

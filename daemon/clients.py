@@ -9,13 +9,16 @@ from google.protobuf import json_format
 
 from gpuscope.v1 import agent_pb2, agent_pb2_grpc, analyzer_pb2 as apb, analyzer_pb2_grpc
 
+from .serve import MAX_MESSAGE_BYTES   # capture replies carry the XSpace
+
 
 class ClientError(RuntimeError):
     pass
 
 
 def _call(server: str, fn, timeout: float = 10.0):
-    with grpc.insecure_channel(server) as ch:
+    opts = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+    with grpc.insecure_channel(server, options=opts) as ch:
         try:
             return fn(ch, timeout)
         except grpc.RpcError as exc:
@@ -66,6 +69,13 @@ def captures(server: str) -> list[dict]:
         resp = agent_pb2_grpc.AgentStub(ch).ListCaptures(agent_pb2.ListCapturesRequest(), timeout=timeout)
         return [_record_dict(r) for r in resp.captures]
     return _call(server, fn)
+
+
+def jobs(server: str) -> list[dict]:
+    resp = _call(server, lambda ch, t: agent_pb2_grpc.AgentStub(ch).ListJobs(agent_pb2.ListJobsRequest(), timeout=t),
+                 timeout=30)
+    return [dict(pid=j.pid or None, address=j.address, gpus=list(j.gpus), command=j.command, found_by=j.found_by)
+            for j in resp.jobs]
 
 
 def report_capture(analyzer: str, record, xspace: bytes) -> None:

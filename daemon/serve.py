@@ -7,7 +7,7 @@ from typing import Callable, Iterable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024   # a capture's XSpace travels in one message
 
 
 class ListenError(RuntimeError):
