@@ -1,0 +1,174 @@
+"""Anomaly detection per GPU and job, against that job's own recent baseline.
+
+Each classification window is compared with the job's last `baseline_windows`
+windows (5 min by default) once `warmup_windows` of them exist:
+
+- bottleneck-changed: the verdict differs from the baseline's usual verdict
+  (its mode) for `confirm_windows` windows in a row (idle is not a
+  bottleneck; a fall to idle is an activity drop);
+- activity-drop: SM/GPU activity falls below the baseline median by more
+  than max(activity_drop_abs, activity_drop_mads x MAD) for `confirm_windows`
+  windows, from a baseline that was busy;
+- host-starved-rise: the "starved by the host" score rises above its
+  baseline median by `starved_rise_abs` for `confirm_windows` windows;
+- throttle: a power-capped or thermal-throttled flag the baseline rarely had;
+- xid / ecc / gpu-lost: health events, at once (no debounce: they are facts).
+
+An anomaly fires once per episode: it re-arms when the window is back to the
+baseline, or when the baseline has absorbed the new state. A change of job on
+the GPU (other processes) restarts the baseline.
+"""
+from __future__ import annotations
+
+import collections
+import statistics
+import uuid
+from dataclasses import dataclass, field
+
+from .classify import Classification
+from .features import Window
+from .rules.common import HOST, IDLE, LAUNCH, activity, starved
+
+BOTTLENECK, ACTIVITY_DROP, STARVED_RISE, THROTTLE = "bottleneck-changed", "activity-drop", "host-starved-rise", "throttle"
+DEEP_KINDS = (BOTTLENECK, ACTIVITY_DROP, STARVED_RISE)
+# Counters cannot reliably tell launch-bound from host-bound (each names the
+# other as its alternative), so a flip between them is no change of bottleneck.
+FAMILY = {LAUNCH: "starved by the host", HOST: "starved by the host"}
+
+
+def family(verdict: str) -> str:
+    return FAMILY.get(verdict, verdict)
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    baseline_windows: int = 60          # 5 min of 5 s windows: long enough to be "usual", short enough to adapt
+    warmup_windows: int = 12            # 1 min of a new job before anything counts as unusual
+    confirm_windows: int = 2            # debounce: one odd window triggers nothing
+    activity_drop_abs: float = 0.20     # 20 points of SM activity: well above GPM's window-to-window noise (~2-5)
+    activity_drop_mads: float = 3.0     # ... and 3 MADs for noisy jobs
+    busy_baseline: float = 0.30         # a drop only matters from a GPU that was doing work
+    starved_rise_abs: float = 0.50      # half the "starved" scale: host suddenly feeding a waiting GPU
+    rare_flag_rate: float = 0.20        # a flag seen in under 20 % of the baseline is new
+
+
+@dataclass
+class Anomaly:
+    id: str
+    t: float
+    host: str
+    gpu: int
+    job: str
+    kind: str                           # the first of kinds
+    kinds: list[str]
+    reason: str
+    details: dict[str, float | str] = field(default_factory=dict)
+    finding_id: str | None = None
+
+
+@dataclass
+class _Point:
+    verdict: str
+    activity: float | None
+    starved: float
+    flags: tuple[str, ...]
+
+
+class _GpuState:
+    def __init__(self, size: int):
+        self.history: collections.deque[_Point] = collections.deque(maxlen=size)
+        self.job = ""
+        self.streak: dict[str, int] = {}
+        self.fired: set[str] = set()
+        self.pending_verdict: str | None = None
+
+
+class Detector:
+    def __init__(self, config: DetectorConfig = DetectorConfig()):
+        self.config = config
+        self._gpus: dict[tuple[str, int], _GpuState] = {}
+
+    def observe(self, host: str, c: Classification, job: str, finding_id: str | None = None) -> Anomaly | None:
+        cfg = self.config
+        window = Window(c.gpu, c.start, c.end, int(c.evidence.get("samples", 0)),
+                        {k: v for k, v in c.evidence.items() if k != "samples"})
+        st = self._gpus.get((host, c.gpu))
+        job_key = job.split(" ")[0] if job else ""
+        if st is None or (job_key and st.job and job_key != st.job):
+            st = self._gpus[(host, c.gpu)] = _GpuState(cfg.baseline_windows)
+        st.job = job_key or st.job
+        point = _Point(c.verdict, activity(window) if window else None, starved(window) if window else 0.0,
+                       tuple(c.flags))
+        anomaly = None
+        if len(st.history) >= cfg.warmup_windows:
+            anomaly = self._compare(host, c, st, point, job, finding_id)
+        st.history.append(point)
+        return anomaly
+
+    def _compare(self, host, c, st, p: _Point, job, finding_id) -> Anomaly | None:
+        cfg = self.config
+        base = list(st.history)
+        usual = collections.Counter(family(b.verdict) for b in base).most_common(1)[0][0]
+        hits: dict[str, tuple[str, dict]] = {}
+
+        # bottleneck changed (streak counts the same new verdict family)
+        now = family(c.verdict)
+        if now != usual and c.verdict != IDLE:
+            st.streak[BOTTLENECK] = st.streak.get(BOTTLENECK, 0) + 1 if st.pending_verdict == now else 1
+            st.pending_verdict = now
+            if st.streak[BOTTLENECK] >= cfg.confirm_windows:
+                hits[BOTTLENECK] = (f"bottleneck changed: {usual} -> {c.verdict}", {"usual_verdict": usual})
+        else:
+            st.streak[BOTTLENECK], st.pending_verdict = 0, None
+            st.fired.discard(BOTTLENECK)
+
+        acts = [b.activity for b in base if b.activity is not None]
+        if acts and p.activity is not None:
+            med = statistics.median(acts)
+            mad = statistics.median(abs(a - med) for a in acts)
+            limit = max(cfg.activity_drop_abs, cfg.activity_drop_mads * mad)
+            dropped = med >= cfg.busy_baseline and med - p.activity >= limit
+            self._streak(st, ACTIVITY_DROP, dropped, recovered=p.activity >= med - limit / 2)
+            if dropped and st.streak[ACTIVITY_DROP] >= cfg.confirm_windows:
+                hits[ACTIVITY_DROP] = (f"SM activity {p.activity:.0%} against a usual {med:.0%}",
+                                       {"activity_ratio": p.activity, "baseline_activity_ratio": med,
+                                        "baseline_mad": mad})
+
+        starv = statistics.median(b.starved for b in base)
+        rose = p.starved - starv >= cfg.starved_rise_abs
+        self._streak(st, STARVED_RISE, rose, recovered=p.starved - starv < cfg.starved_rise_abs / 2)
+        if rose and st.streak[STARVED_RISE] >= cfg.confirm_windows:
+            hits[STARVED_RISE] = (f"GPU starved by the host ({p.starved:.2f} against a usual {starv:.2f})",
+                                  {"starved_score": p.starved, "baseline_starved_score": starv})
+
+        for flag in p.flags:
+            rate = sum(flag in b.flags for b in base) / len(base)
+            new = rate < cfg.rare_flag_rate
+            key = f"{THROTTLE}:{flag}"
+            self._streak(st, key, new, recovered=flag not in p.flags)
+            if new and st.streak[key] >= cfg.confirm_windows:
+                hits[key] = (f"{flag} (seen in {rate:.0%} of the baseline)", {"baseline_flag_rate": rate})
+        for key in [k for k in st.fired if k.startswith(THROTTLE) and k.split(":", 1)[1] not in p.flags]:
+            st.fired.discard(key)
+
+        fresh = {k: v for k, v in hits.items() if k not in st.fired}
+        st.fired.update(fresh)
+        if not fresh:
+            return None
+        kinds = [k.split(":")[0] for k in fresh]
+        details: dict = {"verdict": c.verdict, "confidence": c.confidence}
+        for _, d in fresh.values():
+            details.update(d)
+        return Anomaly(id=uuid.uuid4().hex[:12], t=c.end, host=host, gpu=c.gpu, job=job, kind=kinds[0],
+                       kinds=kinds, reason="; ".join(r for r, _ in fresh.values()), details=details,
+                       finding_id=finding_id)
+
+    @staticmethod
+    def _streak(st: _GpuState, key: str, hit: bool, recovered: bool) -> None:
+        st.streak[key] = st.streak.get(key, 0) + 1 if hit else 0
+        if recovered:
+            st.fired.discard(key)
+
+    def health(self, host: str, gpu: int, kind: str, detail: str, t: float, job: str = "") -> Anomaly:
+        return Anomaly(id=uuid.uuid4().hex[:12], t=t, host=host, gpu=gpu, job=job, kind=kind, kinds=[kind],
+                       reason=detail)
