@@ -14,10 +14,14 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from gpuscope.v1 import samples_pb2 as pb
 
 from .classify import Classification
+from .commands import CommandHub
+from .detector import Anomaly, Detector, DetectorConfig
+from .events import EventBus
 from .findings import FindingsTracker
 from .ingest import DecodedBatch, decode
 from .live import LiveWindows
 from .store import Store, StoreConfig, finding_row
+from .trigger import Decision, TriggerConfig, TriggerPolicy
 from .windows import DEFAULT_WINDOW_S, check_window
 from .writer import Writer
 
@@ -30,6 +34,8 @@ class AnalyzerConfig:
     window_s: float = DEFAULT_WINDOW_S
     memory_limit: str = "1GB"
     threads: int = 2
+    detector: DetectorConfig = DetectorConfig()
+    trigger: TriggerConfig = TriggerConfig()
 
 
 @dataclass
@@ -58,6 +64,10 @@ class Analyzer:
             self._names[(d["host"], d["gpu"])] = d["name"]
             if d["lost"]:
                 self._lost.add((d["host"], d["gpu"]))
+        self.detector = Detector(config.detector)
+        self.policy = TriggerPolicy(config.trigger)
+        self.events = EventBus()
+        self.commands = CommandHub()
         self.rejected = 0
         self.started = time.time()
         self._lock = threading.Lock()
@@ -93,6 +103,11 @@ class Analyzer:
                     st = self._state(b.host, g)
                     st.last_sample = max(st.last_sample, float(b.t[b.gpu == g].max()))
             results.extend(self.live.add(b))
+            for host, gpu, t, kind, detail, _code in b.health:
+                if kind in ("xid", "ecc_uncorrected", "gpu_lost"):
+                    f = self.findings.open.get((host, gpu))
+                    self._act_on(self.detector.health(host, gpu, kind.replace("_uncorrected", ""), detail, t,
+                                                      f["job"] if f else ""))
         self._record(results)
 
     def _state(self, host: str, gpu: int) -> GpuState:
@@ -104,7 +119,7 @@ class Analyzer:
     def _record(self, results: list[tuple[str, Classification, str]]) -> None:
         if not results:
             return
-        windows, changed = [], {}
+        windows, changed, anomalies = [], {}, []
         for host, c, job in results:
             st = self._state(host, c.gpu)
             st.verdict, st.confidence, st.flags = c.verdict, c.confidence, tuple(c.flags)
@@ -114,6 +129,13 @@ class Analyzer:
                 if f["end"] is None and f["windows"] == 1:
                     log.info("finding opened", host=host, gpu=c.gpu, verdict=c.verdict,
                              confidence=c.confidence, summary=c.summary)
+                if f["end"] is not None or f["windows"] == 1:
+                    self.events.publish(dict(kind="finding", t=c.end, host=host, gpu=c.gpu, verdict=f["verdict"],
+                                             record=f))
+            open_f = self.findings.open.get((host, c.gpu))
+            a = self.detector.observe(host, c, job, open_f["id"] if open_f else None)
+            if a is not None:
+                anomalies.append(a)
         store = self.store
         store.begin()
         try:
@@ -123,18 +145,48 @@ class Analyzer:
         except Exception:
             store.rollback()
             raise
+        for a in anomalies:
+            self._act_on(a)
+
+    # -- anomalies -> decisions -> commands (writer thread) ---------------------------------
+    def _act_on(self, a: Anomaly) -> None:
+        from dataclasses import asdict
+        from gpuscope.v1 import analyzer_pb2 as apb
+
+        log.info("anomaly", host=a.host, gpu=a.gpu, kinds=a.kinds, reason=a.reason)
+        self.store.insert_anomaly(asdict(a))
+        self.events.publish(dict(kind="anomaly", t=a.t, host=a.host, gpu=a.gpu, verdict=a.details.get("verdict"),
+                                 record=asdict(a)))
+        d = self.policy.decide(a, hosts_known=len({h for h, _ in self.gpus}) or 1,
+                               agent_connected=self.commands.connected(a.host))
+        if d.status == "pending":
+            cmd = apb.Command(id=d.id, gpu=d.gpu, kind=d.action, duration_ms=d.duration_ms, reason=d.reason)
+            if d.pid is not None:
+                cmd.pid = d.pid
+            if not self.commands.send(a.host, cmd):
+                d = self.policy.finished(d.id, "", False, "the command could not be delivered") or d
+        self._decided(d)
+
+    def _decided(self, d: Decision) -> None:
+        from dataclasses import asdict
+
+        row = {k: v for k, v in asdict(d).items() if k not in ("duration_ms", "pid")}
+        self.store.upsert_decision(row)
+        log.info("capture decision", host=d.host, gpu=d.gpu, action=d.action, status=d.status, reason=d.reason)
+        self.events.publish(dict(kind="decision", t=d.updated, host=d.host, gpu=d.gpu, verdict=None, record=row))
 
     def report_capture(self, record, xspace: bytes) -> dict:
         """A capture an agent ran: summarize its trace, store it, link it to
         the open finding of its GPU. Returns the stored row."""
-        from gpuscope.collectors.xspace_reader import TraceError, parse_xspace
+        from gpuscope.collectors.trace_files import parse_trace
+        from gpuscope.collectors.xspace_reader import TraceError
         from .trace_analysis import summarize
 
         summary: dict | None = None
         error = record.error
         if xspace:
             try:
-                summary = summarize(parse_xspace(xspace, record.path or record.id))
+                summary = summarize(parse_trace(xspace, record.path or record.id))
             except TraceError as exc:
                 error = (error + "; " if error else "") + str(exc)
         verdict = summary.get("verdict") if summary else None
@@ -143,7 +195,7 @@ class Analyzer:
                    pid=record.pid if record.HasField("pid") else None, gpus=json.dumps(list(record.gpus)),
                    job=record.job, start=record.start, end=record.end, duration_ms=record.duration_ms,
                    path=record.path, size_bytes=record.size_bytes, status=record.status, error=error,
-                   trigger=record.trigger, verdict=verdict, confidence=confidence,
+                   trigger=record.trigger, verdict=verdict, confidence=confidence, kind=record.kind or "jax",
                    summary=json.dumps(summary, default=str) if summary else None, finding_id=None)
 
         def store(st: Store) -> dict:
@@ -153,6 +205,14 @@ class Analyzer:
                 row["finding_id"] = f["id"]
                 st.upsert_findings([finding_row(f)])
             st.upsert_capture(row)
+            d = self.policy.finished(record.trigger, record.id, record.status.startswith("ok"),
+                                     f"{record.kind or 'capture'} {record.status}"
+                                     + (f": {record.error}" if record.error else ""))
+            if d is not None:
+                self._decided(d)
+            gpu = record.gpus[0] if record.gpus else 0
+            self.events.publish(dict(kind="capture", t=record.end or time.time(), host=record.host, gpu=gpu,
+                                     verdict=verdict, record={k: v for k, v in row.items() if k != "summary"}))
             return row
         return self.writer.call(store).result(timeout=30)
 
@@ -167,6 +227,8 @@ class Analyzer:
                 closed = [self.findings.close(k, self.gpus[k].last_sample if k in self.gpus else now)
                           for k in stale]
                 self.store.upsert_findings([finding_row(f) for f in closed])
+            for d in self.policy.expire():
+                self._decided(d)
         self.writer.call(run)
 
     # -- queries ----------------------------------------------------------------------------

@@ -13,9 +13,12 @@ as the counters keep saying what they said.
 """
 from __future__ import annotations
 
+import collections
+
 import uuid
 
 from .classify import Classification
+from .detector import family
 from .rules.common import IDLE
 
 TRACE_DECIDES_AT = 0.5      # a trace verdict below this confidence is recorded, not adopted
@@ -25,26 +28,38 @@ class FindingsTracker:
     def __init__(self) -> None:
         self.open: dict[tuple[str, int], dict] = {}
         self._sums: dict[str, dict[str, float]] = {}
+        self._votes: dict[str, collections.Counter] = {}
 
     def load(self, rows: list[dict]) -> None:
         """Resume the findings left open by a previous run of the analyzer."""
         for f in rows:
             self.open[(f["host"], f["gpu"])] = f
             self._sums[f["id"]] = {k: v * f["windows"] for k, v in f["evidence"].items()}
+            self._votes[f["id"]] = collections.Counter({f["counters_verdict"]: f["windows"]})
 
     def observe(self, host: str, c: Classification, job: str) -> list[dict]:
         """Returns the findings that changed (closed, opened or extended)."""
         key = (host, c.gpu)
         cur = self.open.get(key)
         changed = []
-        if cur is not None and cur["counters_verdict"] == c.verdict:
+        # One episode per bottleneck family: launch- and host-bound windows of
+        # one starved stretch are one incident; the majority names it.
+        if cur is not None and family(cur["counters_verdict"]) == family(c.verdict):
             n = cur["windows"] + 1
             sums = self._sums[cur["id"]]
             for k, v in c.evidence.items():
                 sums[k] = sums.get(k, 0.0) + v
+            votes = self._votes.setdefault(cur["id"], collections.Counter())
+            votes[c.verdict] += 1
+            majority = votes.most_common(1)[0][0]
             cur.update(windows=n, confidence=round((cur["confidence"] * (n - 1) + c.confidence) / n, 3),
                        evidence={k: round(v / n, 6) for k, v in sums.items()},
-                       flags=sorted(set(cur["flags"]) | set(c.flags)), job=job or cur["job"])
+                       flags=sorted(set(cur["flags"]) | set(c.flags)), job=job or cur["job"],
+                       counters_verdict=majority)
+            if cur["decided_by"] == "counters":
+                cur["verdict"] = majority
+                if majority != c.verdict or len(votes) > 1:
+                    cur["alternatives"] = sorted(set(votes) - {majority}) or cur["alternatives"]
             return [cur]
         if cur is not None:
             changed.append(self.close(key, c.start))
@@ -56,12 +71,14 @@ class FindingsTracker:
                      trace_verdict=None, captures=[])
             self.open[key] = f
             self._sums[f["id"]] = dict(c.evidence)
+            self._votes[f["id"]] = collections.Counter({c.verdict: 1})
             changed.append(f)
         return changed
 
     def close(self, key: tuple[str, int], end: float) -> dict:
         f = self.open.pop(key)
         self._sums.pop(f["id"], None)
+        self._votes.pop(f["id"], None)
         f["end"] = max(end, f["start"])
         return f
 

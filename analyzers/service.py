@@ -13,6 +13,8 @@ from gpuscope.collectors import catalogue as cat
 from gpuscope.v1 import analyzer_pb2 as apb, analyzer_pb2_grpc, samples_pb2 as pb
 
 from .analyzer import Analyzer
+from .events import Watch
+from .report import build_report
 from .ingest import BatchError
 from .store import AGGREGATES
 from .writer import COMMITTED
@@ -167,3 +169,44 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
     def ListCaptures(self, request, context):
         rows = self.analyzer.store.captures(request.host, request.limit or 100)
         return apb.CapturesResponse(captures=[capture_summary_pb(r) for r in rows])
+
+    def Commands(self, request, context):
+        if not request.host:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "host: empty")
+        q = self.analyzer.commands.subscribe(request.host)
+        try:
+            while context.is_active():
+                try:
+                    yield q.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+        finally:
+            self.analyzer.commands.unsubscribe(request.host, q)
+
+    def Watch(self, request, context):
+        w = Watch(host=request.host, gpu=request.gpu if request.HasField("gpu") else None,
+                  verdicts=frozenset(request.verdicts), kinds=frozenset(request.kinds))
+        wid = self.analyzer.events.subscribe(w)
+        try:
+            while context.is_active():
+                try:
+                    e = w.q.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                yield apb.Event(kind=e["kind"], t=e["t"] or 0.0, host=e["host"], gpu=e["gpu"] or 0,
+                                verdict=e.get("verdict") or "", json=json.dumps(e["record"], default=str))
+        finally:
+            self.analyzer.events.unsubscribe(wid)
+
+    def ListRecords(self, request, context):
+        try:
+            rows = self.analyzer.store.records(request.table, request.host, request.since, request.limit or 200)
+        except KeyError:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"table: {request.table!r}, expected anomalies or decisions")
+        return apb.RecordsResponse(json=[json.dumps(r, default=str) for r in rows])
+
+    def Report(self, request, context):
+        report = build_report(self.analyzer.store, request.finding_id, request.context_seconds)
+        if report is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"finding_id: no finding {request.finding_id!r}")
+        return apb.ReportResponse(json=json.dumps(report, default=str))

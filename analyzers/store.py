@@ -16,7 +16,10 @@ import pyarrow as pa
 
 from gpuscope.collectors import catalogue as cat
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# Columns added after a table first shipped: files created earlier gain them on open.
+ADDED_COLUMNS = {"findings": ("counters_verdict", "trace_verdict", "captures"),   # 2: captures refine findings
+                 "captures": ("kind",)}                                          # 3: capture kinds
 AGGREGATES = {"mean": "avg({m})", "min": "min({m})", "max": "max({m})",
               "p50": "quantile_cont({m}, 0.5)", "p95": "quantile_cont({m}, 0.95)",
               "p99": "quantile_cont({m}, 0.99)", "last": "arg_max({m}, t)"}
@@ -28,8 +31,11 @@ WINDOW_COLUMNS = ("host", "gpu", "start", "end", "verdict", "confidence", "flags
 FINDING_COLUMNS = ("id", "host", "gpu", "job", "verdict", "start", "end", "confidence",
                    "windows", "evidence", "flags", "summary", "alternatives", "decided_by",
                    "counters_verdict", "trace_verdict", "captures")
+ANOMALY_COLUMNS = ("id", "t", "host", "gpu", "job", "kind", "kinds", "reason", "details", "finding_id")
+DECISION_COLUMNS = ("id", "t", "host", "gpu", "job", "anomaly_id", "action", "reason", "status", "capture_id", "updated")
+RECORD_TABLES = {"anomalies": ("kinds", "details"), "decisions": ()}
 CAPTURE_COLUMNS = ("id", "host", "target", "pid", "gpus", "job", "start", "end", "duration_ms", "path", "size_bytes",
-                   "status", "error", "trigger", "verdict", "confidence", "summary", "finding_id")
+                   "status", "error", "trigger", "verdict", "confidence", "summary", "finding_id", "kind")
 
 
 @dataclass(frozen=True)
@@ -61,10 +67,15 @@ def _ddl() -> list[str]:
              job VARCHAR, verdict VARCHAR, start DOUBLE, "end" DOUBLE, confidence DOUBLE,
              windows INTEGER, evidence VARCHAR, flags VARCHAR, summary VARCHAR,
              alternatives VARCHAR, decided_by VARCHAR)""",
+        """CREATE TABLE IF NOT EXISTS anomalies (id VARCHAR PRIMARY KEY, t DOUBLE, host VARCHAR, gpu INTEGER,
+             job VARCHAR, kind VARCHAR, kinds VARCHAR, reason VARCHAR, details VARCHAR, finding_id VARCHAR)""",
+        """CREATE TABLE IF NOT EXISTS decisions (id VARCHAR PRIMARY KEY, t DOUBLE, host VARCHAR, gpu INTEGER,
+             job VARCHAR, anomaly_id VARCHAR, action VARCHAR, reason VARCHAR, status VARCHAR,
+             capture_id VARCHAR, updated DOUBLE)""",
         """CREATE TABLE IF NOT EXISTS captures (id VARCHAR PRIMARY KEY, host VARCHAR, target VARCHAR, pid BIGINT,
              gpus VARCHAR, job VARCHAR, start DOUBLE, "end" DOUBLE, duration_ms INTEGER, path VARCHAR,
              size_bytes UBIGINT, status VARCHAR, error VARCHAR, trigger VARCHAR, verdict VARCHAR,
-             confidence DOUBLE, summary VARCHAR, finding_id VARCHAR)""",
+             confidence DOUBLE, summary VARCHAR, finding_id VARCHAR, kind VARCHAR)""",
     ]
 
 
@@ -93,11 +104,12 @@ class Store:
         for m in cat.METRICS:
             if m.name not in have:
                 con.execute(f'ALTER TABLE samples ADD COLUMN "{m.name}" DOUBLE')
-        have = {r[0] for r in con.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = 'findings'").fetchall()}
-        for col in ("counters_verdict", "trace_verdict", "captures"):     # schema 2: captures refine findings
-            if col not in have:
-                con.execute(f"ALTER TABLE findings ADD COLUMN {col} VARCHAR")
+        for table, cols in ADDED_COLUMNS.items():
+            have = {r[0] for r in con.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = ?", [table]).fetchall()}
+            for col in cols:
+                if col not in have:
+                    con.execute(f"ALTER TABLE {table} ADD COLUMN {col} VARCHAR")
         con.execute("DELETE FROM metrics")
         con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?)",
                         [(m.name, m.unit, m.kind.value, m.help) for m in cat.METRICS])
@@ -158,6 +170,41 @@ class Store:
 
     def upsert_capture(self, row: dict) -> None:
         self._rows("captures", CAPTURE_COLUMNS, [tuple(row.get(k) for k in CAPTURE_COLUMNS)], replace=True)
+
+    def insert_anomaly(self, a: dict) -> None:
+        row = {**a, "kinds": json.dumps(a["kinds"]), "details": json.dumps(a["details"], default=str)}
+        self._rows("anomalies", ANOMALY_COLUMNS, [tuple(row.get(k) for k in ANOMALY_COLUMNS)], replace=True)
+
+    def upsert_decision(self, d: dict) -> None:
+        self._rows("decisions", DECISION_COLUMNS, [tuple(d.get(k) for k in DECISION_COLUMNS)], replace=True)
+
+    def records(self, table: str, host: str = "", since: float = 0.0, limit: int = 200,
+                finding_id: str | None = None) -> list[dict]:
+        if table not in RECORD_TABLES:
+            raise KeyError(table)
+        where, args = _where_host_gpu(["t >= ?"], [since], host, None)
+        if finding_id is not None:
+            where.append("finding_id = ?" if table == "anomalies" else
+                         "anomaly_id IN (SELECT id FROM anomalies WHERE finding_id = ?)")
+            args.append(finding_id)
+        rows = _dicts(self.reader().execute(
+            f"SELECT * FROM {table} WHERE {' AND '.join(where)} ORDER BY t DESC LIMIT ?", args + [limit]))
+        for r in rows:
+            for k in RECORD_TABLES[table]:
+                r[k] = json.loads(r[k]) if r[k] else None
+        return rows
+
+    def finding(self, finding_id: str) -> dict | None:
+        rows = _findings(self.reader().execute("SELECT * FROM findings WHERE id = ?", [finding_id]))
+        return rows[0] if rows else None
+
+    def means(self, host: str, gpu: int, start: float, end: float, metrics: Sequence[str]) -> dict:
+        """Mean of each metric for one GPU over [start, end), and the sample count."""
+        cols = ", ".join(f'avg("{m}") AS "{m}"' for m in metrics if m in cat.BY_NAME)
+        row = self.reader().execute(
+            f"SELECT count(*) AS samples, {cols} FROM samples WHERE host = ? AND gpu = ? AND t >= ? AND t < ?",
+            [host, gpu, start, end])
+        return _dicts(row)[0]
 
     def captures(self, host: str = "", limit: int = 100) -> list[dict]:
         where, args = _where_host_gpu([], [], host, None)

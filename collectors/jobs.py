@@ -9,6 +9,7 @@ probe that starts no capture. Probe answers are remembered per (pid, port).
 from __future__ import annotations
 
 import os
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -20,18 +21,22 @@ TCP_LISTEN = "0A"
 @dataclass
 class Job:
     pid: int | None
-    address: str
+    address: str                       # HOST:PORT of a JAX profiler, or the base URL of a serving engine
     gpus: list[int] = field(default_factory=list)
     command: str = ""
     found_by: str = ""
+    kind: str = "jax"                  # jax, torch-http
+    trace_dir: str = ""                # torch-http: where the engine writes its traces
 
 
 class JobDiscovery:
     def __init__(self, probe: Callable[[str], bool], proc_root: str | os.PathLike = "/proc",
-                 configured: Iterable[str] = ()):
+                 configured: Iterable[str] = (), serving: dict[str, str] | None = None):
+        """serving: base URL of a vLLM/SGLang server -> the directory it writes traces to."""
         self._probe = probe
         self._root = Path(proc_root)
         self._configured = list(configured)
+        self._serving = dict(serving or {})
         self._verdicts: dict[tuple[int, int], bool] = {}
 
     def discover(self, gpu_pids: dict[int, list[int]]) -> list[Job]:
@@ -48,12 +53,17 @@ class JobDiscovery:
         port = self._env_port(pid)
         if port is not None:
             return Job(pid, f"127.0.0.1:{port}", list(gpus or []), command, "environ")
-        for port in self.listening_ports(pid):
+        ports = self.listening_ports(pid)
+        for port in ports:
             key = (pid, port)
             if key not in self._verdicts:
                 self._verdicts[key] = self._probe(f"127.0.0.1:{port}")
             if self._verdicts[key]:
                 return Job(pid, f"127.0.0.1:{port}", list(gpus or []), command, "port")
+        for url, trace_dir in self._serving.items():
+            port = urllib.parse.urlsplit(url).port
+            if port in ports:
+                return Job(pid, url, list(gpus or []), command, "serving", kind="torch-http", trace_dir=trace_dir)
         return None
 
     def _command(self, pid: int) -> str:

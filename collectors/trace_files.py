@@ -26,12 +26,17 @@ def resolve(path: str | Path) -> Path:
     return runs[0]
 
 
+def parse_trace(data: bytes, source: str) -> Trace:
+    """XSpace or trace JSON, by name and, failing that, by content."""
+    if source.endswith(".xplane.pb") or (not source.endswith(JSON_SUFFIXES) and data[:1] not in (b"{", b"[", b"\x1f")):
+        return parse_xspace(data, source)
+    return parse_chrome_trace(data, source)
+
+
 def load_trace(path: str | Path) -> Trace:
     p = resolve(path)
     try:
         data = p.read_bytes()
     except OSError as exc:
         raise TraceError(f"{p}: {exc.strerror}") from None
-    if p.name.endswith(".xplane.pb") or (not p.name.endswith(JSON_SUFFIXES) and data[:1] not in (b"{", b"[", b"\x1f")):
-        return parse_xspace(data, str(p))
-    return parse_chrome_trace(data, str(p))
+    return parse_trace(data, str(p))

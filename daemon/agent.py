@@ -23,6 +23,8 @@ from .uplink import Uplink
 
 log = structlog.get_logger("gpuscope.agent")
 MIN_INTERVAL_S, MAX_RING_SAMPLES, MAX_ERROR_KEYS = 0.1, 200_000, 100
+BURST_INTERVAL_S = 0.1
+FALLBACK_BURST_S = 30.0      # a job without a profiler still gets 100 ms counters for this long
 
 
 class Collector(Protocol):
@@ -67,6 +69,7 @@ class Agent:
         self.discovery = None                       # collectors.jobs.JobDiscovery
         self.capture_reporter: Callable[[CaptureRecord, bytes], None] | None = None
         self._gpu_pids: dict[int, dict[int, str]] = {}   # gpu -> {pid: command}, from the latest samples
+        self._burst_until = 0.0                          # sample at BURST_INTERVAL_S until then
 
     def devices(self) -> list[DeviceInfo]:
         return self.collector.devices()
@@ -101,7 +104,7 @@ class Agent:
                 self._count_error(f"scrape: {type(exc).__name__}: {exc}")
                 log.exception("scrape failed", host=self.config.host)
             self.ticks += 1
-            next_tick += interval
+            next_tick += BURST_INTERVAL_S if self._clock() < self._burst_until else interval
             delay = next_tick - self._clock()
             if delay < 0:            # the tick overran: skip the missed ones, keep the cadence
                 self.overruns += 1
@@ -162,27 +165,75 @@ class Agent:
         return self.discovery.discover(self.gpu_pids()) if self.discovery is not None else []
 
     def capture(self, duration_ms: int, address: str = "", pid: int | None = None,
-                trigger: str = "on-call") -> tuple[CaptureRecord, bytes]:
-        """Deep capture of one job now. Raises LookupError when the job has no
-        profiler we can find, ValueError for a bad duration."""
+                trigger: str = "on-call", gpu: int | None = None) -> tuple[CaptureRecord, bytes]:
+        """Deep capture of one job now: by profiler address, by pid, or (for
+        the analyzer's commands) the job on a GPU. Raises LookupError when no
+        capturable job is found, ValueError for a bad duration."""
         if self.captures is None:
             raise LookupError("captures are off on this agent (no --capture-dir)")
-        gpus, job = [], ""
-        if pid is not None:
-            found = self.discovery.find(pid, self.gpu_pids().get(pid, [])) if self.discovery else None
-            if found is None:
-                raise LookupError(f"pid {pid}: no XLA profiler service found (start the job with "
-                                  f"jax.profiler.start_server(PORT), or set GPUSCOPE_PROFILER_PORT in its environment)")
-            address, gpus, job = found.address, found.gpus, f"pid:{pid} {found.command}".strip()
-        else:
-            for j in self.jobs():
-                if j.address == address and j.pid is not None:
-                    pid, gpus, job = j.pid, j.gpus, f"pid:{j.pid} {j.command}".strip()
-        rec, data = self.captures.capture(address, duration_ms, pid=pid, gpus=gpus, job=job, trigger=trigger)
+        job = self._find_job(address, pid, gpu)
+        if job is None and not address:
+            what = f"pid {pid}" if pid is not None else f"GPU {gpu}"
+            raise LookupError(f"{what}: no XLA profiler service or serving endpoint found (start the job with "
+                              f"jax.profiler.start_server(PORT), set GPUSCOPE_PROFILER_PORT in its environment, "
+                              f"or give the agent --serving URL=TRACE_DIR)")
+        client = None
+        if job is not None and job.kind == "torch-http":
+            from gpuscope.collectors.serving_profiler import TorchProfilerHttp
+            client = TorchProfilerHttp(job.address, job.trace_dir)
+        target = job.address if job is not None else address
+        rec, data = self.captures.capture(
+            target, duration_ms, pid=job.pid if job else pid, gpus=job.gpus if job else [],
+            job=f"pid:{job.pid} {job.command}".strip() if job and job.pid else "", trigger=trigger,
+            kind=job.kind if job else "jax", client=client)
         if self.capture_reporter is not None:
             # The caller gets the trace now; the analyzer's summary and linking follow.
             threading.Thread(target=self._report, args=(rec, data), name="capture-report", daemon=True).start()
         return rec, data
+
+    def _find_job(self, address: str, pid: int | None, gpu: int | None):
+        if self.discovery is None:
+            return None
+        pids = self.gpu_pids()
+        if pid is not None:
+            return self.discovery.find(pid, pids.get(pid, []))
+        jobs = self.jobs()
+        if address:
+            return next((j for j in jobs if j.address == address), None)
+        return next((j for j in jobs if gpu in j.gpus), None)
+
+    def counter_burst(self, seconds: float, gpu: int, trigger: str) -> CaptureRecord:
+        """Sample at 100 ms for `seconds`, then report the burst as a capture
+        (its data are the samples themselves, already streaming)."""
+        rec = CaptureRecord(id=uuid.uuid4().hex[:12], host=self.config.host, target="counters", gpus=[gpu],
+                            start=time.time(), duration_ms=int(seconds * 1e3), trigger=trigger, kind="counter-burst")
+        self._burst_until = self._clock() + seconds
+        self._stop.wait(seconds)
+        if self.captures is not None:
+            self.captures.record(rec, "ok")
+        else:
+            rec.status, rec.end = "ok", time.time()
+        if self.capture_reporter is not None:
+            self._report(rec, b"")
+        return rec
+
+    def run_command(self, cmd) -> None:
+        """A capture the analyzer asked for: the job's profiler when it has
+        one, else a counter burst; always reported back."""
+        try:
+            seconds = min(max((cmd.duration_ms or 30_000) / 1e3, 1.0), 300.0)
+            if cmd.kind == "capture":
+                try:
+                    self.capture(cmd.duration_ms or 2000, pid=cmd.pid if cmd.HasField("pid") else None,
+                                 trigger=cmd.id, gpu=cmd.gpu)
+                    return
+                except LookupError as exc:
+                    log.info("no profiler for the job: counter burst instead", gpu=cmd.gpu, reason=str(exc))
+                    seconds = FALLBACK_BURST_S
+            self.counter_burst(seconds, cmd.gpu, cmd.id)
+        except Exception as exc:  # a command must never take the agent down
+            log.exception("command failed", command=cmd.id)
+            self._count_error(f"command: {type(exc).__name__}: {exc}")
 
     def _report(self, rec: CaptureRecord, data: bytes) -> None:
         try:

@@ -46,6 +46,7 @@ class CaptureRecord:
     status: str = "running"
     error: str = ""
     trigger: str = "on-call"
+    kind: str = "jax"
 
 
 class CaptureRunner:
@@ -64,11 +65,14 @@ class CaptureRunner:
         return sum(f.stat().st_size for f in self.config.directory.rglob("*") if f.is_file())
 
     def capture(self, target: str, duration_ms: int, pid: int | None = None, gpus: list[int] | None = None,
-                job: str = "", trigger: str = "on-call") -> tuple[CaptureRecord, bytes]:
+                job: str = "", trigger: str = "on-call", kind: str = "jax",
+                client=None) -> tuple[CaptureRecord, bytes]:
+        """client: anything with the XlaProfilerClient.capture signature
+        (the JAX profiler by default, or a serving engine's HTTP profiler)."""
         if not 0 < duration_ms <= MAX_DURATION_MS:
             raise ValueError(f"duration_ms must be 1 to {MAX_DURATION_MS}, got {duration_ms}")
         rec = CaptureRecord(id=uuid.uuid4().hex[:12], host=self.host, target=target, pid=pid, gpus=list(gpus or []),
-                            job=job, start=self._clock(), duration_ms=duration_ms, trigger=trigger)
+                            job=job, start=self._clock(), duration_ms=duration_ms, trigger=trigger, kind=kind)
         key = f"pid:{pid}" if pid is not None else target
         with self._lock:
             busy = key in self._running
@@ -87,14 +91,17 @@ class CaptureRunner:
             root.mkdir()
             root.chmod(0o777)      # the job, maybe another user, writes its XSpace here
             try:
-                result = self._client_factory(target).capture(duration_ms, root, rec.id, self.host,
-                                                              margin_s=self.config.margin_s)
+                result = (client or self._client_factory(target)).capture(duration_ms, root, rec.id, self.host,
+                                                                          margin_s=self.config.margin_s)
             except ProfilerError as exc:
                 shutil.rmtree(root, ignore_errors=True)
                 return self._finish(rec, exc.reason, str(exc)), data
             data = result.xspace
-            path = result.path or root / f"{self.host}.xplane.pb"
-            if result.path is None:
+            if result.path is not None and root in result.path.parents:
+                path = result.path
+            else:   # returned in the response, or written into the job's own directory: keep our copy
+                name = result.path.name if result.path is not None else f"{self.host}.xplane.pb"
+                path = root / name
                 path.write_bytes(data)
             rec.path, rec.size_bytes = str(path), len(data)
             (root / "capture.json").write_text(json.dumps(asdict(rec) | {"status": "ok"}))
@@ -114,3 +121,7 @@ class CaptureRunner:
         log.info("capture finished", id=rec.id, target=rec.target, pid=rec.pid, status=status, error=error,
                  size=rec.size_bytes)
         return rec
+
+    def record(self, rec: CaptureRecord, status: str, error: str = "") -> CaptureRecord:
+        """Record an attempt that is not a trace (a counter burst)."""
+        return self._finish(rec, status, error)

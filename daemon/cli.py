@@ -98,9 +98,34 @@ def _setup_captures(agent: Agent, ns, analyzer_target: str | None) -> None:
     from .convert import capture_pb
 
     agent.captures = CaptureRunner(CaptureConfig(Path(ns.capture_dir), max_bytes=ns.capture_budget_mb << 20), ns.host)
-    agent.discovery = JobDiscovery(lambda addr: XlaProfilerClient(addr).probe(), configured=ns.profiler or [])
+    serving = {}
+    for item in ns.serving or []:
+        url, sep, trace_dir = item.partition("=")
+        if not sep or not url.startswith("http"):
+            raise UsageError(f"--serving: {item!r} is not URL=TRACE_DIR (e.g. http://127.0.0.1:8000=/tmp/vllm_profile)")
+        serving[url] = trace_dir
+    agent.discovery = JobDiscovery(lambda addr: XlaProfilerClient(addr).probe(), configured=ns.profiler or [],
+                                   serving=serving)
     if analyzer_target:
         agent.capture_reporter = lambda rec, data: clients.report_capture(analyzer_target, capture_pb(rec), data)
+
+
+def _analyzer_config(ns, dry_run: bool):
+    from gpuscope.analyzers.analyzer import AnalyzerConfig
+    from gpuscope.analyzers.trigger import TriggerConfig
+
+    trigger = TriggerConfig(dry_run=dry_run, host_cooldown_s=ns.host_cooldown, job_captures_per_hour=ns.job_captures,
+                            fleet_fraction=ns.fleet_fraction, capture_duration_ms=ns.capture_duration_ms)
+    return AnalyzerConfig(ns.db, window_s=ns.window, memory_limit=ns.memory_limit,
+                          threads=getattr(ns, "threads", 2), trigger=trigger)
+
+
+def _start_commands(agent: Agent, target: str, host: str):
+    from .commands import CommandListener
+
+    listener = CommandListener(target, host, agent.boot_id, agent.run_command)
+    listener.start()
+    return listener
 
 
 def _uplink_factory(host: str, target: str, buffer_samples: int):
@@ -134,14 +159,15 @@ def _loopback(listen: str, port: int) -> str:
 
 # -- commands ---------------------------------------------------------------------------
 def cmd_up(ns) -> int:
-    from gpuscope.analyzers.analyzer import Analyzer, AnalyzerConfig
+    from gpuscope.analyzers.analyzer import Analyzer
     from gpuscope.analyzers.service import AnalyzerServicer
     from .view import LiveView
 
     parse_hostport(ns.listen, "--listen")
     Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
     collector, source = make_source(ns.source, ns.speed, allow_fallback=True)
-    analyzer = Analyzer(AnalyzerConfig(ns.db, window_s=ns.window, memory_limit=ns.memory_limit))
+    # A replay has no real process to capture: decisions are recorded as dry runs.
+    analyzer = Analyzer(_analyzer_config(ns, dry_run=ns.dry_run or source.startswith("replay:")))
     analyzer.start()
     agent_cfg = AgentConfig(host=ns.host, source=source, interval_s=ns.interval)
     agent = Agent(agent_cfg, collector)
@@ -152,6 +178,7 @@ def cmd_up(ns) -> int:
     target = _loopback(ns.listen, port)
     _setup_captures(agent, ns, target)
     agent.start(_uplink_factory(ns.host, target, ns.buffer_samples))
+    listener = _start_commands(agent, target, ns.host)
     stop = threading.Event()
     _install_signals(stop)
     view = LiveView()
@@ -166,6 +193,7 @@ def cmd_up(ns) -> int:
     try:
         _wait(stop, ns.duration, tick)
     finally:
+        listener.stop()
         agent.stop()
         shutdown(server, health)
         analyzer.close()
@@ -186,6 +214,7 @@ def cmd_agent(ns) -> int:
         max_workers=8)
     agent.start()
     server.start()
+    listener = _start_commands(agent, ns.analyzer, ns.host) if ns.analyzer else None
     print(f"gpuscope agent: {source}, API on {ns.listen.rpartition(':')[0]}:{port}, "
           f"analyzer {ns.analyzer or '(none)'}", file=sys.stderr)
     stop = threading.Event()
@@ -193,18 +222,20 @@ def cmd_agent(ns) -> int:
     try:
         _wait(stop, ns.duration)
     finally:
+        if listener is not None:
+            listener.stop()
         agent.stop()
         shutdown(server, health)
     return 0
 
 
 def cmd_analyzer(ns) -> int:
-    from gpuscope.analyzers.analyzer import Analyzer, AnalyzerConfig
+    from gpuscope.analyzers.analyzer import Analyzer
     from gpuscope.analyzers.service import AnalyzerServicer
 
     parse_hostport(ns.listen, "--listen")
     Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
-    analyzer = Analyzer(AnalyzerConfig(ns.db, window_s=ns.window, memory_limit=ns.memory_limit, threads=ns.threads))
+    analyzer = Analyzer(_analyzer_config(ns, dry_run=ns.dry_run))
     server, port, health = build_server(ns.listen, [
         (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, AnalyzerServicer(analyzer), "gpuscope.v1.Analyzer")],
         max_workers=ns.max_streams)
@@ -327,12 +358,12 @@ def cmd_trace_summarize(ns) -> int:
 
 def cmd_capture(ns) -> int:
     from gpuscope.analyzers.trace_analysis import summarize
-    from gpuscope.collectors.xspace_reader import parse_xspace
+    from gpuscope.collectors.trace_files import parse_trace
 
     if ns.duration_ms <= 0:
         raise UsageError(f"--duration-ms: must be > 0, got {ns.duration_ms}")
     record, xspace = clients.capture(ns.server, ns.jax, ns.pid, ns.duration_ms)
-    summary = summarize(parse_xspace(xspace, record["path"])) if xspace else None
+    summary = summarize(parse_trace(xspace, record["path"])) if xspace else None
     if ns.json:
         out = dict(summary) if summary else dict(verdict=None, summary=f"capture {record['status']}: {record['error']}")
         out["capture"] = record
@@ -377,6 +408,85 @@ def cmd_jobs(ns) -> int:
     return 0
 
 
+def _event_line(e: dict) -> str:
+    r = e["record"]
+    when = time.strftime("%H:%M:%S", time.localtime(e["t"])) if e["t"] else "--:--:--"
+    where = f"{e['host']}/gpu{e['gpu']}"
+    if e["kind"] == "finding":
+        state = "closed" if r.get("end") else "opened"
+        return f"{when} finding  {where} {state} {r['verdict']} (conf {r['confidence']:.2f}): {r['summary']}"
+    if e["kind"] == "anomaly":
+        return f"{when} anomaly  {where} {','.join(r['kinds'])}: {r['reason']}"
+    if e["kind"] == "decision":
+        return f"{when} decision {where} {r['action']} [{r['status']}] {r['reason']}"
+    return (f"{when} capture  {where} {r.get('kind')} {r['status']} verdict {r.get('verdict') or '-'} "
+            f"{r.get('path') or ''} {r.get('error') or ''}")
+
+
+def cmd_watch(ns) -> int:
+    try:
+        for e in clients.watch(ns.server, ns.host or "", ns.gpu, ns.verdict or (), ns.kind or ()):
+            if ns.json:
+                print(json.dumps(e, default=str), flush=True)
+            else:
+                print(_event_line(e), flush=True)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_records(ns) -> int:
+    since = time.time() - ns.since if ns.since else 0.0
+    rows = clients.records(ns.server, ns.command, ns.host or "", since, ns.limit)
+    if ns.json:
+        _print_json({ns.command: rows})
+        return 0
+    if not rows:
+        print(f"no {ns.command}")
+    kind = "anomaly" if ns.command == "anomalies" else "decision"
+    for r in rows:
+        print(_event_line(dict(kind=kind, t=r["t"], host=r["host"], gpu=r["gpu"], record=r)))
+    return 0
+
+
+def cmd_report(ns) -> int:
+    rep = clients.report(ns.server, ns.finding_id, ns.context or 0.0)
+    if ns.json:
+        _print_json(rep)
+        return 0
+    print(render_report(rep))
+    return 0
+
+
+def render_report(rep: dict) -> str:
+    f, c, v = rep["finding"], rep["counters"], rep["verdict"]
+    fmt = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "open"  # noqa: E731
+    lines = [f"finding {f['id']}: {f['host']}/gpu{f['gpu']} {v['decided']} (decided by {v['by']}; counters said "
+             f"{v['counters']}, trace said {v['trace'] or '-'})",
+             f"  {fmt(f['start'])} -> {fmt(f['end'])}, {f['windows']} windows, confidence {f['confidence']:.2f}, "
+             f"job {f['job'] or '-'}", f"  {f['summary']}", "",
+             f"counters (means; before/after = {c['context_seconds']:.0f} s around the episode):",
+             f"  {'metric':<32} {'before':>12} {'during':>12} {'after':>12}"]
+    for m in [k for k in c["during"] if k != "samples"]:
+        vals = [c[w].get(m) if c[w] else None for w in ("before", "during", "after")]
+        if any(x is not None for x in vals):
+            lines.append(f"  {m:<32} " + " ".join(f"{x:>12.4g}" if x is not None else f"{'-':>12}" for x in vals))
+    lines += ["", "what changed against the job's baseline (before):"]
+    lines += [f"  {ch['metric']}: {ch['before']:.4g} -> {ch['during']:.4g} ({ch['relative']:+.0%})"
+              for ch in rep["changes"]] or ["  nothing moved by 10 % or more"]
+    lines += ["", f"captures: {len(rep['captures'])}"]
+    for cap in rep["captures"]:
+        t = cap.get("trace_summary") or {}
+        lines.append(f"  {cap['id']} {cap.get('kind')} {cap['status']} {cap['path'] or ''}")
+        if t:
+            lines.append(f"    trace: {t.get('verdict')} — {t.get('summary')}")
+    lines += ["", f"anomalies: {len(rep['anomalies'])}"]
+    lines += [f"  {fmt(a['t'])} {','.join(a['kinds'])}: {a['reason']}" for a in rep["anomalies"]]
+    lines += [f"decisions: {len(rep['decisions'])}"]
+    lines += [f"  {fmt(d['t'])} {d['action']} [{d['status']}] {d['reason']}" for d in rep["decisions"]]
+    return "\n".join(lines)
+
+
 def cmd_metrics(ns) -> int:
     rows = [dict(name=m.name, unit=m.unit, kind=m.kind.value, help=m.help, raw_unit=m.raw_unit,
                  slow=m.slow) for m in cat.METRICS]
@@ -408,11 +518,19 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--capture-budget-mb", type=int, default=2048, help="capture directory budget (default 2048)")
         sp.add_argument("--profiler", action="append", metavar="HOST:PORT",
                         help="a JAX profiler server to know about (repeat); others are discovered")
+        sp.add_argument("--serving", action="append", metavar="URL=TRACE_DIR",
+                        help="a vLLM/SGLang server with /start_profile and the directory it writes traces to (repeat)")
 
     def analyzer_args(sp):
         sp.add_argument("--db", default=default_db(), help=f"DuckDB file (default {default_db()})")
         sp.add_argument("--window", type=float, default=5.0, help="classification window in seconds, 1-60 (default 5)")
         sp.add_argument("--memory-limit", default="1GB", help="DuckDB memory cap (default 1GB)")
+        sp.add_argument("--dry-run", action="store_true", help="record capture decisions, start none")
+        sp.add_argument("--host-cooldown", type=duration, default=600.0, help="between captures on a host (default 10m)")
+        sp.add_argument("--job-captures", type=int, default=3, help="captures per job per hour (default 3)")
+        sp.add_argument("--fleet-fraction", type=float, default=0.05,
+                        help="share of hosts that may capture at once, at least one (default 0.05)")
+        sp.add_argument("--capture-duration-ms", type=int, default=2000, help="triggered capture length (default 2000)")
 
     sp = sub.add_parser("up", help="agent + analyzer in one process, with a live view")
     sp.add_argument("--listen", default="127.0.0.1:9400", help="gRPC address (default 127.0.0.1:9400)")
@@ -486,6 +604,28 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--pid", type=int, help="a process on the agent's GPUs; its profiler port is discovered")
     sp.add_argument("--duration-ms", type=int, default=2000, help="trace length (default 2000)")
     sp.set_defaults(fn=cmd_capture)
+
+    sp = sub.add_parser("watch", help="findings, anomalies, capture decisions and captures as they happen")
+    server_args(sp)
+    sp.add_argument("--host", default="")
+    sp.add_argument("--gpu", type=int, default=None)
+    sp.add_argument("--verdict", action="append", choices=VERDICTS)
+    sp.add_argument("--kind", action="append", choices=["finding", "anomaly", "decision", "capture"])
+    sp.set_defaults(fn=cmd_watch)
+
+    for name, what in (("anomalies", "anomalies the detector raised"), ("decisions", "capture decisions and why")):
+        sp = sub.add_parser(name, help=what)
+        server_args(sp)
+        sp.add_argument("--host", default="")
+        sp.add_argument("--since", type=duration, default=None)
+        sp.add_argument("--limit", type=int, default=200)
+        sp.set_defaults(fn=cmd_records)
+
+    sp = sub.add_parser("report", help="the story of one finding: counters, verdicts, captures, anomalies")
+    sp.add_argument("finding_id")
+    server_args(sp)
+    sp.add_argument("--context", type=duration, default=None, help="before/after window (default: the episode's length)")
+    sp.set_defaults(fn=cmd_report)
 
     sp = sub.add_parser("jobs", help="JAX/XLA jobs on an agent's GPUs that expose a profiler server")
     server_args(sp)

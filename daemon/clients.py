@@ -41,7 +41,7 @@ def finding_dict(f: apb.Finding) -> dict:
 def _record_dict(r) -> dict:
     return dict(id=r.id, host=r.host, target=r.target, pid=r.pid if r.HasField("pid") else None, gpus=list(r.gpus),
                 job=r.job, start=r.start, end=r.end, duration_ms=r.duration_ms, path=r.path, size_bytes=r.size_bytes,
-                status=r.status, error=r.error, trigger=r.trigger)
+                status=r.status, error=r.error, trigger=r.trigger, kind=r.kind)
 
 
 def capture(server: str, jax: str | None, pid: int | None, duration_ms: int) -> tuple[dict, bytes]:
@@ -76,6 +76,35 @@ def jobs(server: str) -> list[dict]:
                  timeout=30)
     return [dict(pid=j.pid or None, address=j.address, gpus=list(j.gpus), command=j.command, found_by=j.found_by)
             for j in resp.jobs]
+
+
+def watch(server: str, host: str = "", gpu: int | None = None, verdicts=(), kinds=()):
+    """Yields events as the analyzer publishes them (until interrupted)."""
+    req = apb.WatchRequest(host=host, verdicts=list(verdicts), kinds=list(kinds))
+    if gpu is not None:
+        req.gpu = gpu
+    with grpc.insecure_channel(server) as ch:
+        try:
+            for e in analyzer_pb2_grpc.AnalyzerStub(ch).Watch(req):
+                yield dict(kind=e.kind, t=e.t, host=e.host, gpu=e.gpu, verdict=e.verdict or None,
+                           record=json.loads(e.json))
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                raise ClientError(f"cannot reach {server}: {exc.details()}") from None
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                raise ClientError(f"{server}: {exc.code().name}: {exc.details()}") from None
+
+
+def records(server: str, table: str, host: str = "", since: float = 0.0, limit: int = 200) -> list[dict]:
+    req = apb.RecordsRequest(table=table, host=host, since=since, limit=limit)
+    resp = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ListRecords(req, timeout=t))
+    return [json.loads(j) for j in resp.json]
+
+
+def report(server: str, finding_id: str, context_s: float = 0.0) -> dict:
+    req = apb.ReportRequest(finding_id=finding_id, context_seconds=context_s)
+    return json.loads(_call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).Report(req, timeout=t),
+                            timeout=60).json)
 
 
 def report_capture(analyzer: str, record, xspace: bytes) -> None:

@@ -74,7 +74,7 @@ def capture_pb(rec) -> pb.CaptureRecord:
     """daemon.captures.CaptureRecord -> wire."""
     m = pb.CaptureRecord(id=rec.id, host=rec.host, target=rec.target, gpus=rec.gpus, job=rec.job, start=rec.start,
                          end=rec.end, duration_ms=rec.duration_ms, path=rec.path, size_bytes=rec.size_bytes,
-                         status=rec.status, error=rec.error, trigger=rec.trigger)
+                         status=rec.status, error=rec.error, trigger=rec.trigger, kind=rec.kind)
     if rec.pid is not None:
         m.pid = rec.pid
     return m

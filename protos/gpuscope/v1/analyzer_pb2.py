@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from gpuscope.v1 import samples_pb2 as gpuscope_dot_v1_dot_samples__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1agpuscope/v1/analyzer.proto\x12\x0bgpuscope.v1\x1a\x19gpuscope/v1/samples.proto\"K\n\rCaptureReport\x12*\n\x06record\x18\x01 \x01(\x0b\x32\x1a.gpuscope.v1.CaptureRecord\x12\x0e\n\x06xspace\x18\x02 \x01(\x0c\"\x8b\x01\n\x0e\x43\x61ptureSummary\x12*\n\x06record\x18\x01 \x01(\x0b\x32\x1a.gpuscope.v1.CaptureRecord\x12\x0f\n\x07verdict\x18\x02 \x01(\t\x12\x12\n\nconfidence\x18\x03 \x01(\x01\x12\x14\n\x0csummary_json\x18\x04 \x01(\t\x12\x12\n\nfinding_id\x18\x05 \x01(\t\".\n\x0f\x43\x61pturesRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\"A\n\x10\x43\x61pturesResponse\x12-\n\x08\x63\x61ptures\x18\x01 \x03(\x0b\x32\x1b.gpuscope.v1.CaptureSummary\"\xfc\x01\n\x08\x45vidence\x12\x33\n\x07numbers\x18\x01 \x03(\x0b\x32\".gpuscope.v1.Evidence.NumbersEntry\x12\r\n\x05\x66lags\x18\x02 \x03(\t\x12\x0f\n\x07summary\x18\x03 \x01(\t\x12\x14\n\x0c\x61lternatives\x18\x04 \x03(\t\x12\x12\n\ndecided_by\x18\x05 \x01(\t\x12\x18\n\x10\x63ounters_verdict\x18\x06 \x01(\t\x12\x15\n\rtrace_verdict\x18\x07 \x01(\t\x12\x10\n\x08\x63\x61ptures\x18\x08 \x03(\t\x1a.\n\x0cNumbersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xc5\x01\n\x07\x46inding\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03gpu\x18\x03 \x01(\r\x12\x0b\n\x03job\x18\x04 \x01(\t\x12\x0f\n\x07verdict\x18\x05 \x01(\t\x12\r\n\x05start\x18\x06 \x01(\x01\x12\x10\n\x03\x65nd\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\nconfidence\x18\x08 \x01(\x01\x12\'\n\x08\x65vidence\x18\t \x01(\x0b\x32\x15.gpuscope.v1.Evidence\x12\x0f\n\x07windows\x18\n \x01(\rB\x06\n\x04_end\"\x0f\n\rStatusRequest\"\xb6\x01\n\x08GpuState\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\r\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0f\n\x07verdict\x18\x04 \x01(\t\x12\x12\n\nconfidence\x18\x05 \x01(\x01\x12\x13\n\x0blast_sample\x18\x06 \x01(\x01\x12\x19\n\x0copen_finding\x18\x07 \x01(\tH\x00\x88\x01\x01\x12\r\n\x05\x66lags\x18\x08 \x03(\t\x12\x0c\n\x04lost\x18\t \x01(\x08\x42\x0f\n\r_open_finding\"\x91\x02\n\x0e\x41nalyzerStatus\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0f\n\x07started\x18\x02 \x01(\x01\x12\x19\n\x11\x62\x61tches_committed\x18\x03 \x01(\x04\x12\x19\n\x11\x62\x61tches_duplicate\x18\x04 \x01(\x04\x12\x18\n\x10\x62\x61tches_rejected\x18\x05 \x01(\x04\x12\x19\n\x11samples_committed\x18\x06 \x01(\x04\x12\r\n\x05hosts\x18\x07 \x01(\r\x12#\n\x04gpus\x18\x08 \x03(\x0b\x32\x15.gpuscope.v1.GpuState\x12\x15\n\rfindings_open\x18\t \x01(\x04\x12\x0f\n\x07\x64\x62_path\x18\n \x01(\t\x12\x16\n\x0ewindow_seconds\x18\x0b \x01(\x01\"\xa5\x01\n\x0f\x46indingsRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x10\n\x03gpu\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x10\n\x08verdicts\x18\x03 \x03(\t\x12\x12\n\x05start\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x10\n\x03\x65nd\x18\x05 \x01(\x01H\x02\x88\x01\x01\x12\x11\n\topen_only\x18\x06 \x01(\x08\x12\r\n\x05limit\x18\x07 \x01(\rB\x06\n\x04_gpuB\x08\n\x06_startB\x06\n\x04_end\":\n\x10\x46indingsResponse\x12&\n\x08\x66indings\x18\x01 \x03(\x0b\x32\x14.gpuscope.v1.Finding\"\x8a\x01\n\x0bMetricQuery\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x10\n\x03gpu\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\r\n\x05start\x18\x04 \x01(\x01\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x01\x12\x11\n\taggregate\x18\x06 \x01(\t\x12\x14\n\x0cstep_seconds\x18\x07 \x01(\x01\x42\x06\n\x04_gpu\"\'\n\x0bMetricPoint\x12\t\n\x01t\x18\x01 \x01(\x01\x12\r\n\x05value\x18\x02 \x01(\x01\"\x82\x01\n\x0cMetricSeries\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\r\x12(\n\x06points\x18\x03 \x03(\x0b\x32\x18.gpuscope.v1.MetricPoint\x12\x12\n\x05value\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07samples\x18\x05 \x01(\x04\x42\x08\n\x06_value\"j\n\x0cMetricResult\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\x0c\n\x04unit\x18\x02 \x01(\t\x12\x11\n\taggregate\x18\x03 \x01(\t\x12)\n\x06series\x18\x04 \x03(\x0b\x32\x19.gpuscope.v1.MetricSeries2\xf0\x03\n\x08\x41nalyzer\x12=\n\x06Ingest\x12\x18.gpuscope.v1.SampleBatch\x1a\x15.gpuscope.v1.BatchAck(\x01\x30\x01\x12\x37\n\x04Push\x12\x18.gpuscope.v1.SampleBatch\x1a\x15.gpuscope.v1.BatchAck\x12\x44\n\tGetStatus\x12\x1a.gpuscope.v1.StatusRequest\x1a\x1b.gpuscope.v1.AnalyzerStatus\x12K\n\x0cListFindings\x12\x1c.gpuscope.v1.FindingsRequest\x1a\x1d.gpuscope.v1.FindingsResponse\x12\x42\n\x0bQueryMetric\x12\x18.gpuscope.v1.MetricQuery\x1a\x19.gpuscope.v1.MetricResult\x12H\n\rReportCapture\x12\x1a.gpuscope.v1.CaptureReport\x1a\x1b.gpuscope.v1.CaptureSummary\x12K\n\x0cListCaptures\x12\x1c.gpuscope.v1.CapturesRequest\x1a\x1d.gpuscope.v1.CapturesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1agpuscope/v1/analyzer.proto\x12\x0bgpuscope.v1\x1a\x19gpuscope/v1/samples.proto\"+\n\nAgentHello\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\"o\n\x07\x43ommand\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\r\x12\x10\n\x03pid\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x05 \x01(\r\x12\x0e\n\x06reason\x18\x06 \x01(\tB\x06\n\x04_pid\"W\n\x0cWatchRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x10\n\x03gpu\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x10\n\x08verdicts\x18\x03 \x03(\t\x12\r\n\x05kinds\x18\x04 \x03(\tB\x06\n\x04_gpu\"Z\n\x05\x45vent\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\t\n\x01t\x18\x02 \x01(\x01\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0b\n\x03gpu\x18\x04 \x01(\r\x12\x0f\n\x07verdict\x18\x05 \x01(\t\x12\x0c\n\x04json\x18\x06 \x01(\t\"K\n\x0eRecordsRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\r\n\x05since\x18\x03 \x01(\x01\x12\r\n\x05limit\x18\x04 \x01(\r\"\x1f\n\x0fRecordsResponse\x12\x0c\n\x04json\x18\x01 \x03(\t\"<\n\rReportRequest\x12\x12\n\nfinding_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63ontext_seconds\x18\x02 \x01(\x01\"\x1e\n\x0eReportResponse\x12\x0c\n\x04json\x18\x01 \x01(\t\"K\n\rCaptureReport\x12*\n\x06record\x18\x01 \x01(\x0b\x32\x1a.gpuscope.v1.CaptureRecord\x12\x0e\n\x06xspace\x18\x02 \x01(\x0c\"\x8b\x01\n\x0e\x43\x61ptureSummary\x12*\n\x06record\x18\x01 \x01(\x0b\x32\x1a.gpuscope.v1.CaptureRecord\x12\x0f\n\x07verdict\x18\x02 \x01(\t\x12\x12\n\nconfidence\x18\x03 \x01(\x01\x12\x14\n\x0csummary_json\x18\x04 \x01(\t\x12\x12\n\nfinding_id\x18\x05 \x01(\t\".\n\x0f\x43\x61pturesRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\"A\n\x10\x43\x61pturesResponse\x12-\n\x08\x63\x61ptures\x18\x01 \x03(\x0b\x32\x1b.gpuscope.v1.CaptureSummary\"\xfc\x01\n\x08\x45vidence\x12\x33\n\x07numbers\x18\x01 \x03(\x0b\x32\".gpuscope.v1.Evidence.NumbersEntry\x12\r\n\x05\x66lags\x18\x02 \x03(\t\x12\x0f\n\x07summary\x18\x03 \x01(\t\x12\x14\n\x0c\x61lternatives\x18\x04 \x03(\t\x12\x12\n\ndecided_by\x18\x05 \x01(\t\x12\x18\n\x10\x63ounters_verdict\x18\x06 \x01(\t\x12\x15\n\rtrace_verdict\x18\x07 \x01(\t\x12\x10\n\x08\x63\x61ptures\x18\x08 \x03(\t\x1a.\n\x0cNumbersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xc5\x01\n\x07\x46inding\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03gpu\x18\x03 \x01(\r\x12\x0b\n\x03job\x18\x04 \x01(\t\x12\x0f\n\x07verdict\x18\x05 \x01(\t\x12\r\n\x05start\x18\x06 \x01(\x01\x12\x10\n\x03\x65nd\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\nconfidence\x18\x08 \x01(\x01\x12\'\n\x08\x65vidence\x18\t \x01(\x0b\x32\x15.gpuscope.v1.Evidence\x12\x0f\n\x07windows\x18\n \x01(\rB\x06\n\x04_end\"\x0f\n\rStatusRequest\"\xb6\x01\n\x08GpuState\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\r\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0f\n\x07verdict\x18\x04 \x01(\t\x12\x12\n\nconfidence\x18\x05 \x01(\x01\x12\x13\n\x0blast_sample\x18\x06 \x01(\x01\x12\x19\n\x0copen_finding\x18\x07 \x01(\tH\x00\x88\x01\x01\x12\r\n\x05\x66lags\x18\x08 \x03(\t\x12\x0c\n\x04lost\x18\t \x01(\x08\x42\x0f\n\r_open_finding\"\x91\x02\n\x0e\x41nalyzerStatus\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0f\n\x07started\x18\x02 \x01(\x01\x12\x19\n\x11\x62\x61tches_committed\x18\x03 \x01(\x04\x12\x19\n\x11\x62\x61tches_duplicate\x18\x04 \x01(\x04\x12\x18\n\x10\x62\x61tches_rejected\x18\x05 \x01(\x04\x12\x19\n\x11samples_committed\x18\x06 \x01(\x04\x12\r\n\x05hosts\x18\x07 \x01(\r\x12#\n\x04gpus\x18\x08 \x03(\x0b\x32\x15.gpuscope.v1.GpuState\x12\x15\n\rfindings_open\x18\t \x01(\x04\x12\x0f\n\x07\x64\x62_path\x18\n \x01(\t\x12\x16\n\x0ewindow_seconds\x18\x0b \x01(\x01\"\xa5\x01\n\x0f\x46indingsRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x10\n\x03gpu\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x10\n\x08verdicts\x18\x03 \x03(\t\x12\x12\n\x05start\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x10\n\x03\x65nd\x18\x05 \x01(\x01H\x02\x88\x01\x01\x12\x11\n\topen_only\x18\x06 \x01(\x08\x12\r\n\x05limit\x18\x07 \x01(\rB\x06\n\x04_gpuB\x08\n\x06_startB\x06\n\x04_end\":\n\x10\x46indingsResponse\x12&\n\x08\x66indings\x18\x01 \x03(\x0b\x32\x14.gpuscope.v1.Finding\"\x8a\x01\n\x0bMetricQuery\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x10\n\x03gpu\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\r\n\x05start\x18\x04 \x01(\x01\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x01\x12\x11\n\taggregate\x18\x06 \x01(\t\x12\x14\n\x0cstep_seconds\x18\x07 \x01(\x01\x42\x06\n\x04_gpu\"\'\n\x0bMetricPoint\x12\t\n\x01t\x18\x01 \x01(\x01\x12\r\n\x05value\x18\x02 \x01(\x01\"\x82\x01\n\x0cMetricSeries\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\r\x12(\n\x06points\x18\x03 \x03(\x0b\x32\x18.gpuscope.v1.MetricPoint\x12\x12\n\x05value\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07samples\x18\x05 \x01(\x04\x42\x08\n\x06_value\"j\n\x0cMetricResult\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\x0c\n\x04unit\x18\x02 \x01(\t\x12\x11\n\taggregate\x18\x03 \x01(\t\x12)\n\x06series\x18\x04 \x03(\x0b\x32\x19.gpuscope.v1.MetricSeries2\xf4\x05\n\x08\x41nalyzer\x12=\n\x06Ingest\x12\x18.gpuscope.v1.SampleBatch\x1a\x15.gpuscope.v1.BatchAck(\x01\x30\x01\x12\x37\n\x04Push\x12\x18.gpuscope.v1.SampleBatch\x1a\x15.gpuscope.v1.BatchAck\x12\x44\n\tGetStatus\x12\x1a.gpuscope.v1.StatusRequest\x1a\x1b.gpuscope.v1.AnalyzerStatus\x12K\n\x0cListFindings\x12\x1c.gpuscope.v1.FindingsRequest\x1a\x1d.gpuscope.v1.FindingsResponse\x12\x42\n\x0bQueryMetric\x12\x18.gpuscope.v1.MetricQuery\x1a\x19.gpuscope.v1.MetricResult\x12H\n\rReportCapture\x12\x1a.gpuscope.v1.CaptureReport\x1a\x1b.gpuscope.v1.CaptureSummary\x12K\n\x0cListCaptures\x12\x1c.gpuscope.v1.CapturesRequest\x1a\x1d.gpuscope.v1.CapturesResponse\x12;\n\x08\x43ommands\x12\x17.gpuscope.v1.AgentHello\x1a\x14.gpuscope.v1.Command0\x01\x12\x38\n\x05Watch\x12\x19.gpuscope.v1.WatchRequest\x1a\x12.gpuscope.v1.Event0\x01\x12H\n\x0bListRecords\x12\x1b.gpuscope.v1.RecordsRequest\x1a\x1c.gpuscope.v1.RecordsResponse\x12\x41\n\x06Report\x12\x1a.gpuscope.v1.ReportRequest\x1a\x1b.gpuscope.v1.ReportResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,38 +34,54 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EVIDENCE_NUMBERSENTRY']._loaded_options = None
   _globals['_EVIDENCE_NUMBERSENTRY']._serialized_options = b'8\001'
-  _globals['_CAPTUREREPORT']._serialized_start=70
-  _globals['_CAPTUREREPORT']._serialized_end=145
-  _globals['_CAPTURESUMMARY']._serialized_start=148
-  _globals['_CAPTURESUMMARY']._serialized_end=287
-  _globals['_CAPTURESREQUEST']._serialized_start=289
-  _globals['_CAPTURESREQUEST']._serialized_end=335
-  _globals['_CAPTURESRESPONSE']._serialized_start=337
-  _globals['_CAPTURESRESPONSE']._serialized_end=402
-  _globals['_EVIDENCE']._serialized_start=405
-  _globals['_EVIDENCE']._serialized_end=657
-  _globals['_EVIDENCE_NUMBERSENTRY']._serialized_start=611
-  _globals['_EVIDENCE_NUMBERSENTRY']._serialized_end=657
-  _globals['_FINDING']._serialized_start=660
-  _globals['_FINDING']._serialized_end=857
-  _globals['_STATUSREQUEST']._serialized_start=859
-  _globals['_STATUSREQUEST']._serialized_end=874
-  _globals['_GPUSTATE']._serialized_start=877
-  _globals['_GPUSTATE']._serialized_end=1059
-  _globals['_ANALYZERSTATUS']._serialized_start=1062
-  _globals['_ANALYZERSTATUS']._serialized_end=1335
-  _globals['_FINDINGSREQUEST']._serialized_start=1338
-  _globals['_FINDINGSREQUEST']._serialized_end=1503
-  _globals['_FINDINGSRESPONSE']._serialized_start=1505
-  _globals['_FINDINGSRESPONSE']._serialized_end=1563
-  _globals['_METRICQUERY']._serialized_start=1566
-  _globals['_METRICQUERY']._serialized_end=1704
-  _globals['_METRICPOINT']._serialized_start=1706
-  _globals['_METRICPOINT']._serialized_end=1745
-  _globals['_METRICSERIES']._serialized_start=1748
-  _globals['_METRICSERIES']._serialized_end=1878
-  _globals['_METRICRESULT']._serialized_start=1880
-  _globals['_METRICRESULT']._serialized_end=1986
-  _globals['_ANALYZER']._serialized_start=1989
-  _globals['_ANALYZER']._serialized_end=2485
+  _globals['_AGENTHELLO']._serialized_start=70
+  _globals['_AGENTHELLO']._serialized_end=113
+  _globals['_COMMAND']._serialized_start=115
+  _globals['_COMMAND']._serialized_end=226
+  _globals['_WATCHREQUEST']._serialized_start=228
+  _globals['_WATCHREQUEST']._serialized_end=315
+  _globals['_EVENT']._serialized_start=317
+  _globals['_EVENT']._serialized_end=407
+  _globals['_RECORDSREQUEST']._serialized_start=409
+  _globals['_RECORDSREQUEST']._serialized_end=484
+  _globals['_RECORDSRESPONSE']._serialized_start=486
+  _globals['_RECORDSRESPONSE']._serialized_end=517
+  _globals['_REPORTREQUEST']._serialized_start=519
+  _globals['_REPORTREQUEST']._serialized_end=579
+  _globals['_REPORTRESPONSE']._serialized_start=581
+  _globals['_REPORTRESPONSE']._serialized_end=611
+  _globals['_CAPTUREREPORT']._serialized_start=613
+  _globals['_CAPTUREREPORT']._serialized_end=688
+  _globals['_CAPTURESUMMARY']._serialized_start=691
+  _globals['_CAPTURESUMMARY']._serialized_end=830
+  _globals['_CAPTURESREQUEST']._serialized_start=832
+  _globals['_CAPTURESREQUEST']._serialized_end=878
+  _globals['_CAPTURESRESPONSE']._serialized_start=880
+  _globals['_CAPTURESRESPONSE']._serialized_end=945
+  _globals['_EVIDENCE']._serialized_start=948
+  _globals['_EVIDENCE']._serialized_end=1200
+  _globals['_EVIDENCE_NUMBERSENTRY']._serialized_start=1154
+  _globals['_EVIDENCE_NUMBERSENTRY']._serialized_end=1200
+  _globals['_FINDING']._serialized_start=1203
+  _globals['_FINDING']._serialized_end=1400
+  _globals['_STATUSREQUEST']._serialized_start=1402
+  _globals['_STATUSREQUEST']._serialized_end=1417
+  _globals['_GPUSTATE']._serialized_start=1420
+  _globals['_GPUSTATE']._serialized_end=1602
+  _globals['_ANALYZERSTATUS']._serialized_start=1605
+  _globals['_ANALYZERSTATUS']._serialized_end=1878
+  _globals['_FINDINGSREQUEST']._serialized_start=1881
+  _globals['_FINDINGSREQUEST']._serialized_end=2046
+  _globals['_FINDINGSRESPONSE']._serialized_start=2048
+  _globals['_FINDINGSRESPONSE']._serialized_end=2106
+  _globals['_METRICQUERY']._serialized_start=2109
+  _globals['_METRICQUERY']._serialized_end=2247
+  _globals['_METRICPOINT']._serialized_start=2249
+  _globals['_METRICPOINT']._serialized_end=2288
+  _globals['_METRICSERIES']._serialized_start=2291
+  _globals['_METRICSERIES']._serialized_end=2421
+  _globals['_METRICRESULT']._serialized_start=2423
+  _globals['_METRICRESULT']._serialized_end=2529
+  _globals['_ANALYZER']._serialized_start=2532
+  _globals['_ANALYZER']._serialized_end=3288
 # @@protoc_insertion_point(module_scope)

@@ -7,6 +7,90 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class AgentHello(_message.Message):
+    __slots__ = ("host", "boot_id")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    boot_id: str
+    def __init__(self, host: _Optional[str] = ..., boot_id: _Optional[str] = ...) -> None: ...
+
+class Command(_message.Message):
+    __slots__ = ("id", "gpu", "pid", "kind", "duration_ms", "reason")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    gpu: int
+    pid: int
+    kind: str
+    duration_ms: int
+    reason: str
+    def __init__(self, id: _Optional[str] = ..., gpu: _Optional[int] = ..., pid: _Optional[int] = ..., kind: _Optional[str] = ..., duration_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("host", "gpu", "verdicts", "kinds")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    VERDICTS_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    gpu: int
+    verdicts: _containers.RepeatedScalarFieldContainer[str]
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., verdicts: _Optional[_Iterable[str]] = ..., kinds: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("kind", "t", "host", "gpu", "verdict", "json")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    T_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    t: float
+    host: str
+    gpu: int
+    verdict: str
+    json: str
+    def __init__(self, kind: _Optional[str] = ..., t: _Optional[float] = ..., host: _Optional[str] = ..., gpu: _Optional[int] = ..., verdict: _Optional[str] = ..., json: _Optional[str] = ...) -> None: ...
+
+class RecordsRequest(_message.Message):
+    __slots__ = ("table", "host", "since", "limit")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    host: str
+    since: float
+    limit: int
+    def __init__(self, table: _Optional[str] = ..., host: _Optional[str] = ..., since: _Optional[float] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class RecordsResponse(_message.Message):
+    __slots__ = ("json",)
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    json: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, json: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReportRequest(_message.Message):
+    __slots__ = ("finding_id", "context_seconds")
+    FINDING_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    finding_id: str
+    context_seconds: float
+    def __init__(self, finding_id: _Optional[str] = ..., context_seconds: _Optional[float] = ...) -> None: ...
+
+class ReportResponse(_message.Message):
+    __slots__ = ("json",)
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    def __init__(self, json: _Optional[str] = ...) -> None: ...
+
 class CaptureReport(_message.Message):
     __slots__ = ("record", "xspace")
     RECORD_FIELD_NUMBER: _ClassVar[int]

@@ -71,6 +71,26 @@ class AnalyzerStub:
                 request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.CapturesRequest.SerializeToString,
                 response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.CapturesResponse.FromString,
                 _registered_method=True)
+        self.Commands = channel.unary_stream(
+                '/gpuscope.v1.Analyzer/Commands',
+                request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.AgentHello.SerializeToString,
+                response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.Command.FromString,
+                _registered_method=True)
+        self.Watch = channel.unary_stream(
+                '/gpuscope.v1.Analyzer/Watch',
+                request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.WatchRequest.SerializeToString,
+                response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.Event.FromString,
+                _registered_method=True)
+        self.ListRecords = channel.unary_unary(
+                '/gpuscope.v1.Analyzer/ListRecords',
+                request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.RecordsRequest.SerializeToString,
+                response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.RecordsResponse.FromString,
+                _registered_method=True)
+        self.Report = channel.unary_unary(
+                '/gpuscope.v1.Analyzer/Report',
+                request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.ReportRequest.SerializeToString,
+                response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.ReportResponse.FromString,
+                _registered_method=True)
 
 
 class AnalyzerServicer:
@@ -123,6 +143,34 @@ class AnalyzerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Commands(self, request, context):
+        """Agents hold this stream open; the analyzer sends capture commands down it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Watch(self, request, context):
+        """On-call: findings, anomalies, capture decisions and results as they happen.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRecords(self, request, context):
+        """Stored anomalies or capture decisions, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Report(self, request, context):
+        """The story of one finding: counters before/during/after, verdicts, captures.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AnalyzerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -160,6 +208,26 @@ def add_AnalyzerServicer_to_server(servicer, server):
                     servicer.ListCaptures,
                     request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.CapturesRequest.FromString,
                     response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.CapturesResponse.SerializeToString,
+            ),
+            'Commands': grpc.unary_stream_rpc_method_handler(
+                    servicer.Commands,
+                    request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.AgentHello.FromString,
+                    response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.Command.SerializeToString,
+            ),
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.WatchRequest.FromString,
+                    response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.Event.SerializeToString,
+            ),
+            'ListRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRecords,
+                    request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.RecordsRequest.FromString,
+                    response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.RecordsResponse.SerializeToString,
+            ),
+            'Report': grpc.unary_unary_rpc_method_handler(
+                    servicer.Report,
+                    request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.ReportRequest.FromString,
+                    response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.ReportResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -352,6 +420,114 @@ class Analyzer:
             '/gpuscope.v1.Analyzer/ListCaptures',
             gpuscope_dot_v1_dot_analyzer__pb2.CapturesRequest.SerializeToString,
             gpuscope_dot_v1_dot_analyzer__pb2.CapturesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Commands(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gpuscope.v1.Analyzer/Commands',
+            gpuscope_dot_v1_dot_analyzer__pb2.AgentHello.SerializeToString,
+            gpuscope_dot_v1_dot_analyzer__pb2.Command.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gpuscope.v1.Analyzer/Watch',
+            gpuscope_dot_v1_dot_analyzer__pb2.WatchRequest.SerializeToString,
+            gpuscope_dot_v1_dot_analyzer__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuscope.v1.Analyzer/ListRecords',
+            gpuscope_dot_v1_dot_analyzer__pb2.RecordsRequest.SerializeToString,
+            gpuscope_dot_v1_dot_analyzer__pb2.RecordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Report(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuscope.v1.Analyzer/Report',
+            gpuscope_dot_v1_dot_analyzer__pb2.ReportRequest.SerializeToString,
+            gpuscope_dot_v1_dot_analyzer__pb2.ReportResponse.FromString,
             options,
             channel_credentials,
             insecure,

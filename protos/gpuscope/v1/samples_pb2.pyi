@@ -131,7 +131,7 @@ class BatchAck(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., status: _Optional[_Union[BatchAck.Status, str]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class CaptureRecord(_message.Message):
-    __slots__ = ("id", "host", "target", "pid", "gpus", "job", "start", "end", "duration_ms", "path", "size_bytes", "status", "error", "trigger")
+    __slots__ = ("id", "host", "target", "pid", "gpus", "job", "start", "end", "duration_ms", "path", "size_bytes", "status", "error", "trigger", "kind")
     ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +146,7 @@ class CaptureRecord(_message.Message):
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     id: str
     host: str
     target: str
@@ -160,4 +161,5 @@ class CaptureRecord(_message.Message):
     status: str
     error: str
     trigger: str
-    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., target: _Optional[str] = ..., pid: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., job: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., duration_ms: _Optional[int] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., trigger: _Optional[str] = ...) -> None: ...
+    kind: str
+    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., target: _Optional[str] = ..., pid: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., job: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., duration_ms: _Optional[int] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., trigger: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...

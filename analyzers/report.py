@@ -1,0 +1,56 @@
+"""The story of one incident: what the counters showed before, during and
+after a finding, what decided its verdict, the captures and their traces,
+the anomalies and capture decisions around it, and what changed against the
+job's own baseline (the `before` window)."""
+from __future__ import annotations
+
+import json
+import time
+
+from .store import Store
+
+KEY_METRICS = ("util_gpu_ratio", "util_mem_ratio", "gpm_sm_util_ratio", "gpm_sm_occupancy_ratio",
+               "gpm_tensor_util_ratio", "gpm_dram_bw_util_ratio", "gpm_pcie_tx_bytes_per_second",
+               "gpm_pcie_rx_bytes_per_second", "procs_cpu_cores", "power_watts", "sm_clock_hertz", "temp_celsius")
+MIN_CONTEXT_S, MAX_CONTEXT_S = 60.0, 1800.0
+
+
+def build_report(store: Store, finding_id: str, context_s: float = 0.0, now: float | None = None) -> dict | None:
+    f = store.finding(finding_id)
+    if f is None:
+        return None
+    now = time.time() if now is None else now
+    end = f["end"] if f["end"] is not None else now
+    span = max(end - f["start"], 1.0)
+    ctx = context_s or min(max(span, MIN_CONTEXT_S), MAX_CONTEXT_S)
+    host, gpu = f["host"], f["gpu"]
+    before = store.means(host, gpu, f["start"] - ctx, f["start"], KEY_METRICS)
+    during = store.means(host, gpu, f["start"], end, KEY_METRICS)
+    after = store.means(host, gpu, end, end + ctx, KEY_METRICS) if f["end"] is not None else None
+    captures = []
+    for c in store.captures(host, limit=1000):
+        if c["finding_id"] == finding_id:
+            s = json.loads(c["summary"]) if c["summary"] else None
+            captures.append(dict({k: v for k, v in c.items() if k != "summary"},
+                                 trace_summary=s and {k: s.get(k) for k in ("verdict", "confidence", "summary",
+                                                                          "busy_fraction", "kernels", "idle_gaps",
+                                                                          "top_ops")}))
+    return dict(finding=f, counters=dict(context_seconds=ctx, before=before, during=during, after=after),
+                changes=_changes(before, during), verdict=dict(decided=f["verdict"], by=f["decided_by"],
+                                                               counters=f.get("counters_verdict"),
+                                                               trace=f.get("trace_verdict")),
+                captures=captures, anomalies=store.records("anomalies", host, 0, 100, finding_id=finding_id),
+                decisions=store.records("decisions", host, 0, 100, finding_id=finding_id))
+
+
+def _changes(before: dict, during: dict) -> list[dict]:
+    """Metrics that moved most between the baseline and the incident."""
+    out = []
+    for m in KEY_METRICS:
+        b, d = before.get(m), during.get(m)
+        if b is None or d is None:
+            continue
+        scale = max(abs(b), abs(d), 1e-9)
+        out.append(dict(metric=m, before=b, during=d, change=d - b, relative=(d - b) / scale))
+    out.sort(key=lambda r: abs(r["relative"]), reverse=True)
+    return [r for r in out if abs(r["relative"]) >= 0.1][:6]
