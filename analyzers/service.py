@@ -32,7 +32,7 @@ def capture_summary_pb(row: dict) -> apb.CaptureSummary:
                            gpus=json.loads(row["gpus"] or "[]"), job=row["job"] or "", start=row["start"] or 0,
                            end=row["end"] or 0, duration_ms=row["duration_ms"] or 0, path=row["path"] or "",
                            size_bytes=row["size_bytes"] or 0, status=row["status"] or "", error=row["error"] or "",
-                           trigger=row["trigger"] or "")
+                           trigger=row["trigger"] or "", kind=row.get("kind") or "")
     if row.get("pid") is not None:
         rec.pid = row["pid"]
     return apb.CaptureSummary(record=rec, verdict=row["verdict"] or "", confidence=row["confidence"] or 0.0,

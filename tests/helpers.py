@@ -14,8 +14,8 @@ from gpuscope.v1 import analyzer_pb2_grpc
 
 
 class AnalyzerServer:
-    def __init__(self, db: str, port: int = 0, window_s: float = 1.0):
-        self.analyzer = Analyzer(AnalyzerConfig(str(db), window_s=window_s, memory_limit="256MB"))
+    def __init__(self, db: str, port: int = 0, window_s: float = 1.0, **config):
+        self.analyzer = Analyzer(AnalyzerConfig(str(db), window_s=window_s, memory_limit="256MB", **config))
         self.server, self.port, self.health = build_server(f"127.0.0.1:{port}", [
             (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, AnalyzerServicer(self.analyzer),
              "gpuscope.v1.Analyzer")], max_workers=64)
