@@ -1,0 +1,76 @@
+"""On-call interfaces over real gRPC: the live event stream and the story of
+one incident."""
+import threading
+import time
+
+from gpuscope.analyzers.detector import DetectorConfig
+from gpuscope.daemon import clients
+from gpuscope.daemon.cli import render_report
+from tests.fakes.nvml import FakeNvml, h200
+from tests.helpers import AnalyzerServer, fake_agent, wait_for
+
+BUSY = dict(util_gpu=95, util_mem=20, power_mw=650_000,
+            gpm_values={2: 90.0, 3: 14.0, 5: 88.0, 10: 15.0, 12: 1.0, 13: 0.0, 20: 7.0, 21: 16.0})
+MEMORY = dict(util_gpu=95, util_mem=96, power_mw=450_000,
+              gpm_values={2: 86.0, 3: 70.0, 5: 0.0, 10: 80.0, 12: 10.0, 13: 0.0, 20: 12.0, 21: 28.0})
+
+
+def _set(gpu, spec):
+    for k, v in spec.items():
+        setattr(gpu, k, dict(v) if isinstance(v, dict) else v)
+
+
+def test_watch_streams_findings_anomalies_and_decisions_and_report_tells_the_story(tmp_path):
+    srv = AnalyzerServer(tmp_path / "w.duckdb", detector=DetectorConfig(baseline_windows=5, warmup_windows=3))
+    fake = FakeNvml([h200(**BUSY), h200(**BUSY)])
+    agent = fake_agent(fake, srv.target)
+    events, stop = [], threading.Event()
+
+    def watch():
+        try:
+            for e in clients.watch(srv.target, gpu=0):
+                events.append(e)
+                if stop.is_set():
+                    return
+        except clients.ClientError:      # the analyzer stops at the end of the test
+            pass
+    threading.Thread(target=watch, daemon=True).start()
+    try:
+        wait_for(lambda: srv.analyzer.store.count("windows") >= 10, timeout=20)
+        _set(fake.gpus[0], MEMORY)
+        wait_for(lambda: any(e["kind"] == "decision" for e in events), timeout=20)
+        kinds = {e["kind"] for e in events}
+        assert {"finding", "anomaly", "decision"} <= kinds
+        assert all(e["gpu"] == 0 for e in events)                        # the filter holds
+        anomaly = next(e for e in events if e["kind"] == "anomaly")
+        assert "compute-bound -> memory-bound" in anomaly["record"]["reason"]
+        decision = next(e for e in events if e["kind"] == "decision")["record"]
+        assert decision["status"] == "skipped" and "not connected" in decision["reason"]   # no command listener here
+        time.sleep(3)
+        _set(fake.gpus[0], BUSY)
+        mem = wait_for(lambda: [f for f in clients.findings(srv.target, gpu=0, verdicts=["memory-bound"])
+                                if f["end"] is not None], timeout=20)[0]
+        time.sleep(3)
+        rep = clients.report(srv.target, mem["id"])
+        c = rep["counters"]
+        assert c["during"]["gpm_dram_bw_util_ratio"] > 0.7 > c["before"]["gpm_dram_bw_util_ratio"]
+        assert c["after"] is not None and c["after"]["gpm_dram_bw_util_ratio"] < 0.3
+        changed = {ch["metric"] for ch in rep["changes"]}
+        assert "gpm_dram_bw_util_ratio" in changed and "gpm_tensor_util_ratio" in changed
+        assert rep["anomalies"] and rep["decisions"]
+        text = render_report(rep)
+        assert "memory-bound" in text and "what changed" in text
+    finally:
+        stop.set()
+        agent.stop()
+        srv.stop()
+
+
+def test_report_of_an_unknown_finding_is_not_found(tmp_path):
+    import pytest
+    srv = AnalyzerServer(tmp_path / "r.duckdb")
+    try:
+        with pytest.raises(clients.ClientError, match="NOT_FOUND"):
+            clients.report(srv.target, "nope")
+    finally:
+        srv.stop()
