@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import asdict
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -45,7 +46,8 @@ class GpuState:
     verdict: str = ""
     confidence: float = 0.0
     flags: tuple[str, ...] = ()
-    last_sample: float = 0.0
+    last_sample: float = 0.0           # sample time (the agent's clock)
+    last_arrival: float = 0.0          # the analyzer's clock
 
 
 class Analyzer:
@@ -69,6 +71,8 @@ class Analyzer:
         self.events = EventBus()
         self.commands = CommandHub()
         self.rejected = 0
+        self.anomalies_total = 0
+        self.decisions_total: dict[str, int] = {}
         self.started = time.time()
         self._lock = threading.Lock()
         self._scheduler = BackgroundScheduler(daemon=True)
@@ -102,12 +106,13 @@ class Analyzer:
                 for g in set(b.gpu.tolist()):
                     st = self._state(b.host, g)
                     st.last_sample = max(st.last_sample, float(b.t[b.gpu == g].max()))
+                    st.last_arrival = time.time()
             results.extend(self.live.add(b))
-            for host, gpu, t, kind, detail, _code in b.health:
-                if kind in ("xid", "ecc_uncorrected", "gpu_lost"):
-                    f = self.findings.open.get((host, gpu))
-                    self._act_on(self.detector.health(host, gpu, kind.replace("_uncorrected", ""), detail, t,
-                                                      f["job"] if f else ""))
+            health = [self.detector.health(host, gpu, kind.replace("_uncorrected", ""), detail, t,
+                                           (self.findings.open.get((host, gpu)) or {}).get("job", ""))
+                      for host, gpu, t, kind, detail, _code in b.health if kind in ("xid", "ecc_uncorrected", "gpu_lost")]
+            if health:
+                self._act_on(health)
         self._record(results)
 
     def _state(self, host: str, gpu: int) -> GpuState:
@@ -145,35 +150,50 @@ class Analyzer:
         except Exception:
             store.rollback()
             raise
-        for a in anomalies:
-            self._act_on(a)
+        if anomalies:
+            self._act_on(anomalies)
 
     # -- anomalies -> decisions -> commands (writer thread) ---------------------------------
-    def _act_on(self, a: Anomaly) -> None:
-        from dataclasses import asdict
+    def _act_on(self, anomalies: list[Anomaly]) -> None:
+        """Decide on each anomaly, send the captures, then store everything in
+        one write: a storm of thousands of anomalies must not stall ingest."""
         from gpuscope.v1 import analyzer_pb2 as apb
 
-        log.info("anomaly", host=a.host, gpu=a.gpu, kinds=a.kinds, reason=a.reason)
-        self.store.insert_anomaly(asdict(a))
-        self.events.publish(dict(kind="anomaly", t=a.t, host=a.host, gpu=a.gpu, verdict=a.details.get("verdict"),
-                                 record=asdict(a)))
-        d = self.policy.decide(a, hosts_known=len({h for h, _ in self.gpus}) or 1,
-                               agent_connected=self.commands.connected(a.host))
-        if d.status == "pending":
-            cmd = apb.Command(id=d.id, gpu=d.gpu, kind=d.action, duration_ms=d.duration_ms, reason=d.reason)
-            if d.pid is not None:
-                cmd.pid = d.pid
-            if not self.commands.send(a.host, cmd):
-                d = self.policy.finished(d.id, "", False, "the command could not be delivered") or d
-        self._decided(d)
+        hosts_known = len({h for h, _ in self.gpus}) or 1
+        rows, decisions = [], []
+        for a in anomalies:
+            row = asdict(a)
+            rows.append(row)
+            self.events.publish(dict(kind="anomaly", t=a.t, host=a.host, gpu=a.gpu,
+                                     verdict=a.details.get("verdict"), record=row))
+            d = self.policy.decide(a, hosts_known, agent_connected=self.commands.connected(a.host))
+            if d.status == "pending":
+                cmd = apb.Command(id=d.id, gpu=d.gpu, kind=d.action, duration_ms=d.duration_ms, reason=d.reason)
+                if d.pid is not None:
+                    cmd.pid = d.pid
+                if not self.commands.send(a.host, cmd):
+                    d = self.policy.finished(d.id, "", False, "the command could not be delivered") or d
+            decisions.append(d)
+        self.anomalies_total += len(anomalies)
+        if len(anomalies) <= 10:       # count a storm, do not log each of it
+            for a in anomalies:
+                log.info("anomaly", host=a.host, gpu=a.gpu, kinds=a.kinds, reason=a.reason)
+        else:
+            log.warning("anomaly storm", anomalies=len(anomalies), hosts=len({a.host for a in anomalies}))
+        self.store.insert_anomalies(rows)
+        self._decided(decisions)
 
-    def _decided(self, d: Decision) -> None:
-        from dataclasses import asdict
-
-        row = {k: v for k, v in asdict(d).items() if k not in ("duration_ms", "pid")}
-        self.store.upsert_decision(row)
-        log.info("capture decision", host=d.host, gpu=d.gpu, action=d.action, status=d.status, reason=d.reason)
-        self.events.publish(dict(kind="decision", t=d.updated, host=d.host, gpu=d.gpu, verdict=None, record=row))
+    def _decided(self, decisions: list[Decision]) -> None:
+        rows = []
+        for d in decisions:
+            row = {k: v for k, v in asdict(d).items() if k not in ("duration_ms", "pid")}
+            rows.append(row)
+            self.decisions_total[d.action] = self.decisions_total.get(d.action, 0) + 1
+            self.events.publish(dict(kind="decision", t=d.updated, host=d.host, gpu=d.gpu, verdict=None, record=row))
+        if len(decisions) <= 10:
+            for d in decisions:
+                log.info("capture decision", host=d.host, gpu=d.gpu, action=d.action, status=d.status, reason=d.reason)
+        self.store.upsert_decisions(rows)
 
     def report_capture(self, record, xspace: bytes) -> dict:
         """A capture an agent ran: summarize its trace, store it, link it to
@@ -209,7 +229,7 @@ class Analyzer:
                                      f"{record.kind or 'capture'} {record.status}"
                                      + (f": {record.error}" if record.error else ""))
             if d is not None:
-                self._decided(d)
+                self._decided([d])
             gpu = record.gpus[0] if record.gpus else 0
             self.events.publish(dict(kind="capture", t=record.end or time.time(), host=record.host, gpu=gpu,
                                      verdict=verdict, record={k: v for k, v in row.items() if k != "summary"}))
@@ -222,13 +242,14 @@ class Analyzer:
             now = time.time()
             self._record(self.live.sweep(now))
             stale = [k for k, f in self.findings.open.items()
-                     if self.gpus.get(k) is None or self.gpus[k].last_sample < now - 3 * self.window_s]
+                     if self.gpus.get(k) is None or self.gpus[k].last_arrival < now - 3 * self.window_s]
             if stale:
                 closed = [self.findings.close(k, self.gpus[k].last_sample if k in self.gpus else now)
                           for k in stale]
                 self.store.upsert_findings([finding_row(f) for f in closed])
-            for d in self.policy.expire():
-                self._decided(d)
+            expired = self.policy.expire()
+            if expired:
+                self._decided(expired)
         self.writer.call(run)
 
     # -- queries ----------------------------------------------------------------------------

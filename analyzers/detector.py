@@ -4,8 +4,11 @@ Each classification window is compared with the job's last `baseline_windows`
 windows (5 min by default) once `warmup_windows` of them exist:
 
 - bottleneck-changed: the verdict differs from the baseline's usual verdict
-  (its mode) for `confirm_windows` windows in a row (idle is not a
-  bottleneck; a fall to idle is an activity drop);
+  (its mode) for `confirm_windows` windows in a row, or in one window whose
+  verdict is unambiguous (confidence >= 0.9 over at least 5 samples) — so a
+  change is known within two windows of its onset even when the first
+  window straddles it (idle is not a bottleneck; a fall to idle is an
+  activity drop);
 - activity-drop: SM/GPU activity falls below the baseline median by more
   than max(activity_drop_abs, activity_drop_mads x MAD) for `confirm_windows`
   windows, from a baseline that was busy;
@@ -44,7 +47,9 @@ def family(verdict: str) -> str:
 class DetectorConfig:
     baseline_windows: int = 60          # 5 min of 5 s windows: long enough to be "usual", short enough to adapt
     warmup_windows: int = 12            # 1 min of a new job before anything counts as unusual
-    confirm_windows: int = 2            # debounce: one odd window triggers nothing
+    confirm_windows: int = 2            # debounce: one odd window triggers nothing ...
+    strong_confidence: float = 0.9      # ... unless the new verdict is that clear in a full window
+    strong_min_samples: int = 5         # (one odd sample among five moves a mean by a fifth: not that clear)
     activity_drop_abs: float = 0.20     # 20 points of SM activity: well above GPM's window-to-window noise (~2-5)
     activity_drop_mads: float = 3.0     # ... and 3 MADs for noisy jobs
     busy_baseline: float = 0.30         # a drop only matters from a GPU that was doing work
@@ -116,11 +121,17 @@ class Detector:
         if now != usual and c.verdict != IDLE:
             st.streak[BOTTLENECK] = st.streak.get(BOTTLENECK, 0) + 1 if st.pending_verdict == now else 1
             st.pending_verdict = now
-            if st.streak[BOTTLENECK] >= cfg.confirm_windows:
-                hits[BOTTLENECK] = (f"bottleneck changed: {usual} -> {c.verdict}", {"usual_verdict": usual})
+            strong = (c.confidence >= cfg.strong_confidence
+                      and c.evidence.get("samples", 0) >= cfg.strong_min_samples)
+            # fired once per new family: a second, different change re-arms it
+            for k in [k for k in st.fired if k.startswith(BOTTLENECK) and k != f"{BOTTLENECK}:{now}"]:
+                st.fired.discard(k)
+            if st.streak[BOTTLENECK] >= cfg.confirm_windows or strong:
+                hits[f"{BOTTLENECK}:{now}"] = (f"bottleneck changed: {usual} -> {c.verdict}", {"usual_verdict": usual})
         else:
             st.streak[BOTTLENECK], st.pending_verdict = 0, None
-            st.fired.discard(BOTTLENECK)
+            for k in [k for k in st.fired if k.startswith(BOTTLENECK)]:
+                st.fired.discard(k)
 
         acts = [b.activity for b in base if b.activity is not None]
         if acts and p.activity is not None:

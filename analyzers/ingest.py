@@ -33,7 +33,7 @@ class DecodedBatch:
     boot_id: str
     seq: int
     count: int
-    samples: pa.Table                     # host, gpu, t, every catalogue metric
+    samples: pa.Table                     # host, gpu, t, and the catalogue metrics the batch carries
     t: np.ndarray
     gpu: np.ndarray
     columns: dict[str, np.ndarray]        # metric -> float64, NaN = missing
@@ -120,12 +120,11 @@ def decode(batch: pb.SampleBatch, now: float | None = None) -> DecodedBatch:
         if not (np.isfinite(h.t) and 0 < h.t <= now + MAX_FUTURE_SKEW_S):
             raise BatchError(f"health[{hi}].t: {h.t!r} is not a Unix time in the past")
 
-    host_arr = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([batch.host]))
-    cols = [host_arr.cast(pa.string()), pa.array(gpu.astype(np.int32)), pa.array(t)]
-    names = ["host", "gpu", "t"]
-    for name in METRIC_NAMES:
-        names.append(name)
-        cols.append(arrays.get(name) if name in arrays else pa.nulls(n, pa.float64()))
+    # Only the metrics the batch carries: the writer's concat fills the rest
+    # with nulls, and the store's INSERT names its columns.
+    names = ["host", "gpu", "t"] + [m for m in METRIC_NAMES if m in arrays]
+    cols = [pa.array([batch.host] * n, pa.string()), pa.array(gpu.astype(np.int32)), pa.array(t)]
+    cols += [arrays[m] for m in names[3:]]
     table = pa.Table.from_arrays(cols, names=names)
     processes, job = _processes(batch, t, gpu)
     health = [(batch.host, h.gpu, h.t, _HEALTH_NAMES.get(h.kind, "unspecified"), h.detail,

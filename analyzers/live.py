@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import time
+
 import numpy as np
 
 from .classify import Classification, classify
@@ -16,6 +18,7 @@ from .windows import split
 @dataclass
 class _Acc:
     start: float
+    arrived: float = 0.0               # analyzer's wall clock at the latest chunk
     t: list[np.ndarray] = field(default_factory=list)
     rows: list[tuple[tuple[str, ...], np.ndarray]] = field(default_factory=list)   # (metric names, matrix)
     job: str = ""
@@ -28,7 +31,7 @@ class LiveWindows:
         self.devices: dict[tuple[str, int], dict] = {}
         self.late_samples = 0
 
-    def add(self, b: DecodedBatch) -> list[tuple[str, Classification, str]]:
+    def add(self, b: DecodedBatch, now: float | None = None) -> list[tuple[str, Classification, str]]:
         for d in b.devices:
             self.devices[(b.host, d.gpu)] = dict(
                 pcie_generation=d.pcie_generation if d.HasField("pcie_generation") else None,
@@ -37,6 +40,7 @@ class LiveWindows:
         out = []
         if not b.count:
             return out
+        now = time.time() if now is None else now
         order = np.argsort(b.t, kind="stable")
         t, gpu = b.t[order], b.gpu[order]
         names = tuple(b.columns)
@@ -55,6 +59,7 @@ class LiveWindows:
             if acc is None:
                 acc = self._acc[key] = _Acc(start)
             rows = order[idx]
+            acc.arrived = now
             acc.t.append(b.t[rows])
             acc.rows.append((names, matrix[rows]))
             if g in b.job:
@@ -69,9 +74,12 @@ class LiveWindows:
         return classify(w) if w is not None else None
 
     def sweep(self, now: float, grace_windows: float = 2.0) -> list[tuple[str, Classification, str]]:
-        """Close windows of GPUs that stopped sending (host down, GPU lost)."""
+        """Close windows of GPUs that stopped sending (host down, GPU lost).
+        Judged by when data last *arrived*, on the analyzer's clock, so an
+        agent whose clock disagrees with ours, or a replay of old samples,
+        is not mistaken for a silent host."""
         out = []
-        for key in [k for k, a in self._acc.items() if a.start + self.window_s * (1 + grace_windows) < now]:
+        for key in [k for k, a in self._acc.items() if a.arrived + self.window_s * (1 + grace_windows) < now]:
             job = self._acc[key].job
             c = self._close(key)
             if c is not None:

@@ -171,12 +171,14 @@ class Store:
     def upsert_capture(self, row: dict) -> None:
         self._rows("captures", CAPTURE_COLUMNS, [tuple(row.get(k) for k in CAPTURE_COLUMNS)], replace=True)
 
-    def insert_anomaly(self, a: dict) -> None:
-        row = {**a, "kinds": json.dumps(a["kinds"]), "details": json.dumps(a["details"], default=str)}
-        self._rows("anomalies", ANOMALY_COLUMNS, [tuple(row.get(k) for k in ANOMALY_COLUMNS)], replace=True)
+    def insert_anomalies(self, anomalies: Sequence[dict]) -> None:
+        rows = [tuple(json.dumps(a[k], default=str) if k in ("kinds", "details") else a.get(k) for k in ANOMALY_COLUMNS)
+                for a in anomalies]
+        self._rows("anomalies", ANOMALY_COLUMNS, rows, replace=True)
 
-    def upsert_decision(self, d: dict) -> None:
-        self._rows("decisions", DECISION_COLUMNS, [tuple(d.get(k) for k in DECISION_COLUMNS)], replace=True)
+    def upsert_decisions(self, decisions: Sequence[dict]) -> None:
+        self._rows("decisions", DECISION_COLUMNS, [tuple(d.get(k) for k in DECISION_COLUMNS) for d in decisions],
+                   replace=True)
 
     def records(self, table: str, host: str = "", since: float = 0.0, limit: int = 200,
                 finding_id: str | None = None) -> list[dict]:

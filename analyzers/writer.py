@@ -98,7 +98,8 @@ class Writer:
                 store.begin()
                 tables = [b.samples for b, _ in fresh if b.count]
                 if tables:
-                    store.append("samples", pa.concat_tables(tables) if len(tables) > 1 else tables[0])
+                    store.append("samples", pa.concat_tables(tables, promote_options="default")
+                                 if len(tables) > 1 else tables[0])
                 procs = [b.processes for b, _ in fresh if b.processes is not None]
                 if procs:
                     store.append("processes", pa.concat_tables(procs))
