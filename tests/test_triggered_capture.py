@@ -87,13 +87,15 @@ def test_anomalies_trigger_jax_and_http_captures_end_to_end(tmp_path):
 
 def test_http_protocol_errors_are_recorded(tmp_path):
     from gpuscope.collectors.serving_profiler import TorchProfilerHttp
-    hport = free_port()
+    hport, dport = free_port(), free_port()
     engine = _start([str(JOBS / "profile_http_server.py"), "--port", str(hport), "--trace-dir", str(tmp_path / "t")])
+    disabled = _start([str(JOBS / "profile_http_server.py"), "--port", str(dport), "--trace-dir", str(tmp_path / "d"),
+                       "--disabled"])
     runner = CaptureRunner(CaptureConfig(tmp_path / "caps"), "h")
     try:
         url = f"http://127.0.0.1:{hport}"
-        wrong = TorchProfilerHttp(url + "/v2", tmp_path / "t")     # routes that answer 404: profiling not enabled
-        rec, _ = runner.capture(url, 100, kind="torch-http", client=wrong)
+        off = TorchProfilerHttp(f"http://127.0.0.1:{dport}", tmp_path / "d")   # vLLM without --profiler-config: 404
+        rec, _ = runner.capture(off.base_url, 100, kind="torch-http", client=off)
         assert rec.status == "not-a-profiler" and "--profiler-config" in rec.error
         ok = TorchProfilerHttp(url, tmp_path / "t")
         import threading
@@ -109,5 +111,6 @@ def test_http_protocol_errors_are_recorded(tmp_path):
         assert first["r"].status == "ok" and rec2.status == "busy"     # the engine's 409
     finally:
         engine.kill()
+        disabled.kill()
     rec3, _ = runner.capture(url, 100, kind="torch-http", client=TorchProfilerHttp(url, tmp_path / "t"))
     assert rec3.status == "unreachable"

@@ -15,6 +15,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--port", type=int, required=True)
 ap.add_argument("--trace-dir", required=True)
 ap.add_argument("--stop-delay", type=float, default=0.5, help="vLLM answers stop only after writing: seconds")
+ap.add_argument("--disabled", action="store_true", help="as vLLM without --profiler-config: the routes answer 404")
 ns = ap.parse_args()
 lock = threading.Lock()
 state = {"active": False}
@@ -45,6 +46,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if length:
             self.rfile.read(length)
         with lock:
+            if ns.disabled:
+                return self._answer(404, b'{"detail": "Not Found"}')
             if self.path == "/start_profile":
                 if state["active"]:
                     return self._answer(409, b'{"error": "profiler already running"}')
