@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import asdict
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from gpuscope.v1 import samples_pb2 as pb
+from gpuscope.collectors.trace_files import parse_trace
+from gpuscope.collectors.xspace_reader import TraceError
+from gpuscope.v1 import analyzer_pb2 as apb, samples_pb2 as pb
 
 from .classify import Classification
 from .commands import CommandHub
@@ -22,6 +23,7 @@ from .findings import FindingsTracker
 from .ingest import DecodedBatch, decode
 from .live import LiveWindows
 from .store import Store, StoreConfig, finding_row
+from .trace_analysis import summarize
 from .trigger import Decision, TriggerConfig, TriggerPolicy
 from .windows import DEFAULT_WINDOW_S, check_window
 from .writer import Writer
@@ -157,8 +159,6 @@ class Analyzer:
     def _act_on(self, anomalies: list[Anomaly]) -> None:
         """Decide on each anomaly, send the captures, then store everything in
         one write: a storm of thousands of anomalies must not stall ingest."""
-        from gpuscope.v1 import analyzer_pb2 as apb
-
         hosts_known = len({h for h, _ in self.gpus}) or 1
         rows, decisions = [], []
         for a in anomalies:
@@ -198,10 +198,6 @@ class Analyzer:
     def report_capture(self, record, xspace: bytes) -> dict:
         """A capture an agent ran: summarize its trace, store it, link it to
         the open finding of its GPU. Returns the stored row."""
-        from gpuscope.collectors.trace_files import parse_trace
-        from gpuscope.collectors.xspace_reader import TraceError
-        from .trace_analysis import summarize
-
         summary: dict | None = None
         error = record.error
         if xspace:
@@ -264,7 +260,9 @@ class Analyzer:
         return dict(started=self.started, batches_committed=w.batches, batches_duplicate=w.duplicates,
                     batches_rejected=self.rejected, samples_committed=w.samples,
                     hosts=len({h for h, _ in self.gpus}), gpus=gpus, findings_open=len(self.findings.open),
-                    db_path=self.config.db_path, window_seconds=self.window_s)
+                    db_path=self.config.db_path, window_seconds=self.window_s, anomalies=self.anomalies_total,
+                    decisions=dict(self.decisions_total), captures_in_flight=self.policy.in_flight,
+                    agents_connected=len(self.commands.hosts))
 
     def close(self) -> None:
         try:

@@ -111,7 +111,9 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                                  batches_duplicate=s["batches_duplicate"], batches_rejected=s["batches_rejected"],
                                  samples_committed=s["samples_committed"], hosts=s["hosts"],
                                  findings_open=s["findings_open"], db_path=s["db_path"],
-                                 window_seconds=s["window_seconds"])
+                                 window_seconds=s["window_seconds"], anomalies=s["anomalies"],
+                                 decisions=s["decisions"], captures_in_flight=s["captures_in_flight"],
+                                 agents_connected=s["agents_connected"])
         for g in s["gpus"]:
             m = out.gpus.add(host=g["host"], gpu=g["gpu"], name=g["name"] or "", verdict=g["verdict"],
                              confidence=g["confidence"], last_sample=g["last_sample"], flags=g["flags"],

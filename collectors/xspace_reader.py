@@ -187,5 +187,6 @@ def _programs(plane, names: dict[int, str]) -> dict[str, bytes]:
         module, _, rest = m.name.partition("(")
         pid = str(program) if program not in (None, "", 0) else rest.rstrip(")")
         out[pid] = hlo
-        out.setdefault(module, hlo) if module not in out else out.__setitem__(module, b"")  # ambiguous name
+        # By module name only while it is unique: two programs named jit__lambda make it ambiguous.
+        out[module] = b"" if module in out else hlo
     return out

@@ -273,7 +273,8 @@ def cmd_status(ns) -> int:
             print(f"  gpu{d.get('gpu', 0)} {d.get('name', '')} {'LOST' if d.get('lost') else ''}")
         return 0
     print(f"analyzer {s['version']}: {s['hosts']} hosts, {s['samples_committed']} samples, "
-          f"{s['findings_open']} open findings, db {s['db_path']}")
+          f"{s['findings_open']} open findings, {s['anomalies']} anomalies, {s['captures_in_flight']} captures "
+          f"in flight, {s['agents_connected']} agents on the command stream, db {s['db_path']}")
     for g in s.get("gpus", []):
         print(f"  {g['host']}/gpu{g.get('gpu', 0)} {g.get('verdict') or '-':<20} {g.get('confidence', 0):.2f} "
               f"{','.join(g.get('flags', []))}{' LOST' if g.get('lost') else ''}")

@@ -27,7 +27,10 @@ def render(status: dict, open_findings: list[dict], header: str, now: float | No
         lines.append(f"  {f['host']}/gpu{f['gpu']} {f['verdict']} for {_age(now - f['start'])} "
                      f"(conf {f['confidence']:.2f}) {f['job'][:40]}")
         lines.append(f"      {f['summary']}")
-    lines += ["", f"samples {status['samples_committed']:,}  batches {status['batches_committed']:,}  "
+    decisions = ", ".join(f"{k} {v}" for k, v in sorted(status.get("decisions", {}).items())) or "none"
+    lines += ["", f"anomalies {status.get('anomalies', 0)}  capture decisions: {decisions}  "
+              f"in flight {status.get('captures_in_flight', 0)}",
+              f"samples {status['samples_committed']:,}  batches {status['batches_committed']:,}  "
               f"rejected {status['batches_rejected']}  window {status['window_seconds']:g}s   Ctrl-C to stop"]
     return "\n".join(lines)
 

@@ -205,7 +205,14 @@ class GpuState(_message.Message):
     def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., name: _Optional[str] = ..., verdict: _Optional[str] = ..., confidence: _Optional[float] = ..., last_sample: _Optional[float] = ..., open_finding: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., lost: _Optional[bool] = ...) -> None: ...
 
 class AnalyzerStatus(_message.Message):
-    __slots__ = ("version", "started", "batches_committed", "batches_duplicate", "batches_rejected", "samples_committed", "hosts", "gpus", "findings_open", "db_path", "window_seconds")
+    __slots__ = ("version", "started", "batches_committed", "batches_duplicate", "batches_rejected", "samples_committed", "hosts", "gpus", "findings_open", "db_path", "window_seconds", "anomalies", "decisions", "captures_in_flight", "agents_connected")
+    class DecisionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
     BATCHES_COMMITTED_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +224,10 @@ class AnalyzerStatus(_message.Message):
     FINDINGS_OPEN_FIELD_NUMBER: _ClassVar[int]
     DB_PATH_FIELD_NUMBER: _ClassVar[int]
     WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ANOMALIES_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    CAPTURES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_CONNECTED_FIELD_NUMBER: _ClassVar[int]
     version: str
     started: float
     batches_committed: int
@@ -228,7 +239,11 @@ class AnalyzerStatus(_message.Message):
     findings_open: int
     db_path: str
     window_seconds: float
-    def __init__(self, version: _Optional[str] = ..., started: _Optional[float] = ..., batches_committed: _Optional[int] = ..., batches_duplicate: _Optional[int] = ..., batches_rejected: _Optional[int] = ..., samples_committed: _Optional[int] = ..., hosts: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ..., findings_open: _Optional[int] = ..., db_path: _Optional[str] = ..., window_seconds: _Optional[float] = ...) -> None: ...
+    anomalies: int
+    decisions: _containers.ScalarMap[str, int]
+    captures_in_flight: int
+    agents_connected: int
+    def __init__(self, version: _Optional[str] = ..., started: _Optional[float] = ..., batches_committed: _Optional[int] = ..., batches_duplicate: _Optional[int] = ..., batches_rejected: _Optional[int] = ..., samples_committed: _Optional[int] = ..., hosts: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ..., findings_open: _Optional[int] = ..., db_path: _Optional[str] = ..., window_seconds: _Optional[float] = ..., anomalies: _Optional[int] = ..., decisions: _Optional[_Mapping[str, int]] = ..., captures_in_flight: _Optional[int] = ..., agents_connected: _Optional[int] = ...) -> None: ...
 
 class FindingsRequest(_message.Message):
     __slots__ = ("host", "gpu", "verdicts", "start", "end", "open_only", "limit")
