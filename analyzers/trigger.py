@@ -13,7 +13,7 @@ import collections
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from .detector import DEEP_KINDS, Anomaly

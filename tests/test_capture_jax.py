@@ -10,7 +10,6 @@ import threading
 import time
 from pathlib import Path
 
-import grpc
 import pytest
 
 from gpuscope.collectors.jobs import JobDiscovery

@@ -5,7 +5,7 @@ import time
 
 from gpuscope.analyzers.detector import DetectorConfig
 from gpuscope.daemon import clients
-from gpuscope.daemon.cli import render_report
+from gpuscope.daemon.cmd_oncall import render_report
 from tests.fakes.nvml import FakeNvml, h200
 from tests.helpers import AnalyzerServer, fake_agent, wait_for
 

@@ -1,6 +1,5 @@
 """The command line as users run it: real subprocesses, real servers."""
 import json
-import os
 import subprocess
 import sys
 import time

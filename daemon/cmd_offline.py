@@ -1,0 +1,60 @@
+"""Commands that need no server: classify a recording, summarize a trace,
+list the metric catalogue."""
+from __future__ import annotations
+
+import time
+
+from gpuscope.collectors import catalogue as cat
+from gpuscope.collectors.recording import read_recording
+
+from .cliutil import UsageError, print_json
+
+
+def cmd_classify(ns) -> int:
+    from gpuscope.analyzers.offline import classify_recording
+
+    rec = read_recording(ns.file)
+    try:
+        results = classify_recording(rec, ns.window)
+    except ValueError as exc:
+        raise UsageError(f"--window: {exc}") from None
+    windows = [dict(gpu=c.gpu, start=c.start, end=c.end, verdict=c.verdict, confidence=c.confidence,
+                    evidence=c.evidence, flags=c.flags, summary=c.summary,
+                    alternatives=list(c.alternatives)) for c in results]
+    if ns.json:
+        print_json({"windows": windows, "window_seconds": ns.window})
+        return 0
+    for w in windows:
+        print(f"gpu{w['gpu']} {time.strftime('%H:%M:%S', time.localtime(w['start']))} {w['verdict']:<20} "
+              f"{w['confidence']:.2f} {','.join(w['flags'])}  {w['summary']}")
+    return 0
+
+
+def cmd_trace_summarize(ns) -> int:
+    from gpuscope.analyzers.trace_analysis import summarize
+    from gpuscope.collectors.trace_files import load_trace
+
+    summary = summarize(load_trace(ns.path))
+    if ns.json:
+        print_json(summary)
+        return 0
+    print(f"{summary['source']} ({summary['format']}, {summary['span_seconds'] * 1e3:.0f} ms)")
+    print(f"verdict: {summary['verdict'] or 'none'} (confidence {summary['confidence']:.2f}, decided by the trace)")
+    print(f"  {summary['summary']}")
+    for op in summary.get("top_ops", [])[:5]:
+        bound = op.get("bound") or "?"
+        print(f"  {op['time_fraction']:6.1%}  {op['count']:6d}x  {(op['op'] or '-')[:32]:<32} {op['kernel'][:40]:<40} {bound}")
+    for w in summary["warnings"]:
+        print(f"  note: {w}")
+    return 0
+
+
+def cmd_metrics(ns) -> int:
+    rows = [dict(name=m.name, unit=m.unit, kind=m.kind.value, help=m.help, raw_unit=m.raw_unit,
+                 slow=m.slow) for m in cat.METRICS]
+    if ns.json:
+        print_json({"metrics": rows})
+    else:
+        for r in rows:
+            print(f"{r['name']:<40} {r['unit']:<8} {r['kind']:<8} {r['help']}")
+    return 0

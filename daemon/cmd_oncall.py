@@ -1,0 +1,208 @@
+"""The on-call commands: queries of a running analyzer or agent over gRPC,
+printed for people or, with --json, for scripts."""
+from __future__ import annotations
+
+import json
+import time
+
+from gpuscope.collectors import catalogue as cat
+
+from . import clients
+from .cliutil import UsageError, print_json
+
+
+def _time_range(ns) -> tuple[float | None, float | None]:
+    end = ns.end
+    start = ns.start
+    if ns.since is not None:
+        start = (end or time.time()) - ns.since
+    return start, end
+
+
+def cmd_status(ns) -> int:
+    s = clients.status(ns.server)
+    if ns.json:
+        print_json(s)
+        return 0
+    if s["kind"] == "agent":
+        print(f"agent {s['host']} ({s['source']}): {s['samples']} samples, uplink "
+              f"{'connected' if s['uplink_connected'] else 'DISCONNECTED'} to {s['analyzer']}, "
+              f"dropped {s['dropped_samples']}, unacked {s['unacked_samples']}")
+        for d in s.get("devices", []):
+            print(f"  gpu{d.get('gpu', 0)} {d.get('name', '')} {'LOST' if d.get('lost') else ''}")
+        return 0
+    print(f"analyzer {s['version']}: {s['hosts']} hosts, {s['samples_committed']} samples, "
+          f"{s['findings_open']} open findings, {s['anomalies']} anomalies, {s['captures_in_flight']} captures "
+          f"in flight, {s['agents_connected']} agents on the command stream, db {s['db_path']}")
+    for g in s.get("gpus", []):
+        print(f"  {g['host']}/gpu{g.get('gpu', 0)} {g.get('verdict') or '-':<20} {g.get('confidence', 0):.2f} "
+              f"{','.join(g.get('flags', []))}{' LOST' if g.get('lost') else ''}")
+    return 0
+
+
+def cmd_findings(ns) -> int:
+    start, end = _time_range(ns)
+    rows = clients.findings(ns.server, ns.host or "", ns.gpu, ns.verdict, start, end, ns.open, ns.limit)
+    if ns.json:
+        print_json({"findings": rows})
+        return 0
+    if not rows:
+        print("no findings")
+    for f in rows:
+        end_s = "open" if f["end"] is None else time.strftime("%H:%M:%S", time.localtime(f["end"]))
+        print(f"{f['id']} {f['host']}/gpu{f['gpu']} {f['verdict']:<20} "
+              f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(f['start']))} -> {end_s} "
+              f"conf {f['confidence']:.2f} {','.join(f['flags'])}\n    {f['summary']}")
+    return 0
+
+
+def cmd_query(ns) -> int:
+    if ns.metric not in cat.BY_NAME:
+        raise UsageError(f"--metric: unknown {ns.metric!r}; `gpuscope metrics` lists them")
+    start, end = _time_range(ns)
+    end = end or time.time()
+    start = start if start is not None else end - 3600
+    r = clients.query(ns.server, ns.metric, ns.host or "", ns.gpu, start, end, ns.aggregate, ns.step or 0)
+    if ns.json:
+        print_json(r)
+        return 0
+    for s in r["series"]:
+        if r["aggregate"] == "series":
+            print(f"{s['host']}/gpu{s['gpu']} {r['metric']} ({r['unit']}), {len(s['points'])} points:")
+            for t, v in s["points"]:
+                print(f"  {time.strftime('%H:%M:%S', time.localtime(t))} {v:.6g}")
+        else:
+            print(f"{s['host']}/gpu{s['gpu']} {r['aggregate']}({r['metric']}) = {s['value']} {r['unit']} "
+                  f"over {s['samples']} samples")
+    return 0
+
+
+def cmd_capture(ns) -> int:
+    from gpuscope.analyzers.trace_analysis import summarize
+    from gpuscope.collectors.trace_files import parse_trace
+
+    if ns.duration_ms <= 0:
+        raise UsageError(f"--duration-ms: must be > 0, got {ns.duration_ms}")
+    record, xspace = clients.capture(ns.server, ns.jax, ns.pid, ns.duration_ms)
+    summary = summarize(parse_trace(xspace, record["path"])) if xspace else None
+    if ns.json:
+        out = dict(summary) if summary else dict(verdict=None, summary=f"capture {record['status']}: {record['error']}")
+        out["capture"] = record
+        print_json(out)
+    else:
+        print(f"capture {record['id']}: {record['status']} ({record['target']}, {record['duration_ms']} ms) "
+              f"-> {record['path'] or '-'} on {record['host']}")
+        if record["error"]:
+            print(f"  error: {record['error']}")
+        if summary:
+            print(f"  verdict: {summary['verdict'] or 'none'} (confidence {summary['confidence']:.2f})")
+            print(f"  {summary['summary']}")
+    return 0 if record["status"].startswith("ok") else 1
+
+
+def cmd_captures(ns) -> int:
+    rows = clients.captures(ns.server)
+    if ns.json:
+        print_json({"captures": rows})
+        return 0
+    if not rows:
+        print("no captures")
+    for r in rows:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["start"]))
+        print(f"{r['id']} {when} {r['host']} {r['target']} {r['status']:<10} {r.get('verdict') or '-':<20} "
+              f"{r['size_bytes'] >> 10} KiB {r['job'][:40]}")
+        if r.get("error"):
+            print(f"    {r['error']}")
+    return 0
+
+
+def cmd_jobs(ns) -> int:
+    rows = clients.jobs(ns.server)
+    if ns.json:
+        print_json({"jobs": rows})
+        return 0
+    if not rows:
+        print("no JAX/XLA jobs with a profiler server on this host's GPUs")
+    for j in rows:
+        print(f"pid {j['pid'] or '-':>7}  {j['address']:<21} gpus {','.join(map(str, j['gpus'])) or '-':<8} "
+              f"({j['found_by']})  {j['command'][:60]}")
+    return 0
+
+
+def _event_line(e: dict) -> str:
+    r = e["record"]
+    when = time.strftime("%H:%M:%S", time.localtime(e["t"])) if e["t"] else "--:--:--"
+    where = f"{e['host']}/gpu{e['gpu']}"
+    if e["kind"] == "finding":
+        state = "closed" if r.get("end") else "opened"
+        return f"{when} finding  {where} {state} {r['verdict']} (conf {r['confidence']:.2f}): {r['summary']}"
+    if e["kind"] == "anomaly":
+        return f"{when} anomaly  {where} {','.join(r['kinds'])}: {r['reason']}"
+    if e["kind"] == "decision":
+        return f"{when} decision {where} {r['action']} [{r['status']}] {r['reason']}"
+    return (f"{when} capture  {where} {r.get('kind')} {r['status']} verdict {r.get('verdict') or '-'} "
+            f"{r.get('path') or ''} {r.get('error') or ''}")
+
+
+def cmd_watch(ns) -> int:
+    try:
+        for e in clients.watch(ns.server, ns.host or "", ns.gpu, ns.verdict or (), ns.kind or ()):
+            if ns.json:
+                print(json.dumps(e, default=str), flush=True)
+            else:
+                print(_event_line(e), flush=True)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_records(ns) -> int:
+    since = time.time() - ns.since if ns.since else 0.0
+    rows = clients.records(ns.server, ns.command, ns.host or "", since, ns.limit)
+    if ns.json:
+        print_json({ns.command: rows})
+        return 0
+    if not rows:
+        print(f"no {ns.command}")
+    kind = "anomaly" if ns.command == "anomalies" else "decision"
+    for r in rows:
+        print(_event_line(dict(kind=kind, t=r["t"], host=r["host"], gpu=r["gpu"], record=r)))
+    return 0
+
+
+def cmd_report(ns) -> int:
+    rep = clients.report(ns.server, ns.finding_id, ns.context or 0.0)
+    if ns.json:
+        print_json(rep)
+        return 0
+    print(render_report(rep))
+    return 0
+
+
+def render_report(rep: dict) -> str:
+    f, c, v = rep["finding"], rep["counters"], rep["verdict"]
+    fmt = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "open"  # noqa: E731
+    lines = [f"finding {f['id']}: {f['host']}/gpu{f['gpu']} {v['decided']} (decided by {v['by']}; counters said "
+             f"{v['counters']}, trace said {v['trace'] or '-'})",
+             f"  {fmt(f['start'])} -> {fmt(f['end'])}, {f['windows']} windows, confidence {f['confidence']:.2f}, "
+             f"job {f['job'] or '-'}", f"  {f['summary']}", "",
+             f"counters (means; before/after = {c['context_seconds']:.0f} s around the episode):",
+             f"  {'metric':<32} {'before':>12} {'during':>12} {'after':>12}"]
+    for m in [k for k in c["during"] if k != "samples"]:
+        vals = [c[w].get(m) if c[w] else None for w in ("before", "during", "after")]
+        if any(x is not None for x in vals):
+            lines.append(f"  {m:<32} " + " ".join(f"{x:>12.4g}" if x is not None else f"{'-':>12}" for x in vals))
+    lines += ["", "what changed against the job's baseline (before):"]
+    lines += [f"  {ch['metric']}: {ch['before']:.4g} -> {ch['during']:.4g} ({ch['relative']:+.0%})"
+              for ch in rep["changes"]] or ["  nothing moved by 10 % or more"]
+    lines += ["", f"captures: {len(rep['captures'])}"]
+    for cap in rep["captures"]:
+        t = cap.get("trace_summary") or {}
+        lines.append(f"  {cap['id']} {cap.get('kind')} {cap['status']} {cap['path'] or ''}")
+        if t:
+            lines.append(f"    trace: {t.get('verdict')} — {t.get('summary')}")
+    lines += ["", f"anomalies: {len(rep['anomalies'])}"]
+    lines += [f"  {fmt(a['t'])} {','.join(a['kinds'])}: {a['reason']}" for a in rep["anomalies"]]
+    lines += [f"decisions: {len(rep['decisions'])}"]
+    lines += [f"  {fmt(d['t'])} {d['action']} [{d['status']}] {d['reason']}" for d in rep["decisions"]]
+    return "\n".join(lines)

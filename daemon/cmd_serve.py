@@ -1,0 +1,220 @@
+"""The long-running commands (`up`, `agent`, `analyzer`): the composition
+root that wires collectors, agent, analyzer and servers together."""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from gpuscope.collectors.nvml import NvmlCollector, NvmlConfig, SourceUnavailable
+from gpuscope.collectors.recording import default_recording, read_recording
+from gpuscope.collectors.replay import ReplayCollector
+from gpuscope.v1 import agent_pb2_grpc, analyzer_pb2_grpc
+
+from . import clients
+from .agent import Agent, AgentConfig
+from .cliutil import UsageError
+from .serve import build_server, parse_hostport, shutdown
+from .service import AgentServicer
+from .uplink import Uplink, UplinkConfig
+
+
+def make_source(spec: str, speed: float, allow_fallback: bool):
+    """Returns (collector, description). nvml|replay:FILE|auto."""
+    if spec.startswith("replay:"):
+        return _replay(spec.removeprefix("replay:"), speed)
+    if spec not in ("nvml", "auto"):
+        raise UsageError(f"--source: {spec!r}, expected nvml, replay:FILE or auto")
+    collector = NvmlCollector(NvmlConfig())
+    try:
+        collector.start()
+    except SourceUnavailable as exc:
+        if spec == "nvml" or not allow_fallback:
+            raise
+        print(f"gpuscope: no GPU here ({exc}).\ngpuscope: replaying the bundled NVIDIA H200 recording "
+              f"at {speed:g}x instead.", file=sys.stderr)
+        return _replay(str(default_recording()), speed)
+    return _Started(collector), "nvml"
+
+
+def _replay(path: str, speed: float):
+    if speed <= 0:
+        raise UsageError(f"--speed: must be > 0, got {speed}")
+    rec = read_recording(path)
+    return ReplayCollector(rec, speed=speed, loop=True), f"replay:{path}"
+
+
+class _Started:
+    """Wraps a collector already started (NVML probing happens before the agent)."""
+    def __init__(self, inner):
+        self._inner = inner
+
+    def start(self):
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def _setup_captures(agent: Agent, ns, analyzer_target: str | None) -> None:
+    """Deep captures: runner under --capture-dir, job discovery, and reports
+    to the analyzer (which summarizes, stores and links them)."""
+    from gpuscope.collectors.jobs import JobDiscovery
+    from gpuscope.collectors.xla_profiler import XlaProfilerClient
+    from .captures import CaptureConfig, CaptureRunner
+    from .convert import capture_pb
+
+    agent.captures = CaptureRunner(CaptureConfig(Path(ns.capture_dir), max_bytes=ns.capture_budget_mb << 20), ns.host)
+    serving = {}
+    for item in ns.serving or []:
+        url, sep, trace_dir = item.partition("=")
+        if not sep or not url.startswith("http"):
+            raise UsageError(f"--serving: {item!r} is not URL=TRACE_DIR (e.g. http://127.0.0.1:8000=/tmp/vllm_profile)")
+        serving[url] = trace_dir
+    agent.discovery = JobDiscovery(lambda addr: XlaProfilerClient(addr).probe(), configured=ns.profiler or [],
+                                   serving=serving)
+    if analyzer_target:
+        agent.capture_reporter = lambda rec, data: clients.report_capture(analyzer_target, capture_pb(rec), data)
+
+
+def _analyzer_config(ns, dry_run: bool):
+    from gpuscope.analyzers.analyzer import AnalyzerConfig
+    from gpuscope.analyzers.trigger import TriggerConfig
+
+    trigger = TriggerConfig(dry_run=dry_run, host_cooldown_s=ns.host_cooldown, job_captures_per_hour=ns.job_captures,
+                            fleet_fraction=ns.fleet_fraction, capture_duration_ms=ns.capture_duration_ms)
+    return AnalyzerConfig(ns.db, window_s=ns.window, memory_limit=ns.memory_limit,
+                          threads=getattr(ns, "threads", 2), trigger=trigger)
+
+
+def _start_commands(agent: Agent, target: str, host: str):
+    from .commands import CommandListener
+
+    listener = CommandListener(target, host, agent.boot_id, agent.run_command)
+    listener.start()
+    return listener
+
+
+def _uplink_factory(host: str, target: str, buffer_samples: int):
+    def make(boot_id, devices):
+        return Uplink(UplinkConfig(target=target, buffer_samples=buffer_samples), host, boot_id, devices)
+    return make
+
+
+def _wait(stop: threading.Event, seconds: float | None, tick=None) -> None:
+    deadline = None if seconds is None else time.monotonic() + seconds
+    while not stop.is_set():
+        if tick is not None:
+            tick()
+        left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+        if left <= 0:
+            return
+        stop.wait(left)
+
+
+def _install_signals(stop: threading.Event) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+
+
+def _loopback(listen: str, port: int) -> str:
+    host = listen.rpartition(":")[0]
+    if host in ("0.0.0.0", "[::]", ""):
+        host = "127.0.0.1"
+    return f"{host}:{port}"
+
+
+def cmd_up(ns) -> int:
+    from gpuscope.analyzers.analyzer import Analyzer
+    from gpuscope.analyzers.service import AnalyzerServicer
+    from .view import LiveView
+
+    parse_hostport(ns.listen, "--listen")
+    Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
+    collector, source = make_source(ns.source, ns.speed, allow_fallback=True)
+    # A replay has no real process to capture: decisions are recorded as dry runs.
+    analyzer = Analyzer(_analyzer_config(ns, dry_run=ns.dry_run or source.startswith("replay:")))
+    analyzer.start()
+    agent_cfg = AgentConfig(host=ns.host, source=source, interval_s=ns.interval)
+    agent = Agent(agent_cfg, collector)
+    server, port, health = build_server(ns.listen, [
+        (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, AnalyzerServicer(analyzer), "gpuscope.v1.Analyzer"),
+        (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent, "in-process"), "gpuscope.v1.Agent")])
+    server.start()
+    target = _loopback(ns.listen, port)
+    _setup_captures(agent, ns, target)
+    agent.start(_uplink_factory(ns.host, target, ns.buffer_samples))
+    listener = _start_commands(agent, target, ns.host)
+    stop = threading.Event()
+    _install_signals(stop)
+    view = LiveView()
+    header = (f"gpuscope up: {source} ({ns.speed:g}x)  listening on {ns.listen.rpartition(':')[0]}:{port}  "
+              f"db {ns.db}")
+    print(f"gpuscope: serving on {ns.listen.rpartition(':')[0]}:{port}; query it with "
+          f"`gpuscope findings --server {target}`", file=sys.stderr)
+
+    def tick():
+        if not ns.no_view:
+            view.show(analyzer.status(), analyzer.store.findings(open_only=True, limit=8), header)
+    try:
+        _wait(stop, ns.duration, tick)
+    finally:
+        listener.stop()
+        agent.stop()
+        shutdown(server, health)
+        analyzer.close()
+    print("gpuscope: stopped", file=sys.stderr)
+    return 0
+
+
+def cmd_agent(ns) -> int:
+    parse_hostport(ns.listen, "--listen")
+    if ns.analyzer:
+        parse_hostport(ns.analyzer, "--analyzer")
+    collector, source = make_source(ns.source, ns.speed, allow_fallback=False)
+    factory = _uplink_factory(ns.host, ns.analyzer, ns.buffer_samples) if ns.analyzer else None
+    agent = Agent(AgentConfig(host=ns.host, source=source, interval_s=ns.interval), collector, factory)
+    _setup_captures(agent, ns, ns.analyzer or None)
+    server, port, health = build_server(ns.listen, [
+        (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent, ns.analyzer or ""), "gpuscope.v1.Agent")],
+        max_workers=8)
+    agent.start()
+    server.start()
+    listener = _start_commands(agent, ns.analyzer, ns.host) if ns.analyzer else None
+    print(f"gpuscope agent: {source}, API on {ns.listen.rpartition(':')[0]}:{port}, "
+          f"analyzer {ns.analyzer or '(none)'}", file=sys.stderr)
+    stop = threading.Event()
+    _install_signals(stop)
+    try:
+        _wait(stop, ns.duration)
+    finally:
+        if listener is not None:
+            listener.stop()
+        agent.stop()
+        shutdown(server, health)
+    return 0
+
+
+def cmd_analyzer(ns) -> int:
+    from gpuscope.analyzers.analyzer import Analyzer
+    from gpuscope.analyzers.service import AnalyzerServicer
+
+    parse_hostport(ns.listen, "--listen")
+    Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
+    analyzer = Analyzer(_analyzer_config(ns, dry_run=ns.dry_run))
+    server, port, health = build_server(ns.listen, [
+        (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, AnalyzerServicer(analyzer), "gpuscope.v1.Analyzer")],
+        max_workers=ns.max_streams)
+    analyzer.start()
+    server.start()
+    print(f"gpuscope analyzer: listening on {ns.listen.rpartition(':')[0]}:{port}, db {ns.db}", file=sys.stderr)
+    stop = threading.Event()
+    _install_signals(stop)
+    try:
+        _wait(stop, ns.duration)
+    finally:
+        shutdown(server, health)
+        analyzer.close()
+    return 0
