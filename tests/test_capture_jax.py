@@ -59,13 +59,20 @@ def test_discovery_finds_the_profiler_port_of_a_gpu_process(jax_job):
 
 
 def test_discovery_from_the_job_environment():
-    proc, port = start_job(seconds=30, env={"GPUSCOPE_PROFILER_PORT": "0"})
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(JOB), "--port", str(port), "--seconds", "30"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "GPUSCOPE_PROFILER_PORT": str(port)})
+    bad, _ = start_job(seconds=30, env={"GPUSCOPE_PROFILER_PORT": "0"})
     try:
-        job = JobDiscovery(probe).find(proc.pid)
-        assert job.found_by == "port"                      # an invalid env port falls back to scanning
+        assert proc.stdout.readline().strip() == "ready"
+        job = JobDiscovery(lambda a: False).find(proc.pid)     # no probing needed: the job said where
+        assert job.found_by == "environ" and job.address == f"127.0.0.1:{port}"
+        assert JobDiscovery(probe).find(bad.pid).found_by == "port"   # an invalid env port: scan instead
     finally:
-        proc.kill()
-        proc.wait()
+        for p in (proc, bad):
+            p.kill()
+            p.wait()
 
 
 def test_capture_through_agent_and_analyzer_end_to_end(jax_job, tmp_path):
