@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("analyzer", help="the central analyzer: ingest, store, findings, queries")
     sp.add_argument("--listen", default="0.0.0.0:9400", help="gRPC address (default 0.0.0.0:9400)")
     sp.add_argument("--threads", type=int, default=2, help="DuckDB threads (default 2)")
-    sp.add_argument("--max-streams", type=int, default=256, help="concurrent gRPC calls, agents included (default 256)")
+    sp.add_argument("--max-streams", type=int, default=2500,
+                    help="concurrent gRPC calls; each agent holds two streams (ingest, commands) (default 2500)")
     sp.add_argument("--duration", type=duration, default=None, help="stop after this long")
     analyzer_args(sp)
     sp.set_defaults(fn=cmd_analyzer)

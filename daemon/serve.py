@@ -23,7 +23,11 @@ def parse_hostport(value: str, flag: str) -> str:
 
 def build_server(listen: str, register: Iterable[tuple[Callable, object, str]],
                  max_workers: int = 256) -> tuple[grpc.Server, int, health.HealthServicer]:
-    """register: (add_XServicer_to_server, servicer, full service name)."""
+    """register: (add_XServicer_to_server, servicer, full service name).
+
+    The sync server holds a thread per call in progress, and agents keep two
+    calls open (Ingest, Commands), so an analyzer's max_workers bounds its
+    agents at about half of it. Threads are created only as calls arrive."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
                          options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
