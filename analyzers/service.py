@@ -10,7 +10,7 @@ import time
 import grpc
 
 from gpuscope.collectors import catalogue as cat
-from gpuscope.v1 import analyzer_pb2 as apb, analyzer_pb2_grpc, samples_pb2 as pb
+from gpuscope.v1 import REJECTED_SEQ_KEY, analyzer_pb2 as apb, analyzer_pb2_grpc, samples_pb2 as pb
 
 from .analyzer import Analyzer
 from .events import Watch
@@ -19,7 +19,7 @@ from .ingest import BatchError
 from .store import AGGREGATES
 from .writer import COMMITTED
 
-REJECTED_SEQ_KEY = "gpuscope-rejected-seq"
+
 try:
     VERSION = importlib.metadata.version("gpuscope")
 except importlib.metadata.PackageNotFoundError:   # running from a source tree

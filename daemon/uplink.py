@@ -20,11 +20,11 @@ import grpc
 import structlog
 
 from gpuscope.collectors.records import DeviceInfo, GpuSample, HealthRecord
-from gpuscope.v1 import analyzer_pb2_grpc, samples_pb2 as pb
+from gpuscope.v1 import REJECTED_SEQ_KEY, analyzer_pb2_grpc, samples_pb2 as pb
 
 from .convert import encode_batch
 
-REJECTED_SEQ_KEY = "gpuscope-rejected-seq"
+
 log = structlog.get_logger("gpuscope.uplink")
 
 
