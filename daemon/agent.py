@@ -68,7 +68,6 @@ class Agent:
         self.captures: CaptureRunner | None = None
         self.discovery = None                       # collectors.jobs.JobDiscovery
         self.capture_reporter: Callable[[CaptureRecord, bytes], None] | None = None
-        self._gpu_pids: dict[int, dict[int, str]] = {}   # gpu -> {pid: command}, from the latest samples
         self._burst_until = 0.0                          # sample at BURST_INTERVAL_S until then
 
     def devices(self) -> list[DeviceInfo]:
@@ -125,9 +124,6 @@ class Agent:
             with self._ring_lock:
                 self._ring.extend(scrape.samples)
             self.samples += len(scrape.samples)
-            for s in scrape.samples:
-                if "procs_count" in s.values or s.processes:
-                    self._gpu_pids[s.gpu] = {p.pid: p.command for p in s.processes}
         for key, n in scrape.errors.items():
             self._count_error(key, n)
         for h in scrape.health:
@@ -154,11 +150,19 @@ class Agent:
         return ring
 
     def gpu_pids(self) -> dict[int, list[int]]:
-        """pid -> the GPUs it runs on, from the latest sample of each GPU."""
+        """pid -> the GPUs it runs on, from the latest sample of each GPU that
+        listed processes. Derived from the ring when asked (captures are rare),
+        so the sampling hot path does no bookkeeping for it."""
+        with self._ring_lock:
+            ring = list(self._ring)
+        seen: set[int] = set()
         out: dict[int, list[int]] = {}
-        for gpu, procs in self._gpu_pids.items():
-            for pid in procs:
-                out.setdefault(pid, []).append(gpu)
+        for s in reversed(ring):
+            if s.gpu in seen or not ("procs_count" in s.values or s.processes):
+                continue
+            seen.add(s.gpu)
+            for p in s.processes:
+                out.setdefault(p.pid, []).append(s.gpu)
         return out
 
     def jobs(self) -> list:
