@@ -73,6 +73,8 @@ class Analyzer:
         self.events = EventBus()
         self.commands = CommandHub()
         self.rejected = 0
+        self._last_reject_log = float("-inf")
+        self._rejects_unlogged = 0
         self.anomalies_total = 0
         self.decisions_total: dict[str, int] = {}
         self.started = time.time()
@@ -90,11 +92,27 @@ class Analyzer:
         """Validate and queue; raises BatchError (nothing written) for invalid input."""
         try:
             decoded = decode(batch)
-        except ValueError:
-            with self._lock:
-                self.rejected += 1
+        except ValueError as exc:
+            self.count_rejected(batch, str(exc))
             raise
         return self.writer.submit(decoded)
+
+    def count_rejected(self, batch: pb.SampleBatch | None, error: str) -> None:
+        """Counts every refused batch; logs at most one line a second, cut
+        short, so a flood of bad batches cannot flood the log."""
+        now = time.monotonic()
+        with self._lock:
+            self.rejected += 1
+            quiet = now - self._last_reject_log < 1.0
+            if not quiet:
+                self._last_reject_log = now
+                since, self._rejects_unlogged = self._rejects_unlogged, 0
+            else:
+                self._rejects_unlogged += 1
+        if not quiet:
+            log.warning("batch refused", host=(batch.host[:80] if batch is not None else None),
+                        seq=(batch.seq if batch is not None else None), error=error[:300],
+                        refused_since_last_line=since)
 
     # -- writer thread ------------------------------------------------------------------
     def _analyse(self, batches: list[DecodedBatch]) -> None:
@@ -264,10 +282,14 @@ class Analyzer:
                     decisions=dict(self.decisions_total), captures_in_flight=self.policy.in_flight,
                     agents_connected=len(self.commands.hosts))
 
-    def close(self) -> None:
+    def drain(self, timeout_s: float = 6.0) -> None:
+        """Stops taking batches and commits those queued, bounded in time."""
         try:
             self._scheduler.shutdown(wait=False)
         except Exception:  # not started
             pass
-        self.writer.stop()
+        self.writer.stop(timeout_s)
+
+    def close(self) -> None:
+        self.drain()
         self.store.close()

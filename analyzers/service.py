@@ -1,23 +1,31 @@
-"""gRPC servicer of the analyzer: translates protos to Analyzer calls, no logic."""
+"""gRPC servicer of the analyzer (grpc.aio): translates protos to Analyzer
+calls. No thread per stream: ingest streams wait on the writer's byte
+budget (backpressure), command and watch streams on their own queues, and
+on-call queries run on a pool of their own so agents can never crowd them out."""
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import json
-import queue
-import threading
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import structlog
 
 from gpuscope.collectors import catalogue as cat
 from gpuscope.v1 import REJECTED_SEQ_KEY, analyzer_pb2 as apb, analyzer_pb2_grpc, samples_pb2 as pb
 
+from gpuscope.security.context import current_caller
+
 from .analyzer import Analyzer
 from .events import Watch
 from .report import build_report
-from .ingest import BatchError
+from . import ingest
+from .ingest import BatchError, decode
 from .store import AGGREGATES
-from .writer import COMMITTED
+from .writer import COMMITTED, BatchRejected, StoreUnavailable
 
 
 try:
@@ -25,6 +33,8 @@ try:
 except importlib.metadata.PackageNotFoundError:   # running from a source tree
     VERSION = "unknown"
 _ACK = {COMMITTED: pb.BatchAck.COMMITTED}
+STREAM_QUEUE = 100          # commands or events waiting for one slow stream; more are dropped
+log = structlog.get_logger("gpuscope.service")
 
 
 def capture_summary_pb(row: dict) -> apb.CaptureSummary:
@@ -56,57 +66,131 @@ def finding_pb(f: dict) -> apb.Finding:
 
 
 class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
-    def __init__(self, analyzer: Analyzer, commit_timeout_s: float = 60.0):
+    def __init__(self, analyzer: Analyzer, commit_timeout_s: float = 60.0, oncall_threads: int = 4,
+                 max_agent_streams: int = 10_000):
         self.analyzer = analyzer
+        self.max_agent_streams = max_agent_streams
+        self.agent_streams = 0
         self._timeout = commit_timeout_s
+        self._oncall = ThreadPoolExecutor(max_workers=oncall_threads, thread_name_prefix="oncall")
+        self._captures = ThreadPoolExecutor(max_workers=2, thread_name_prefix="capture-report")
 
-    def _ack(self, seq: int, fut) -> pb.BatchAck:
-        return pb.BatchAck(seq=seq, status=_ACK.get(fut.result(timeout=self._timeout), pb.BatchAck.DUPLICATE))
+    async def _query(self, fn, *args, pool=None):
+        return await asyncio.get_running_loop().run_in_executor(pool or self._oncall, fn, *args)
 
-    def Push(self, request, context):
+    # -- agents -----------------------------------------------------------------------
+    async def _admit(self, req: pb.SampleBatch, context):
+        """Waits for room in the writer's budget, validates and queues one
+        batch. Returns (future, error): error is a permanent refusal."""
+        await _own_host(context, req.host, "host")
+        n = req.ByteSize()
+        budget = self.analyzer.writer.budget
+        await budget.acquire(n)
         try:
-            fut = self.analyzer.submit(request)
+            decoded = decode(req)
         except BatchError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch seq={request.seq}: {exc}")
+            budget.release(n)
+            self.analyzer.count_rejected(req, str(exc))
+            return None, str(exc)
+        fut = asyncio.wrap_future(self.analyzer.writer.submit(decoded))
+        fut.add_done_callback(lambda _f: budget.release(n))
+        return fut, None
+
+    async def _ack(self, seq: int, fut) -> pb.BatchAck:
         try:
-            return self._ack(request.seq, fut)
-        except Exception as exc:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"commit failed, resend later: {exc}")
+            result = await asyncio.wait_for(asyncio.shield(fut), self._timeout)
+        except BatchRejected as exc:
+            self.analyzer.count_rejected(None, str(exc))
+            return pb.BatchAck(seq=seq, status=pb.BatchAck.REJECTED, error=f"batch seq={seq}: {exc}")
+        return pb.BatchAck(seq=seq, status=_ACK.get(result, pb.BatchAck.DUPLICATE))
 
-    def Ingest(self, request_iterator, context):
-        # Decode on a reader thread so a stream keeps several batches in flight;
-        # acks go back in order as each group commits.
-        pending: queue.SimpleQueue = queue.SimpleQueue()
+    async def Push(self, request, context):
+        fut, error = await self._admit(request, context)
+        if error is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch seq={request.seq}: {error}")
+        try:
+            ack = await self._ack(request.seq, fut)
+        except (StoreUnavailable, asyncio.TimeoutError) as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"commit failed, resend later: {exc}")
+        if ack.status == pb.BatchAck.REJECTED:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, ack.error)
+        return ack
 
-        def read() -> None:
+    async def Ingest(self, request_iterator, context):
+        """Every batch taken gets an ack (COMMITTED, DUPLICATE, or REJECTED
+        naming the field), or the stream ends with UNAVAILABLE and the agent
+        resends what was not acked. Acks go back in the order batches came."""
+        await self._stream_slot(context)
+        pending: asyncio.Queue = asyncio.Queue()
+
+        async def read() -> None:
             try:
-                for req in request_iterator:
-                    try:
-                        pending.put((req.seq, self.analyzer.submit(req), None))
-                    except BatchError as exc:
-                        pending.put((req.seq, None, str(exc)))
-                        return
-            except Exception:  # the client went away; the response side ends the call
-                pass
+                async for req in request_iterator:
+                    fut, error = await self._admit(req, context)
+                    await pending.put((req.seq, fut, error))
             finally:
-                pending.put(None)
+                await pending.put(None)
 
-        threading.Thread(target=read, name="ingest-reader", daemon=True).start()
-        while True:
-            item = pending.get()
-            if item is None:
-                return
-            seq, fut, error = item
-            if error is not None:
-                context.set_trailing_metadata(((REJECTED_SEQ_KEY, str(seq)),))
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch seq={seq}: {error}")
-            try:
-                yield self._ack(seq, fut)
-            except Exception as exc:
-                context.abort(grpc.StatusCode.UNAVAILABLE, f"commit failed, resend later: {exc}")
+        reader = asyncio.ensure_future(read())
+        self.agent_streams += 1
+        try:
+            while True:
+                item = await pending.get()
+                if item is None:
+                    break
+                seq, fut, error = item
+                if error is not None:
+                    yield pb.BatchAck(seq=seq, status=pb.BatchAck.REJECTED,
+                                      error=f"INVALID_ARGUMENT: batch seq={seq}: {error}")
+                    continue
+                try:
+                    yield await self._ack(seq, fut)
+                except (StoreUnavailable, asyncio.TimeoutError) as exc:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, f"commit failed, resend later: {exc}")
+            await reader      # surfaces a PERMISSION_DENIED abort raised while reading
+        finally:
+            self.agent_streams -= 1
+            reader.cancel()
 
-    def GetStatus(self, request, context):
-        s = self.analyzer.status()
+    async def ReportCapture(self, request, context):
+        try:
+            ingest.validate_capture_record(request.record)
+        except BatchError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"record: {exc}")
+        await _own_host(context, request.record.host, "record.host")
+        try:
+            row = await self._query(self.analyzer.report_capture, request.record, request.xspace,
+                                    pool=self._captures)
+        except (StoreUnavailable, TimeoutError) as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"could not store the capture, resend later: {exc}")
+        return capture_summary_pb(row)
+
+    async def Commands(self, request, context):
+        if not request.host:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "host: empty")
+        await _own_host(context, request.host, "host")
+        await self._stream_slot(context)
+        q, deliver = _stream_queue()
+        hub = self.analyzer.commands
+        hub.subscribe(request.host, deliver)
+        self.agent_streams += 1
+        try:
+            while True:
+                yield await q.get()
+        finally:
+            self.agent_streams -= 1
+            hub.unsubscribe(request.host, deliver)
+
+    async def _stream_slot(self, context) -> None:
+        """Agents' streams have their own limit, so a fleet at its limit
+        never makes the server refuse an on-call query."""
+        if self.agent_streams >= self.max_agent_streams:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{self.agent_streams} agent streams open, the limit (--max-streams); retry later")
+
+    # -- on-call ----------------------------------------------------------------------
+    async def GetStatus(self, request, context):
+        s = await self._query(self.analyzer.status)
         out = apb.AnalyzerStatus(version=VERSION, started=s["started"], batches_committed=s["batches_committed"],
                                  batches_duplicate=s["batches_duplicate"], batches_rejected=s["batches_rejected"],
                                  samples_committed=s["samples_committed"], hosts=s["hosts"],
@@ -122,32 +206,37 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                 m.open_finding = g["open_finding"]
         return out
 
-    def ListFindings(self, request, context):
-        rows = self.analyzer.store.findings(
+    async def ListFindings(self, request, context):
+        rows = await self._query(lambda: self.analyzer.store.findings(
             host=request.host, gpu=request.gpu if request.HasField("gpu") else None,
             verdicts=list(request.verdicts),
-            start=request.start if request.HasField("start") else None,
-            end=request.end if request.HasField("end") else None,
-            open_only=request.open_only, limit=request.limit or 1000)
-        return apb.FindingsResponse(findings=[finding_pb(r) for r in rows])
+            start=_finite(request.start, "start") if request.HasField("start") else None,
+            end=_finite(request.end, "end") if request.HasField("end") else None,
+            open_only=request.open_only, limit=_limit(request.limit, 1000)))
+        return apb.FindingsResponse(findings=[finding_pb(_for_caller(r)) for r in rows])
 
-    def QueryMetric(self, request, context):
+    async def QueryMetric(self, request, context):
         metric = cat.BY_NAME.get(request.metric)
         if metric is None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"metric: unknown {request.metric!r}; `gpuscope metrics` lists them")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"metric: unknown {request.metric!r}; `gpuscope metrics` lists them")
         agg = request.aggregate or "series"
         if agg != "series" and agg not in AGGREGATES:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"aggregate: {agg!r}, expected series or one of {', '.join(AGGREGATES)}")
-        end = request.end or time.time()
-        start = request.start or end - 3600
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"aggregate: {agg!r}, expected series or one of {', '.join(AGGREGATES)}")
+        try:
+            end = _finite(request.end, "end") or time.time()
+            start = _finite(request.start, "start") or end - 3600
+            step = _finite(request.step_seconds, "step_seconds") or max(1.0, (end - start) / 300)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if start > end:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "start: after end")
-        step = request.step_seconds or max(1.0, (end - start) / 300)
-        rows = self.analyzer.store.metric(metric.name, request.host,
-                                          request.gpu if request.HasField("gpu") else None,
-                                          start, end, agg, step)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "start: after end")
+        if step <= 0 or (agg == "series" and (end - start) / step > MAX_POINTS):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"step_seconds: {step:g} gives more than {MAX_POINTS} points per GPU; use a larger step")
+        rows = await self._query(self.analyzer.store.metric, metric.name, request.host,
+                                 request.gpu if request.HasField("gpu") else None, start, end, agg, step)
         out = apb.MetricResult(metric=metric.name, unit=metric.unit, aggregate=agg)
         series: dict[tuple[str, int], apb.MetricSeries] = {}
         for r in rows:
@@ -162,53 +251,115 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                 s.value = float(r["value"])
         return out
 
+    async def ListCaptures(self, request, context):
+        rows = await self._query(self.analyzer.store.captures, request.host, _limit(request.limit, 100))
+        return apb.CapturesResponse(captures=[capture_summary_pb(_for_caller(r)) for r in rows])
 
-    def ReportCapture(self, request, context):
-        if not request.record.id or not request.record.host:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "record.id and record.host: required")
-        return capture_summary_pb(self.analyzer.report_capture(request.record, request.xspace))
-
-    def ListCaptures(self, request, context):
-        rows = self.analyzer.store.captures(request.host, request.limit or 100)
-        return apb.CapturesResponse(captures=[capture_summary_pb(r) for r in rows])
-
-    def Commands(self, request, context):
-        if not request.host:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "host: empty")
-        q = self.analyzer.commands.subscribe(request.host)
-        try:
-            while context.is_active():
-                try:
-                    yield q.get(timeout=0.5)
-                except queue.Empty:
-                    continue
-        finally:
-            self.analyzer.commands.unsubscribe(request.host, q)
-
-    def Watch(self, request, context):
+    async def Watch(self, request, context):
+        q, deliver = _stream_queue(maxsize=10_000)
         w = Watch(host=request.host, gpu=request.gpu if request.HasField("gpu") else None,
-                  verdicts=frozenset(request.verdicts), kinds=frozenset(request.kinds))
+                  verdicts=frozenset(request.verdicts), kinds=frozenset(request.kinds), deliver=deliver)
         wid = self.analyzer.events.subscribe(w)
         try:
-            while context.is_active():
-                try:
-                    e = w.q.get(timeout=0.5)
-                except queue.Empty:
-                    continue
+            while True:
+                e = await q.get()
                 yield apb.Event(kind=e["kind"], t=e["t"] or 0.0, host=e["host"], gpu=e["gpu"] or 0,
-                                verdict=e.get("verdict") or "", json=json.dumps(e["record"], default=str))
+                                verdict=e.get("verdict") or "", json=json.dumps(_for_caller(e["record"]), default=str))
         finally:
             self.analyzer.events.unsubscribe(wid)
 
-    def ListRecords(self, request, context):
+    async def ListRecords(self, request, context):
         try:
-            rows = self.analyzer.store.records(request.table, request.host, request.since, request.limit or 200)
+            since = _finite(request.since, "since")
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        try:
+            rows = await self._query(self.analyzer.store.records, request.table, request.host, since,
+                                     _limit(request.limit, 200))
         except KeyError:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"table: {request.table!r}, expected anomalies or decisions")
-        return apb.RecordsResponse(json=[json.dumps(r, default=str) for r in rows])
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"table: {request.table!r}, expected anomalies or decisions")
+        return apb.RecordsResponse(json=[json.dumps(_for_caller(r), default=str) for r in rows])
 
-    def Report(self, request, context):
-        report = build_report(self.analyzer.store, request.finding_id, request.context_seconds)
+    async def Report(self, request, context):
+        try:
+            ctx_s = _finite(request.context_seconds, "context_seconds")
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        report = await self._query(build_report, self.analyzer.store, request.finding_id, ctx_s)
         if report is None:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"finding_id: no finding {request.finding_id!r}")
-        return apb.ReportResponse(json=json.dumps(report, default=str))
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"finding_id: no finding {request.finding_id!r}")
+        return apb.ReportResponse(json=json.dumps(_for_caller(report), default=str))
+
+    def close(self) -> None:
+        self._oncall.shutdown(wait=False, cancel_futures=True)
+        self._captures.shutdown(wait=False, cancel_futures=True)
+
+
+MAX_POINTS = 100_000
+
+
+def _stream_queue(maxsize: int = STREAM_QUEUE):
+    """An asyncio queue for one stream, and a thread-safe way to fill it
+    from the writer thread (False when the stream is too slow to keep up)."""
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue = asyncio.Queue(maxsize)
+
+    def deliver(item) -> bool:
+        if q.qsize() >= maxsize:
+            return False
+        loop.call_soon_threadsafe(_put, q, item)
+        return True
+    return q, deliver
+
+
+def _put(q: asyncio.Queue, item) -> None:
+    try:
+        q.put_nowait(item)
+    except asyncio.QueueFull:
+        pass
+
+
+async def _own_host(context, host: str, field: str) -> None:
+    """An agent's certificate names its host: it may act for that host only."""
+    caller = current_caller()
+    if caller is not None and caller.role == "agent" and host != caller.host:
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                            f"{field}: {host[:80]!r}, but this agent's certificate is for {caller.host!r}")
+
+
+def _finite(value: float, field: str) -> float:
+    if value != value or value in (float("inf"), float("-inf")) or abs(value) > 1e12:
+        raise ValueError(f"{field}: {value!r} is not a time or duration in seconds")
+    return value
+
+
+def _limit(value: int, default: int) -> int:
+    return min(value or default, 10_000)
+
+
+def _for_caller(obj):
+    """Job command lines (already stored with secrets redacted) are shown in
+    full to operators only; others see the process and its executable."""
+    caller = current_caller()
+    if caller is None or caller.role == "operator":
+        return obj
+    return _hide_commands(obj)
+
+
+def _hide_commands(obj):
+    if isinstance(obj, dict):
+        return {k: (job_label(v) if k in ("job", "command") and isinstance(v, str) else _hide_commands(v))
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_hide_commands(v) for v in obj]
+    return obj
+
+
+def job_label(job: str) -> str:
+    """`pid:123 /usr/bin/python3 train.py --lr 3e-4` -> `pid:123 python3`."""
+    head, _, rest = job.partition(" ")
+    if not head.startswith("pid:"):
+        head, rest = "", job
+    exe = os.path.basename(rest.split(" ", 1)[0]) if rest else ""
+    return " ".join(p for p in (head, exe) if p)

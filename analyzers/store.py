@@ -7,6 +7,7 @@ appended as Arrow tables, never row by row.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -16,14 +17,17 @@ import pyarrow as pa
 
 from gpuscope.collectors import catalogue as cat
 
-SCHEMA_VERSION = 3
+from .seqset import SeqSet
+
+SCHEMA_VERSION = 4
 # Columns added after a table first shipped: files created earlier gain them on open.
 ADDED_COLUMNS = {"findings": ("counters_verdict", "trace_verdict", "captures"),   # 2: captures refine findings
-                 "captures": ("kind",)}                                          # 3: capture kinds
+                 "captures": ("kind",),                                          # 3: capture kinds
+                 "agents": ("committed",)}                                       # 4: exact committed seqs
 AGGREGATES = {"mean": "avg({m})", "min": "min({m})", "max": "max({m})",
               "p50": "quantile_cont({m}, 0.5)", "p95": "quantile_cont({m}, 0.95)",
               "p99": "quantile_cont({m}, 0.99)", "last": "arg_max({m}, t)"}
-AGENT_COLUMNS = ("host", "boot_id", "max_seq", "last_seen", "dropped_samples")
+AGENT_COLUMNS = ("host", "boot_id", "max_seq", "last_seen", "dropped_samples", "committed")
 DEVICE_COLUMNS = ("host", "gpu", "uuid", "name", "architecture", "memory_total_bytes", "power_limit_watts",
                   "pcie_generation", "pcie_width", "gpm_supported", "lost", "last_seen")
 HEALTH_COLUMNS = ("host", "gpu", "t", "kind", "detail", "code")
@@ -36,6 +40,9 @@ DECISION_COLUMNS = ("id", "t", "host", "gpu", "job", "anomaly_id", "action", "re
 RECORD_TABLES = {"anomalies": ("kinds", "details"), "decisions": ()}
 CAPTURE_COLUMNS = ("id", "host", "target", "pid", "gpus", "job", "start", "end", "duration_ms", "path", "size_bytes",
                    "status", "error", "trigger", "verdict", "confidence", "summary", "finding_id", "kind")
+
+
+_MEMORY_LIMIT = re.compile(r"\d+(\.\d+)?\s*([KMGT]i?B|B)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,7 @@ def _ddl() -> list[str]:
         """CREATE TABLE IF NOT EXISTS health (host VARCHAR, gpu INTEGER, t DOUBLE, kind VARCHAR,
              detail VARCHAR, code UBIGINT)""",
         """CREATE TABLE IF NOT EXISTS agents (host VARCHAR, boot_id VARCHAR, max_seq UBIGINT,
-             last_seen DOUBLE, dropped_samples UBIGINT, PRIMARY KEY (host, boot_id))""",
+             last_seen DOUBLE, dropped_samples UBIGINT, committed VARCHAR, PRIMARY KEY (host, boot_id))""",
         """CREATE TABLE IF NOT EXISTS windows (host VARCHAR, gpu INTEGER, start DOUBLE, "end" DOUBLE,
              verdict VARCHAR, confidence DOUBLE, flags VARCHAR, summary VARCHAR)""",
         """CREATE TABLE IF NOT EXISTS findings (id VARCHAR PRIMARY KEY, host VARCHAR, gpu INTEGER,
@@ -85,14 +92,31 @@ class Store:
 
     def __init__(self, config: StoreConfig):
         self.config = config
-        try:
-            self._con = duckdb.connect(config.path)
-        except duckdb.Error as exc:
-            raise RuntimeError(f"cannot open DuckDB file {config.path}: {exc}") from exc
-        self._con.execute(f"SET memory_limit='{config.memory_limit}'")
-        self._con.execute(f"SET threads={int(config.threads)}")
+        self._generation = 0
         self._local = threading.local()
+        self._con = self._connect()
         self._migrate()
+
+    def _connect(self) -> duckdb.DuckDBPyConnection:
+        try:
+            con = duckdb.connect(self.config.path)
+        except duckdb.Error as exc:
+            raise RuntimeError(f"cannot open DuckDB file {self.config.path}: {exc}") from exc
+        if not _MEMORY_LIMIT.fullmatch(self.config.memory_limit):
+            raise ValueError(f"memory limit: {self.config.memory_limit!r}, expected a size like 1GB or 512MiB")
+        con.execute(f"SET memory_limit='{self.config.memory_limit}'")
+        con.execute(f"SET threads={int(self.config.threads)}")
+        return con
+
+    def reopen(self) -> None:
+        """After a fatal error (e.g. the disk filled mid-commit) DuckDB
+        invalidates the connection; a new one replays the WAL."""
+        try:
+            self._con.close()
+        except duckdb.Error:
+            pass
+        self._con = self._connect()
+        self._generation += 1
 
     def _migrate(self) -> None:
         con = self._con
@@ -116,9 +140,10 @@ class Store:
         con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
 
     def reader(self) -> duckdb.DuckDBPyConnection:
-        cur = getattr(self._local, "cursor", None)
-        if cur is None:
-            cur = self._local.cursor = self._con.cursor()
+        cur, gen = getattr(self._local, "cursor", (None, -1))
+        if cur is None or gen != self._generation:
+            cur = self._con.cursor()
+            self._local.cursor = (cur, self._generation)
         return cur
 
     # -- writes (writer thread only) -------------------------------------------------
@@ -149,9 +174,15 @@ class Store:
         if rows:
             self.append(table, _arrow(names, rows), replace)
 
-    def high_water_marks(self) -> dict[tuple[str, str], int]:
-        return {(h, b): int(s) for h, b, s in self._con.execute(
-            "SELECT host, boot_id, max_seq FROM agents").fetchall()}
+    def committed_seqs(self) -> dict[tuple[str, str], SeqSet]:
+        """What each agent boot has stored. Files from before schema 4 kept
+        only a high-water mark: everything up to it is taken as stored."""
+        out = {}
+        for h, b, max_seq, committed in self._con.execute(
+                "SELECT host, boot_id, max_seq, committed FROM agents").fetchall():
+            out[(h, b)] = (decode_ranges(committed) if committed is not None
+                           else SeqSet([(1, int(max_seq))] if max_seq else []))
+        return out
 
     def upsert_agents(self, rows: Sequence[tuple]) -> None:
         self._rows("agents", AGENT_COLUMNS, rows, replace=True)
@@ -278,6 +309,15 @@ class Store:
             self._con.close()
         except duckdb.Error:
             pass
+
+
+def encode_ranges(seqs: SeqSet) -> str:
+    """`1-500,502-900`: compact, and readable by a person in SQL."""
+    return ",".join(f"{lo}-{hi}" for lo, hi in seqs.ranges)
+
+
+def decode_ranges(text: str) -> SeqSet:
+    return SeqSet([tuple(int(x) for x in part.split("-")) for part in text.split(",") if part])
 
 
 def _where_host_gpu(where: list[str], args: list, host: str, gpu: int | None) -> tuple[list[str], list]:

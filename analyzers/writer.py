@@ -1,10 +1,15 @@
 """The single writer: group commit of decoded batches into the store.
 
-Ingest threads decode in parallel and hand batches here; one thread drains
-whatever is queued, dedupes by (host, boot_id, seq), appends everything in one
-transaction, and only then resolves each batch's future. A batch is
-acknowledged only after it is durable; a failed transaction fails every batch
-in it, and the agents resend them.
+Ingest decodes and hands batches here; one thread drains whatever is
+queued, drops those already stored (exactly, by the committed seqs of each
+(host, boot_id), never by a high-water mark), appends the rest in one
+transaction, and only then resolves each batch's future. An acknowledgement
+therefore always means stored.
+
+A failed group is retried in halves, so a batch that can never be stored
+fails alone (BatchRejected, the agent drops it) and the others commit. A
+failure of the store itself (disk full, file gone) fails the group as
+StoreUnavailable; the agents resend, and nothing was acknowledged.
 """
 from __future__ import annotations
 
@@ -14,34 +19,61 @@ import time
 from concurrent.futures import Future
 from typing import Callable
 
+import duckdb
 import pyarrow as pa
 import structlog
 
+from .flow import ByteBudget
 from .ingest import DecodedBatch
-from .store import Store
+from .seqset import SeqSet
+from .store import Store, encode_ranges
 
 COMMITTED, DUPLICATE = "committed", "duplicate"
+DEFAULT_QUEUE_BYTES = 64 << 20
 log = structlog.get_logger("gpuscope.writer")
+
+# Errors of the data: the same batch fails again however often it is sent.
+_PERMANENT = (duckdb.DataError, duckdb.IntegrityError, duckdb.ProgrammingError,
+              pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError, OverflowError)
+# Errors of the store: halving the group cannot help.
+_ENVIRONMENT = (duckdb.OperationalError, duckdb.FatalException, OSError)   # I/O, memory, WAL
+
+
+class BatchRejected(ValueError):
+    """The batch can never be stored; str() says why."""
+
+
+class StoreUnavailable(RuntimeError):
+    """The store could not commit now; the batch should be sent again later."""
 
 
 class Writer:
     def __init__(self, store: Store, after_commit: Callable[[list[DecodedBatch]], None],
-                 max_group: int = 256, clock: Callable[[], float] = time.time):
+                 max_group: int = 256, clock: Callable[[], float] = time.time,
+                 queue_bytes: int = DEFAULT_QUEUE_BYTES):
         self._store = store
         self._after_commit = after_commit
         self._max_group = max_group
         self._clock = clock
         self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._hw = store.high_water_marks()
+        self.budget = ByteBudget(queue_bytes)
+        self._seqs: dict[tuple[str, str], SeqSet] = store.committed_seqs()
         self._devices_written: dict[tuple[str, int], tuple] = {}
         self._thread = threading.Thread(target=self._run, name="db-writer", daemon=True)
-        self.batches = self.duplicates = self.samples = self.failed_groups = 0
+        self._stopping = False
+        self.batches = self.duplicates = self.samples = self.failed_groups = self.rejected = 0
+        self.last_error = ""
 
     def start(self) -> None:
         self._thread.start()
 
     def submit(self, batch: DecodedBatch) -> Future:
+        """Queues a decoded batch; the future resolves to COMMITTED or
+        DUPLICATE, or fails with BatchRejected or StoreUnavailable."""
         fut: Future = Future()
+        if self._stopping:
+            fut.set_exception(StoreUnavailable("the analyzer is shutting down"))
+            return fut
         self._q.put((batch, fut))
         return fut
 
@@ -51,9 +83,20 @@ class Writer:
         self._q.put((fn, fut))
         return fut
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 8.0) -> None:
+        """Commits what is queued (bounded by the byte budget, so this is
+        quick), then stops; whatever is still queued after timeout_s fails
+        as StoreUnavailable so its streams can tell their agents."""
+        self._stopping = True
         self._q.put(None)
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=timeout_s)
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None and not item[1].done():
+                item[1].set_exception(StoreUnavailable("the analyzer is shutting down"))
 
     def _run(self) -> None:
         while True:
@@ -73,7 +116,13 @@ class Writer:
             batches = [(b, f) for b, f in group if isinstance(b, DecodedBatch)]
             tasks = [(b, f) for b, f in group if not isinstance(b, DecodedBatch)]
             if batches:
-                self._commit(batches)
+                try:
+                    self._commit(batches)
+                except Exception as exc:  # the writer must outlive any bug; nothing is acked
+                    log.exception("commit path failed")
+                    for _, fut in batches:
+                        if not fut.done():
+                            fut.set_exception(StoreUnavailable(str(exc)))
             for fn, fut in tasks:
                 try:
                     fut.set_result(fn(self._store))
@@ -82,61 +131,119 @@ class Writer:
                     fut.set_exception(exc)
 
     def _commit(self, group: list[tuple[DecodedBatch, Future]]) -> None:
-        fresh, dup = [], []
-        marks = dict(self._hw)
+        fresh, dup, again = [], [], []
+        first: dict[tuple[str, str, int], Future] = {}
         for b, fut in group:
-            key = (b.host, b.boot_id)
-            if b.seq <= marks.get(key, 0):
+            key = (b.host, b.boot_id, b.seq)
+            if b.seq in self._seqs.get(key[:2], ()):
                 dup.append(fut)
+            elif key in first:            # resent before the first copy was answered
+                again.append((first[key], fut))
             else:
-                marks[key] = b.seq
+                first[key] = fut
                 fresh.append((b, fut))
-        now = self._clock()
-        store = self._store
-        try:
-            if fresh:
-                store.begin()
-                tables = [b.samples for b, _ in fresh if b.count]
-                if tables:
-                    store.append("samples", pa.concat_tables(tables, promote_options="default")
-                                 if len(tables) > 1 else tables[0])
-                procs = [b.processes for b, _ in fresh if b.processes is not None]
-                if procs:
-                    store.append("processes", pa.concat_tables(procs))
-                health = [h for b, _ in fresh for h in b.health]
-                if health:
-                    store.insert_health(health)
-                agents = {(b.host, b.boot_id): (b.host, b.boot_id, marks[(b.host, b.boot_id)], now, b.dropped_samples)
-                          for b, _ in fresh}
-                store.upsert_agents(list(agents.values()))
-                devices = self._changed_devices(fresh, now)
-                store.upsert_devices(devices)
-                store.commit()
-        except Exception as exc:  # disk full, file gone: fail the group, keep running
-            store.rollback()
-            self.failed_groups += 1
-            log.exception("commit failed; agents will resend", batches=len(fresh))
-            for _, fut in fresh:
-                fut.set_exception(exc)
-            for fut in dup:
-                fut.set_result(DUPLICATE)
-            return
-        self._hw = marks
-        for row in (devices if fresh else ()):
-            self._devices_written[(row[0], row[1])] = (row[:-1], now)
-        self.batches += len(fresh)
-        self.duplicates += len(dup)
-        self.samples += sum(b.count for b, _ in fresh)
-        for _, fut in fresh:
-            fut.set_result(COMMITTED)
+        committed: list[DecodedBatch] = []
+        if fresh:
+            self._store_group(fresh, committed)
         for fut in dup:
             fut.set_result(DUPLICATE)
-        if fresh:
+        self.duplicates += len(dup)
+        for orig, fut in again:
+            exc = orig.exception()
+            if exc is None:
+                self.duplicates += 1
+                fut.set_result(DUPLICATE)
+            else:
+                fut.set_exception(exc)
+        if committed:
             try:
-                self._after_commit([b for b, _ in fresh])
+                self._after_commit(committed)
             except Exception:  # analysis must never lose committed data or stop ingest
                 log.exception("live analysis failed")
 
+    def _store_group(self, group: list[tuple[DecodedBatch, Future]], committed: list[DecodedBatch]) -> None:
+        try:
+            seqs, devices, now = self._write(group)
+        except Exception as exc:
+            self._store.rollback()
+            self._recover(exc)
+            if isinstance(exc, _ENVIRONMENT) or not isinstance(exc, _PERMANENT) and len(group) == 1:
+                self.failed_groups += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.error("commit failed; agents will resend", batches=len(group), error=self.last_error)
+                for _, fut in group:
+                    fut.set_exception(StoreUnavailable(f"commit failed, resend later: {exc}"))
+                return
+            if len(group) == 1:
+                b, fut = group[0]
+                self.rejected += 1
+                log.warning("batch cannot be stored", host=b.host, boot_id=b.boot_id, seq=b.seq,
+                            error=f"{type(exc).__name__}: {exc}"[:500])
+                fut.set_exception(BatchRejected(f"cannot be stored: {type(exc).__name__}: {exc}"[:1000]))
+                return
+            mid = len(group) // 2     # one bad batch fails only itself
+            self._store_group(group[:mid], committed)
+            self._store_group(group[mid:], committed)
+            return
+        self._seqs.update(seqs)
+        for row in devices:
+            self._devices_written[(row[0], row[1])] = (row[:-1], now)
+        self.batches += len(group)
+        self.samples += sum(b.count for b, _ in group)
+        self.last_error = ""
+        for b, fut in group:
+            committed.append(b)
+            fut.set_result(COMMITTED)
+
+    def _write(self, group: list[tuple[DecodedBatch, Future]]):
+        """One transaction; returns the committed-seq sets and device rows
+        to remember once it has committed."""
+        now = self._clock()
+        seqs: dict[tuple[str, str], SeqSet] = {}
+        latest: dict[tuple[str, str], DecodedBatch] = {}
+        for b, _ in group:
+            key = (b.host, b.boot_id)
+            s = seqs.get(key)
+            if s is None:
+                s = seqs[key] = self._seqs.get(key, SeqSet()).copy()
+            s.add(b.seq)
+            floor = getattr(b, "min_unacked_seq", 0)
+            if floor:
+                s.close_below(floor)
+            merged = s.bound()
+            if merged:
+                log.warning("too many missing batches for one agent boot; the oldest gaps are closed",
+                            host=b.host, boot_id=b.boot_id, merged=merged)
+            if key not in latest or b.seq > latest[key].seq:
+                latest[key] = b
+        store = self._store
+        store.begin()
+        tables = [b.samples for b, _ in group if b.count]
+        if tables:
+            store.append("samples", pa.concat_tables(tables, promote_options="default")
+                         if len(tables) > 1 else tables[0])
+        procs = [b.processes for b, _ in group if b.processes is not None]
+        if procs:
+            store.append("processes", pa.concat_tables(procs))
+        health = [h for b, _ in group for h in b.health]
+        if health:
+            store.insert_health(health)
+        store.upsert_agents([(h, boot, s.max, now, latest[(h, boot)].dropped_samples, encode_ranges(s))
+                             for (h, boot), s in seqs.items()])
+        devices = self._changed_devices(group, now)
+        store.upsert_devices(devices)
+        store.commit()
+        return seqs, devices, now
+
+    def _recover(self, exc: Exception) -> None:
+        """After a fatal error DuckDB refuses every later statement until the
+        file is opened again."""
+        if isinstance(exc, duckdb.FatalException) or "invalidated" in str(exc):
+            try:
+                self._store.reopen()
+                log.warning("store reopened after a fatal error", error=str(exc)[:300])
+            except Exception as again:  # keep running; the next group tries again
+                log.error("store could not be reopened", error=str(again)[:300])
 
     def _changed_devices(self, fresh: list[tuple[DecodedBatch, Future]], now: float) -> list[tuple]:
         """Device rows that changed, or whose last_seen is over a minute old:

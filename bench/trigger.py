@@ -108,7 +108,7 @@ def fleet(hosts: int = 1000, gpus: int = 8, seconds: int = 60, window_s: float =
                                 trigger=TriggerConfig()))
     a.start()
     for h in range(hosts):
-        a.commands.subscribe(f"host-{h:04d}")                 # every agent connected (nobody consumes)
+        a.commands.subscribe(f"host-{h:04d}", lambda c: True)               # every agent connected (nobody consumes)
     devices = [DeviceInfo(gpu=g, name="NVIDIA H100") for g in range(gpus)]
     busy = {"util_gpu_ratio": 0.95, "util_mem_ratio": 0.2, "gpm_sm_util_ratio": 0.9, "gpm_tensor_util_ratio": 0.88,
             "gpm_dram_bw_util_ratio": 0.15, "power_watts": 650.0}

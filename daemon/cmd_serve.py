@@ -139,8 +139,9 @@ def cmd_up(ns) -> int:
     analyzer.start()
     agent_cfg = AgentConfig(host=ns.host, source=source, interval_s=ns.interval)
     agent = Agent(agent_cfg, collector)
+    servicer = AnalyzerServicer(analyzer)
     server, port, health = build_server(ns.listen, [
-        (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, AnalyzerServicer(analyzer), "gpuscope.v1.Analyzer"),
+        (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, servicer, "gpuscope.v1.Analyzer"),
         (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent, "in-process"), "gpuscope.v1.Agent")])
     server.start()
     target = _loopback(ns.listen, port)
@@ -163,8 +164,7 @@ def cmd_up(ns) -> int:
     finally:
         listener.stop()
         agent.stop()
-        shutdown(server, health)
-        analyzer.close()
+        _stop_analyzer(server, servicer, analyzer)
     print("gpuscope: stopped", file=sys.stderr)
     return 0
 
@@ -204,9 +204,9 @@ def cmd_analyzer(ns) -> int:
     parse_hostport(ns.listen, "--listen")
     Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
     analyzer = Analyzer(_analyzer_config(ns, dry_run=ns.dry_run))
+    servicer = AnalyzerServicer(analyzer, max_agent_streams=ns.max_streams)
     server, port, health = build_server(ns.listen, [
-        (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, AnalyzerServicer(analyzer), "gpuscope.v1.Analyzer")],
-        max_workers=ns.max_streams)
+        (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, servicer, "gpuscope.v1.Analyzer")])
     analyzer.start()
     server.start()
     print(f"gpuscope analyzer: listening on {ns.listen.rpartition(':')[0]}:{port}, db {ns.db}", file=sys.stderr)
@@ -215,6 +215,15 @@ def cmd_analyzer(ns) -> int:
     try:
         _wait(stop, ns.duration)
     finally:
-        shutdown(server, health)
-        analyzer.close()
+        _stop_analyzer(server, servicer, analyzer)
     return 0
+
+
+def _stop_analyzer(server, servicer, analyzer) -> None:
+    """Within 10 s: the writer commits what it holds while the server can
+    still send those acks; later batches are refused UNAVAILABLE (agents
+    resend them elsewhere or later); then the server and the store close."""
+    analyzer.drain(timeout_s=6.0)
+    shutdown(server, grace_s=1.0)
+    servicer.close()
+    analyzer.close()

@@ -1,13 +1,31 @@
-"""A gRPC server with the standard health service and graceful shutdown."""
+"""gRPC servers: grpc.aio on a loop thread of their own, with the standard
+health service, authentication of every call, graceful shutdown, and a
+refusal to share a port.
+
+Async servicers (the analyzer's) run on the loop with no thread per call;
+sync servicers (the agent's) run on a small pool. A port already in use is
+an error at start-up naming the process that holds it: grpcio otherwise
+sets SO_REUSEPORT and two analyzers would split the agents between them.
+"""
 from __future__ import annotations
 
+import asyncio
+import inspect
+import os
+import threading
 from concurrent import futures
 from typing import Callable, Iterable
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from gpuscope.security.context import CALLER
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024   # a capture's XSpace travels in one message
+
+# authenticate(method, auth_context, metadata) -> (caller, None) or (None, (code, message))
+Authenticate = Callable[[str, dict, tuple], tuple[object, tuple[grpc.StatusCode, str] | None]]
 
 
 class ListenError(RuntimeError):
@@ -21,32 +39,196 @@ def parse_hostport(value: str, flag: str) -> str:
     return value
 
 
-def build_server(listen: str, register: Iterable[tuple[Callable, object, str]],
-                 max_workers: int = 256) -> tuple[grpc.Server, int, health.HealthServicer]:
+class Server:
+    """Runs one grpc.aio server on its own event loop thread, so the rest of
+    the process (writer, scheduler, agent) keeps its threads."""
+
+    def __init__(self, listen: str, register: Iterable[tuple[Callable, object, str]], *,
+                 credentials: grpc.ServerCredentials | None = None, authenticate: Authenticate | None = None,
+                 sync_workers: int = 8, max_concurrent_rpcs: int | None = None):
+        self.listen = listen
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="grpc-aio", daemon=True)
+        self._thread.start()
+        self._pool = futures.ThreadPoolExecutor(max_workers=sync_workers, thread_name_prefix="grpc-sync")
+        self._register = list(register)
+        try:
+            self.port = self._run(self._build(credentials, authenticate, max_concurrent_rpcs))
+        except BaseException:
+            self._close_loop()
+            raise
+
+    def _run(self, coro, timeout: float | None = 30.0):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _build(self, credentials, authenticate, max_concurrent_rpcs) -> int:
+        interceptors = [_AuthInterceptor(authenticate)] if authenticate is not None else []
+        self._server = grpc.aio.server(
+            migration_thread_pool=self._pool, interceptors=interceptors,
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                     ("grpc.so_reuseport", 0)],
+            maximum_concurrent_rpcs=max_concurrent_rpcs)
+        self.health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        for add, servicer, name in self._register:
+            add(servicer, self._server)
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        try:
+            port = (self._server.add_secure_port(self.listen, credentials) if credentials is not None
+                    else self._server.add_insecure_port(self.listen))
+        except RuntimeError as exc:
+            raise ListenError(_busy_message(self.listen, str(exc))) from None
+        if port == 0 and not self.listen.endswith(":0"):
+            raise ListenError(_busy_message(self.listen, "bind failed"))
+        return port
+
+    def start(self) -> None:
+        self._run(self._server.start())
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        """Health says NOT_SERVING, calls in progress get grace_s to finish,
+        then are cancelled."""
+        if not self._thread.is_alive():
+            return
+        try:
+            self._run(self.health.enter_graceful_shutdown(), timeout=5)
+            self._run(self._server.stop(grace_s), timeout=grace_s + 5)
+        except (futures.TimeoutError, RuntimeError):
+            pass
+        self._close_loop()
+
+    def _close_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def build_server(listen: str, register: Iterable[tuple[Callable, object, str]], max_workers: int = 8,
+                 **security) -> tuple[Server, int, object]:
     """register: (add_XServicer_to_server, servicer, full service name).
-
-    The sync server holds a thread per call in progress, and agents keep two
-    calls open (Ingest, Commands), so an analyzer's max_workers bounds its
-    agents at about half of it. Threads are created only as calls arrive."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-                         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
-                         maximum_concurrent_rpcs=max_workers)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for add, servicer, name in register:
-        add(servicer, server)
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    try:
-        port = server.add_insecure_port(listen)
-    except RuntimeError as exc:
-        raise ListenError(f"cannot listen on {listen}: {exc} (is the port in use?)") from exc
-    if port == 0 and not listen.endswith(":0"):
-        raise ListenError(f"cannot listen on {listen} (is the port in use?)")
-    return server, port, health_servicer
+    max_workers sizes the pool for sync servicers only; async ones need none."""
+    server = Server(listen, register, sync_workers=max_workers, **security)
+    return server, server.port, server.health
 
 
-def shutdown(server: grpc.Server, health_servicer: health.HealthServicer, grace_s: float = 2.0) -> None:
-    health_servicer.enter_graceful_shutdown()
-    server.stop(grace_s).wait(grace_s + 1)
+def shutdown(server: Server, _health=None, grace_s: float = 2.0) -> None:
+    server.stop(grace_s)
+
+
+# -- authentication ------------------------------------------------------------------------
+
+class _AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Authenticates and authorizes every call before its handler runs, and
+    hands the caller to the servicer through security.context.CALLER."""
+
+    def __init__(self, authenticate: Authenticate):
+        self._authenticate = authenticate
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        kind = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+        for k in kind:
+            behavior = getattr(handler, k)
+            if behavior is not None:
+                wrapped = _guard(behavior, details.method, self._authenticate, k.endswith("_stream"))
+                return handler._replace(**{k: wrapped})
+        return handler
+
+
+def _guard(behavior, method: str, authenticate: Authenticate, streams_out: bool):
+    def check(context):
+        caller, denial = authenticate(method, context.auth_context(), tuple(context.invocation_metadata() or ()))
+        return caller, denial
+
+    if inspect.isasyncgenfunction(behavior):
+        async def agen(request, context):
+            caller, denial = check(context)
+            if denial:
+                await context.abort(*denial)
+            token = CALLER.set(caller)
+            try:
+                async for item in behavior(request, context):
+                    yield item
+            finally:
+                CALLER.reset(token)
+        return agen
+    if inspect.iscoroutinefunction(behavior):
+        async def coro(request, context):
+            caller, denial = check(context)
+            if denial:
+                await context.abort(*denial)
+            token = CALLER.set(caller)
+            try:
+                return await behavior(request, context)
+            finally:
+                CALLER.reset(token)
+        return coro
+    if streams_out:          # a sync generator on the thread pool
+        def gen(request, context):
+            caller, denial = check(context)
+            if denial:
+                context.abort(*denial)
+            token = CALLER.set(caller)
+            try:
+                yield from behavior(request, context)
+            finally:
+                CALLER.reset(token)
+        return gen
+
+    def call(request, context):
+        caller, denial = check(context)
+        if denial:
+            context.abort(*denial)
+        token = CALLER.set(caller)
+        try:
+            return behavior(request, context)
+        finally:
+            CALLER.reset(token)
+    return call
+
+
+# -- a busy port ---------------------------------------------------------------------------
+
+def _busy_message(listen: str, detail: str) -> str:
+    port = listen.rpartition(":")[2]
+    holder = port_holder(int(port)) if port.isdigit() and int(port) else None
+    who = f"; held by {holder}" if holder else ""
+    return (f"cannot listen on {listen}: the address is in use{who} "
+            f"(stop that process, or pass --listen with another port) [{detail}]")
+
+
+def port_holder(port: int, proc: str = "/proc") -> str | None:
+    """`pid 123 (gpuscope analyzer ...)` for a TCP socket listening on port,
+    when /proc lets us see it (another user's process shows no fds)."""
+    inodes = set()
+    for name in ("net/tcp", "net/tcp6"):
+        try:
+            with open(os.path.join(proc, name)) as f:
+                next(f, None)
+                for line in f:
+                    parts = line.split()
+                    if len(parts) > 9 and parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(parts[9])
+        except OSError:
+            continue
+    if not inodes:
+        return None
+    wanted = {f"socket:[{i}]" for i in inodes}
+    for pid in filter(str.isdigit, os.listdir(proc)):
+        fd_dir = os.path.join(proc, pid, "fd")
+        try:
+            links = {os.readlink(os.path.join(fd_dir, fd)) for fd in os.listdir(fd_dir)}
+        except OSError:
+            continue
+        if links & wanted:
+            try:
+                with open(os.path.join(proc, pid, "cmdline"), "rb") as f:
+                    cmd = f.read(300).replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                cmd = "?"
+            return f"pid {pid} ({cmd})"
+    return None

@@ -1,0 +1,95 @@
+"""Backpressure: a budget of bytes queued for the writer.
+
+When the writer falls behind, streams stop reading (they wait here before
+taking the next message), gRPC's flow control then stops the agents'
+sends, and agents keep their batches in their own bounded buffers. Memory
+on the analyzer is bounded by the budget, not by how many agents connect.
+
+Waiters are served first come, first served, and a release hands bytes to
+the waiters directly, so a release wakes only those it admits.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+from typing import Callable
+
+
+class _Waiter:
+    __slots__ = ("n", "wake", "granted")
+
+    def __init__(self, n: int, wake: Callable[[], None]):
+        self.n, self.wake, self.granted = n, wake, False
+
+
+class ByteBudget:
+    def __init__(self, limit_bytes: int):
+        if limit_bytes <= 0:
+            raise ValueError(f"limit_bytes: must be > 0, got {limit_bytes}")
+        self.limit = limit_bytes
+        self.used = 0
+        self.waits = 0                      # times a stream had to wait: the backpressure count
+        self._lock = threading.Lock()
+        self._waiters: collections.deque[_Waiter] = collections.deque()
+
+    def _fits(self, n: int) -> bool:
+        # One message larger than the whole budget still passes when nothing
+        # else is queued, or it could never be admitted.
+        return self.used + n <= self.limit or self.used == 0
+
+    def _enqueue(self, n: int, wake: Callable[[], None]) -> _Waiter | None:
+        """Takes the bytes at once (None) or queues a waiter."""
+        with self._lock:
+            if not self._waiters and self._fits(n):
+                self.used += n
+                return None
+            w = _Waiter(n, wake)
+            self._waiters.append(w)
+            self.waits += 1
+            return w
+
+    def _abandon(self, w: _Waiter) -> None:
+        """A waiter gave up: drop it, or give back the bytes it was granted meanwhile."""
+        with self._lock:
+            if not w.granted:
+                self._waiters.remove(w)
+                return
+        self.release(w.n)
+
+    async def acquire(self, n: int) -> None:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        w = self._enqueue(n, lambda: loop.call_soon_threadsafe(_resolve, fut))
+        if w is None:
+            return
+        try:
+            await fut
+        except asyncio.CancelledError:
+            self._abandon(w)
+            raise
+
+    def acquire_blocking(self, n: int, timeout: float | None = None) -> bool:
+        event = threading.Event()
+        w = self._enqueue(n, event.set)
+        if w is None or event.wait(timeout):
+            return True
+        self._abandon(w)
+        return False
+
+    def release(self, n: int) -> None:
+        admitted = []
+        with self._lock:
+            self.used = max(0, self.used - n)
+            while self._waiters and self._fits(self._waiters[0].n):
+                w = self._waiters.popleft()
+                w.granted = True
+                self.used += w.n
+                admitted.append(w)
+        for w in admitted:
+            w.wake()
+
+
+def _resolve(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
