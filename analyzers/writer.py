@@ -89,7 +89,8 @@ class Writer:
         as StoreUnavailable so its streams can tell their agents."""
         self._stopping = True
         self._q.put(None)
-        self._thread.join(timeout=timeout_s)
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout_s)
         while True:
             try:
                 item = self._q.get_nowait()

@@ -16,6 +16,7 @@ from gpuscope.v1 import agent_pb2_grpc, analyzer_pb2_grpc
 from . import clients
 from .agent import Agent, AgentConfig
 from .cliutil import UsageError
+from .security_flags import agent_security, server_tls_dir, server_tls_files, server_tokens
 from .serve import build_server, parse_hostport, shutdown
 from .service import AgentServicer
 from .uplink import Uplink, UplinkConfig
@@ -58,7 +59,7 @@ class _Started:
         return getattr(self._inner, name)
 
 
-def _setup_captures(agent: Agent, ns, analyzer_target: str | None) -> None:
+def _setup_captures(agent: Agent, ns, analyzer_target: str | None, links) -> None:
     """Deep captures: runner under --capture-dir, job discovery, and reports
     to the analyzer (which summarizes, stores and links them)."""
     from gpuscope.collectors.jobs import JobDiscovery
@@ -76,7 +77,8 @@ def _setup_captures(agent: Agent, ns, analyzer_target: str | None) -> None:
     agent.discovery = JobDiscovery(lambda addr: XlaProfilerClient(addr).probe(), configured=ns.profiler or [],
                                    serving=serving)
     if analyzer_target:
-        agent.capture_reporter = lambda rec, data: clients.report_capture(analyzer_target, capture_pb(rec), data)
+        agent.capture_reporter = lambda rec, data: clients.report_capture(analyzer_target, capture_pb(rec), data,
+                                                                          security=links)
 
 
 def _analyzer_config(ns, dry_run: bool):
@@ -89,17 +91,18 @@ def _analyzer_config(ns, dry_run: bool):
                           threads=getattr(ns, "threads", 2), trigger=trigger)
 
 
-def _start_commands(agent: Agent, target: str, host: str):
+def _start_commands(agent: Agent, target: str, host: str, links):
     from .commands import CommandListener
 
-    listener = CommandListener(target, host, agent.boot_id, agent.run_command)
+    listener = CommandListener(target, host, agent.boot_id, agent.run_command, security=links)
     listener.start()
     return listener
 
 
-def _uplink_factory(host: str, target: str, buffer_samples: int):
+def _uplink_factory(host: str, target: str, buffer_samples: int, links):
     def make(boot_id, devices):
-        return Uplink(UplinkConfig(target=target, buffer_samples=buffer_samples), host, boot_id, devices)
+        return Uplink(UplinkConfig(target=target, buffer_samples=buffer_samples), host, boot_id, devices,
+                      security=links)
     return make
 
 
@@ -119,6 +122,46 @@ def _install_signals(stop: threading.Event) -> None:
         signal.signal(sig, lambda *_: stop.set())
 
 
+def _server_security(ns, name: str, listen: str) -> dict:
+    """build_server's credentials and per-call authentication for this
+    process: mutual TLS and roles, or, only with --insecure on a loopback
+    address, neither (and it says so)."""
+    from gpuscope.security.auth import OPERATOR_ACTIONS, audit, authorize, caller_from
+    from gpuscope.security.tls import is_loopback, server_credentials
+
+    files = server_tls_files(ns, name)
+    if files is None:
+        if not is_loopback(listen):
+            raise UsageError(f"--insecure: {listen} is not a loopback address; plain text is allowed on "
+                             "127.0.0.1/::1 only (use --tls-dir for the fleet, see docs/security.md)")
+        print(f"gpuscope: INSECURE: {listen} serves without TLS or authentication (--insecure, loopback only)",
+              file=sys.stderr)
+        return {}
+    tokens = server_tokens(ns)
+
+    def authenticate(method: str, auth_context: dict, metadata: tuple):
+        caller = caller_from(auth_context, metadata, tokens)
+        denial = authorize(method, caller)
+        if method in OPERATOR_ACTIONS:
+            audit(caller, method, outcome="denied" if denial else "allowed")
+        return caller, denial
+    return dict(credentials=server_credentials(files, require_client_cert=True), authenticate=authenticate)
+
+
+def _provision_local_pki(ns) -> None:
+    """`up` is secure with no flags: a CA and certificates for this host, made
+    once under tls/ beside the DB (0700), used by its servers, its in-process
+    agent and by on-call commands on this host."""
+    from gpuscope.security.certs import ensure_local_pki
+
+    if ns.insecure or ns.ca or ns.cert or ns.key:
+        return
+    made = ensure_local_pki(server_tls_dir(ns), ns.host)
+    if made.get("created"):
+        print(f"gpuscope: made a local CA and certificates in {made['dir']} "
+              f"({', '.join(made['created'])})", file=sys.stderr)
+
+
 def _loopback(listen: str, port: int) -> str:
     host = listen.rpartition(":")[0]
     if host in ("0.0.0.0", "[::]", ""):
@@ -133,6 +176,9 @@ def cmd_up(ns) -> int:
 
     parse_hostport(ns.listen, "--listen")
     Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
+    _provision_local_pki(ns)
+    security = _server_security(ns, "analyzer", ns.listen)
+    links = agent_security(ns, server_name="localhost")
     collector, source = make_source(ns.source, ns.speed, allow_fallback=True)
     # A replay has no real process to capture: decisions are recorded as dry runs.
     analyzer = Analyzer(_analyzer_config(ns, dry_run=ns.dry_run or source.startswith("replay:")))
@@ -142,12 +188,13 @@ def cmd_up(ns) -> int:
     servicer = AnalyzerServicer(analyzer)
     server, port, health = build_server(ns.listen, [
         (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, servicer, "gpuscope.v1.Analyzer"),
-        (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent, "in-process"), "gpuscope.v1.Agent")])
+        (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent, "in-process"), "gpuscope.v1.Agent")],
+        **security)
     server.start()
     target = _loopback(ns.listen, port)
-    _setup_captures(agent, ns, target)
-    agent.start(_uplink_factory(ns.host, target, ns.buffer_samples))
-    listener = _start_commands(agent, target, ns.host)
+    _setup_captures(agent, ns, target, links)
+    agent.start(_uplink_factory(ns.host, target, ns.buffer_samples, links))
+    listener = _start_commands(agent, target, ns.host, links)
     stop = threading.Event()
     _install_signals(stop)
     view = LiveView()
@@ -174,15 +221,17 @@ def cmd_agent(ns) -> int:
     if ns.analyzer:
         parse_hostport(ns.analyzer, "--analyzer")
     collector, source = make_source(ns.source, ns.speed, allow_fallback=False)
-    factory = _uplink_factory(ns.host, ns.analyzer, ns.buffer_samples) if ns.analyzer else None
+    links = agent_security(ns)
+    security = _server_security(ns, "agent", ns.listen)
+    factory = _uplink_factory(ns.host, ns.analyzer, ns.buffer_samples, links) if ns.analyzer else None
     agent = Agent(AgentConfig(host=ns.host, source=source, interval_s=ns.interval), collector, factory)
-    _setup_captures(agent, ns, ns.analyzer or None)
+    _setup_captures(agent, ns, ns.analyzer or None, links)
     server, port, health = build_server(ns.listen, [
         (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent, ns.analyzer or ""), "gpuscope.v1.Agent")],
-        max_workers=8)
+        max_workers=8, **security)
     agent.start()
     server.start()
-    listener = _start_commands(agent, ns.analyzer, ns.host) if ns.analyzer else None
+    listener = _start_commands(agent, ns.analyzer, ns.host, links) if ns.analyzer else None
     print(f"gpuscope agent: {source}, API on {ns.listen.rpartition(':')[0]}:{port}, "
           f"analyzer {ns.analyzer or '(none)'}", file=sys.stderr)
     stop = threading.Event()
@@ -202,11 +251,16 @@ def cmd_analyzer(ns) -> int:
     from gpuscope.analyzers.service import AnalyzerServicer
 
     parse_hostport(ns.listen, "--listen")
+    security = _server_security(ns, "analyzer", ns.listen)
     Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
     analyzer = Analyzer(_analyzer_config(ns, dry_run=ns.dry_run))
     servicer = AnalyzerServicer(analyzer, max_agent_streams=ns.max_streams)
-    server, port, health = build_server(ns.listen, [
-        (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, servicer, "gpuscope.v1.Analyzer")])
+    try:
+        server, port, health = build_server(ns.listen, [
+            (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, servicer, "gpuscope.v1.Analyzer")], **security)
+    except BaseException:
+        analyzer.close()
+        raise
     analyzer.start()
     server.start()
     print(f"gpuscope analyzer: listening on {ns.listen.rpartition(':')[0]}:{port}, db {ns.db}", file=sys.stderr)

@@ -219,12 +219,7 @@ def port_holder(port: int, proc: str = "/proc") -> str | None:
         return None
     wanted = {f"socket:[{i}]" for i in inodes}
     for pid in filter(str.isdigit, os.listdir(proc)):
-        fd_dir = os.path.join(proc, pid, "fd")
-        try:
-            links = {os.readlink(os.path.join(fd_dir, fd)) for fd in os.listdir(fd_dir)}
-        except OSError:
-            continue
-        if links & wanted:
+        if _fd_links(os.path.join(proc, pid, "fd")) & wanted:
             try:
                 with open(os.path.join(proc, pid, "cmdline"), "rb") as f:
                     cmd = f.read(300).replace(b"\0", b" ").decode(errors="replace").strip()
@@ -232,3 +227,17 @@ def port_holder(port: int, proc: str = "/proc") -> str | None:
                 cmd = "?"
             return f"pid {pid} ({cmd})"
     return None
+
+
+def _fd_links(fd_dir: str) -> set[str]:
+    links = set()
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:          # gone, or another user's
+        return links
+    for fd in names:
+        try:
+            links.add(os.readlink(os.path.join(fd_dir, fd)))
+        except OSError:      # closed meanwhile
+            continue
+    return links

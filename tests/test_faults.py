@@ -1,0 +1,103 @@
+"""Real processes, real faults: an analyzer killed -9 while an agent catches
+up, a poison batch from another client at the same time, and a second
+analyzer on a busy port. Every acknowledged batch is stored, once."""
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import duckdb
+import grpc
+
+from gpuscope.collectors.records import DeviceInfo, GpuSample
+from gpuscope.daemon.convert import encode_batch
+from gpuscope.daemon.uplink import Uplink, UplinkConfig
+from gpuscope.v1 import analyzer_pb2_grpc, samples_pb2 as pb
+from tests.conftest import free_port
+from tests.helpers import wait_for
+
+
+def _analyzer(db, port, *extra):
+    return subprocess.Popen([sys.executable, "-m", "gpuscope.daemon.cli", "--log-level", "warning", "analyzer",
+                             "--db", str(db), "--listen", f"127.0.0.1:{port}", "--insecure", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _ready(port: int, timeout: float = 30.0) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        grpc.channel_ready_future(ch).result(timeout=timeout)
+
+
+def _poison(port: int, stop: threading.Event, answers: list) -> None:
+    """Another client pushing batches that storage cannot hold."""
+    seq = 0
+    while not stop.is_set():
+        seq += 1
+        s = [GpuSample(0, time.time() - 1, {"power_watts": 1.0})]
+        b = encode_batch("poison", "p", seq, s, [DeviceInfo(gpu=0, memory_total_bytes=2 ** 64 - 1)])
+        try:
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+                analyzer_pb2_grpc.AnalyzerStub(ch).Push(b, timeout=5)
+            answers.append("OK")
+        except grpc.RpcError as exc:
+            answers.append(exc.code().name)
+        stop.wait(0.05)
+
+
+def test_kill_9_during_catch_up_with_a_poison_client_loses_no_acked_batch(tmp_path):
+    db, port = tmp_path / "k.duckdb", free_port()
+    up = Uplink(UplinkConfig(target=f"127.0.0.1:{port}", flush_interval_s=0.02, max_batch_samples=20,
+                             buffer_samples=1_000_000, backoff_initial_s=0.05, backoff_max_s=0.3),
+                "catch-up", "boot-1", lambda: [DeviceInfo(gpu=g, name="NVIDIA H200") for g in range(8)])
+    up.start()
+    t0 = time.time() - 1800
+    total = 8 * 1000
+    for i in range(1000):             # the backlog of an outage: 1,000 ticks x 8 GPUs
+        up.submit([GpuSample(g, t0 + i, {"power_watts": 100.0 + g, "util_gpu_ratio": 0.5}) for g in range(8)])
+    up.flush()
+    proc = _analyzer(db, port)
+    stop, answers = threading.Event(), []
+    poison = threading.Thread(target=_poison, args=(port, stop, answers), daemon=True)
+    try:
+        _ready(port)
+        poison.start()
+        wait_for(lambda: up.stats()["batches_acked"] >= 60, timeout=60, step=0.005)
+        proc.send_signal(signal.SIGKILL)        # mid catch-up
+        proc.wait(10)
+        acked_before = up.stats()["batches_acked"]
+        assert 0 < acked_before < total // 20
+        proc = _analyzer(db, port)
+        _ready(port)
+        wait_for(lambda: up.stats()["unacked_samples"] == 0, timeout=120)
+    finally:
+        stop.set()
+        up.stop()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err[-2000:]
+    assert "INVALID_ARGUMENT" in answers and "OK" not in answers
+    con = duckdb.connect(str(db), read_only=True)
+    rows, distinct = con.execute("SELECT count(*), count(DISTINCT (gpu, t)) FROM samples WHERE host = 'catch-up'"
+                                 ).fetchone()
+    poisoned = con.execute("SELECT count(*) FROM samples WHERE host = 'poison'").fetchone()[0]
+    con.close()
+    assert (rows, distinct, poisoned) == (total, total, 0)
+    assert up.stats()["dropped_samples"] == 0
+
+
+def test_a_second_analyzer_on_a_busy_port_exits_naming_the_holder(tmp_path):
+    port = free_port()
+    first = _analyzer(tmp_path / "a.duckdb", port)
+    try:
+        _ready(port)
+        second = _analyzer(tmp_path / "b.duckdb", port)
+        out, err = second.communicate(timeout=60)
+        assert second.returncode != 0
+        line = [ln for ln in err.splitlines() if ln.startswith("gpuscope analyzer: error:")]
+        assert line and f"127.0.0.1:{port}" in line[0] and f"pid {first.pid}" in line[0], err[-2000:]
+        assert first.poll() is None             # the first one keeps serving
+        _ready(port, timeout=5)
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=20)
