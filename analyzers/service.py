@@ -22,8 +22,7 @@ from gpuscope.security.context import current_caller
 from .analyzer import Analyzer
 from .events import Watch
 from .report import build_report
-from . import ingest
-from .ingest import BatchError, decode
+from .ingest import BatchError, decode, validate_capture_record
 from .store import AGGREGATES
 from .writer import COMMITTED, BatchRejected, StoreUnavailable
 
@@ -153,11 +152,11 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             reader.cancel()
 
     async def ReportCapture(self, request, context):
+        await _own_host(context, request.record.host, "record.host")
         try:
-            ingest.validate_capture_record(request.record)
+            validate_capture_record(request.record)
         except BatchError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"record: {exc}")
-        await _own_host(context, request.record.host, "record.host")
         try:
             row = await self._query(self.analyzer.report_capture, request.record, request.xspace,
                                     pool=self._captures)

@@ -1,0 +1,131 @@
+"""The analyzer over mutual TLS, as an attacker and as its users meet it:
+no certificate, another CA, another host's agent certificate, a reader
+calling an operator's RPC. Certificates are made in the test."""
+import time
+
+import grpc
+import pytest
+
+from gpuscope.analyzers.analyzer import Analyzer, AnalyzerConfig
+from gpuscope.analyzers.service import AnalyzerServicer
+from gpuscope.collectors.records import DeviceInfo, GpuSample
+from gpuscope.daemon.convert import encode_batch
+from gpuscope.daemon.serve import build_server, shutdown
+from gpuscope.security import certs
+from gpuscope.security.auth import authorize, caller_from
+from gpuscope.security.tls import ClientSecurity, server_credentials, tls_files
+from gpuscope.v1 import agent_pb2, agent_pb2_grpc, analyzer_pb2 as apb, analyzer_pb2_grpc, samples_pb2 as pb
+
+
+def _authenticate(method, auth_context, metadata):
+    caller = caller_from(auth_context, metadata, None)
+    return caller, authorize(method, caller)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pki")
+    ca = root / "ca"
+    certs.create_ca(ca)
+    certs.issue_server(ca)
+    for host in ("h1", "h2"):
+        certs.issue_agent(ca, host, out=root / host)
+    for role in ("reader", "operator"):
+        certs.issue_client(ca, f"alice-{role}", role, out=root / role)
+    other = root / "other"
+    certs.create_ca(other)
+    certs.issue_agent(other, "h1", out=root / "forged")
+    return root
+
+
+@pytest.fixture(scope="module")
+def analyzer(pki, tmp_path_factory):
+    a = Analyzer(AnalyzerConfig(str(tmp_path_factory.mktemp("db") / "s.duckdb"), memory_limit="256MB"))
+    servicer = AnalyzerServicer(a)
+    server, port, _ = build_server("127.0.0.1:0", [
+        (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, servicer, "gpuscope.v1.Analyzer")],
+        credentials=server_credentials(tls_files(pki / "ca", "analyzer")), authenticate=_authenticate)
+    a.start()
+    server.start()
+    yield a, f"localhost:{port}"
+    shutdown(server, grace_s=0.2)
+    servicer.close()
+    a.close()
+
+
+def _client(pki, who):
+    name = "client" if who in ("reader", "operator") else "agent"
+    return ClientSecurity(ca=str(pki / "ca" / "ca.pem"), cert=str(pki / who / f"{name}.pem"),
+                          key=str(pki / who / f"{name}.key"))
+
+
+def _batch(host, seq=1):
+    s = [GpuSample(0, time.time() - 1, {"power_watts": 100.0})]
+    return encode_batch(host, "boot", seq, s, [DeviceInfo(gpu=0)])
+
+
+def _code(fn):
+    with pytest.raises(grpc.RpcError) as err:
+        fn()
+    return err.value.code()
+
+
+def test_an_agent_pushes_for_its_own_host_only(pki, analyzer):
+    a, target = analyzer
+    with _client(pki, "h1").channel(target) as ch:
+        stub = analyzer_pb2_grpc.AnalyzerStub(ch)
+        assert stub.Push(_batch("h1"), timeout=10).status == pb.BatchAck.COMMITTED
+        assert _code(lambda: stub.Push(_batch("h2"), timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
+        commands = stub.Commands(apb.AgentHello(host="h2", boot_id="x"), timeout=5)
+        assert _code(lambda: next(commands)) == grpc.StatusCode.PERMISSION_DENIED
+        rec = pb.CaptureRecord(id="c1", host="h2", target="x", status="ok")
+        assert _code(lambda: stub.ReportCapture(apb.CaptureReport(record=rec), timeout=10)) == \
+            grpc.StatusCode.PERMISSION_DENIED
+        # an agent is no on-call reader
+        assert _code(lambda: stub.ListFindings(apb.FindingsRequest(), timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
+    assert a.store.reader().execute("SELECT DISTINCT host FROM samples").fetchall() == [("h1",)]
+
+
+def test_no_certificate_or_another_ca_is_refused(pki, analyzer):
+    _, target = analyzer
+    with ClientSecurity(ca=str(pki / "ca" / "ca.pem")).channel(target) as ch:     # TLS, no client cert
+        assert _code(lambda: analyzer_pb2_grpc.AnalyzerStub(ch).GetStatus(apb.StatusRequest(), timeout=5)) == \
+            grpc.StatusCode.UNAVAILABLE                                          # the handshake fails
+    with _client(pki, "forged").channel(target) as ch:
+        assert _code(lambda: analyzer_pb2_grpc.AnalyzerStub(ch).Push(_batch("h1"), timeout=5)) == \
+            grpc.StatusCode.UNAVAILABLE
+    with grpc.insecure_channel(target) as ch:                                     # plain text to a TLS port
+        assert _code(lambda: analyzer_pb2_grpc.AnalyzerStub(ch).GetStatus(apb.StatusRequest(), timeout=5)) == \
+            grpc.StatusCode.UNAVAILABLE
+
+
+def test_roles_reader_reads_and_may_not_push(pki, analyzer):
+    _, target = analyzer
+    with _client(pki, "reader").channel(target) as ch:
+        stub = analyzer_pb2_grpc.AnalyzerStub(ch)
+        assert stub.GetStatus(apb.StatusRequest(), timeout=10).hosts >= 0
+        stub.ListFindings(apb.FindingsRequest(), timeout=10)
+        assert _code(lambda: stub.Push(_batch("h1", 2), timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_reader_may_not_capture_on_an_agent(pki, tmp_path):
+    """The agent's own API: Capture is an operator's action."""
+    from gpuscope.daemon.service import AgentServicer
+
+    class _NoAgent:      # never reached: authorization comes first
+        pass
+    server, port, _ = build_server("127.0.0.1:0", [
+        (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(_NoAgent()), "gpuscope.v1.Agent")],
+        credentials=server_credentials(tls_files(pki / "h1", "agent", ca=pki / "ca" / "ca.pem")),
+        authenticate=_authenticate)
+    server.start()
+    try:
+        with _client(pki, "reader").channel(f"127.0.0.1:{port}") as ch:
+            req = agent_pb2.CaptureRequest(duration_ms=100, pid=1)
+            assert _code(lambda: agent_pb2_grpc.AgentStub(ch).Capture(req, timeout=10)) == \
+                grpc.StatusCode.PERMISSION_DENIED
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            assert _code(lambda: agent_pb2_grpc.AgentStub(ch).Capture(
+                agent_pb2.CaptureRequest(duration_ms=100, pid=1), timeout=5)) == grpc.StatusCode.UNAVAILABLE
+    finally:
+        shutdown(server, grace_s=0.2)
