@@ -5,6 +5,11 @@ job's environment (`GPUSCOPE_PROFILER_PORT=9012` in /proc/PID/environ), and
 the TCP ports the GPU's processes listen on (/proc/PID/fd socket inodes
 matched against /proc/PID/net/tcp{,6}), each recognised as a profiler by a
 probe that starts no capture. Probe answers are remembered per (pid, port).
+
+These are also the only targets the agent will capture: an address that is
+neither discovered nor configured (`--profiler HOST:PORT`, `--serving
+URL=TRACE_DIR`) is refused, so whoever can call the agent cannot point it
+at an arbitrary host.
 """
 from __future__ import annotations
 
@@ -47,6 +52,18 @@ class JobDiscovery:
             if job is not None:
                 jobs.append(job)
         return jobs
+
+    def configured(self, address: str) -> Job | None:
+        """The job for an address the agent was configured with, if it was:
+        a JAX profiler (`--profiler`) or a serving engine (`--serving`).
+        Addresses compare as written (a URL's trailing slash aside)."""
+        address = address.strip()
+        if address in self._configured:
+            return Job(None, address, found_by="config")
+        for url, trace_dir in self._serving.items():
+            if address.rstrip("/") == url.rstrip("/"):
+                return Job(None, url, found_by="config", kind="torch-http", trace_dir=trace_dir)
+        return None
 
     def find(self, pid: int, gpus: list[int] | None = None) -> Job | None:
         command = self._command(pid)

@@ -27,6 +27,10 @@ BURST_INTERVAL_S = 0.1
 FALLBACK_BURST_S = 30.0      # a job without a profiler still gets 100 ms counters for this long
 
 
+class TargetNotAllowed(PermissionError):
+    """A capture address the agent neither discovered nor was configured with."""
+
+
 class Collector(Protocol):
     def start(self) -> None: ...
     def devices(self) -> list[DeviceInfo]: ...
@@ -171,31 +175,39 @@ class Agent:
     def capture(self, duration_ms: int, address: str = "", pid: int | None = None,
                 trigger: str = "on-call", gpu: int | None = None) -> tuple[CaptureRecord, bytes]:
         """Deep capture of one job now: by profiler address, by pid, or (for
-        the analyzer's commands) the job on a GPU. Raises LookupError when no
-        capturable job is found, ValueError for a bad duration."""
+        the analyzer's commands) the job on a GPU. Only targets the agent
+        knows are captured: discovered jobs and configured addresses.
+        Raises LookupError when no capturable job is found, TargetNotAllowed
+        for an address the agent does not know, ValueError for a bad duration."""
         if self.captures is None:
             raise LookupError("captures are off on this agent (no --capture-dir)")
         job = self._find_job(address, pid, gpu)
-        if job is None and not address:
+        if job is None and address:
+            raise TargetNotAllowed(
+                f"{address} is not a target this agent knows: it captures only the jobs it discovers on its GPUs "
+                f"(`gpuscope jobs`) and the addresses it is configured with; to allow this one, start the agent "
+                f"with --profiler {address} (a JAX profiler) or --serving {address}=TRACE_DIR (a serving engine)")
+        if job is None:
             what = f"pid {pid}" if pid is not None else f"GPU {gpu}"
             raise LookupError(f"{what}: no XLA profiler service or serving endpoint found (start the job with "
                               f"jax.profiler.start_server(PORT), set GPUSCOPE_PROFILER_PORT in its environment, "
                               f"or give the agent --serving URL=TRACE_DIR)")
         client = None
-        if job is not None and job.kind == "torch-http":
+        if job.kind == "torch-http":
             from gpuscope.collectors.serving_profiler import TorchProfilerHttp
             client = TorchProfilerHttp(job.address, job.trace_dir)
-        target = job.address if job is not None else address
         rec, data = self.captures.capture(
-            target, duration_ms, pid=job.pid if job else pid, gpus=job.gpus if job else [],
-            job=f"pid:{job.pid} {job.command}".strip() if job and job.pid else "", trigger=trigger,
-            kind=job.kind if job else "jax", client=client)
+            job.address, duration_ms, pid=job.pid, gpus=job.gpus,
+            job=f"pid:{job.pid} {job.command}".strip() if job.pid else "", trigger=trigger,
+            kind=job.kind, client=client)
         if self.capture_reporter is not None:
             # The caller gets the trace now; the analyzer's summary and linking follow.
             threading.Thread(target=self._report, args=(rec, data), name="capture-report", daemon=True).start()
         return rec, data
 
     def _find_job(self, address: str, pid: int | None, gpu: int | None):
+        """A discovered job (by pid, address or GPU), or for an address one
+        the agent was configured with; None when the agent knows none."""
         if self.discovery is None:
             return None
         pids = self.gpu_pids()
@@ -203,7 +215,8 @@ class Agent:
             return self.discovery.find(pid, pids.get(pid, []))
         jobs = self.jobs()
         if address:
-            return next((j for j in jobs if j.address == address), None)
+            found = next((j for j in jobs if j.address == address), None)
+            return found or self.discovery.configured(address)
         return next((j for j in jobs if gpu in j.gpus), None)
 
     def counter_burst(self, seconds: float, gpu: int, trigger: str) -> CaptureRecord:

@@ -1,10 +1,24 @@
 """Runs deep captures for the agent: never two on one process, a deadline
 of the duration plus a margin, files only under the capture directory, and
-a record of every attempt whatever its outcome."""
+a record of every attempt whatever its outcome.
+
+Files: the capture directory is 0700 and must be the agent's own (see
+safe_files: a symbolic link, another user's directory or one that group or
+others may write is refused, at start-up when it exists, else when the
+first capture creates it). Each capture gets a new 0700 directory made
+under the root's descriptor; every file the agent writes there is created
+new, 0600, through that directory's descriptor, never through a link. A
+trace the job or the engine wrote is read the same way: below the
+directory it must be in (ours, or the engine's trace directory), no link
+followed, a regular file, at most `max_trace_bytes`. Anything else is
+recorded as a failed capture saying what was refused, and nothing is
+written. Consequence: a JAX job that writes its XSpace to disk must run as
+the agent's user (servers that return it in the response need nothing).
+"""
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import socket
 import threading
 import time
@@ -17,6 +31,8 @@ import structlog
 
 from gpuscope.collectors.xla_profiler import ProfilerError, XlaProfilerClient
 
+from . import safe_files
+
 log = structlog.get_logger("gpuscope.captures")
 MAX_DURATION_MS = 60_000
 
@@ -28,6 +44,7 @@ class CaptureConfig:
     min_free_bytes: int = 512 << 20    # leave the disk this much
     margin_s: float = 15.0
     keep_records: int = 500
+    max_trace_bytes: int = 256 << 20   # one trace; it travels in one gRPC message (serve.MAX_MESSAGE_BYTES)
 
 
 @dataclass
@@ -49,69 +66,112 @@ class CaptureRecord:
     kind: str = "jax"
 
 
+def _new_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
 class CaptureRunner:
     def __init__(self, config: CaptureConfig, host: str = socket.gethostname(),
                  client_factory: Callable[[str], XlaProfilerClient] = XlaProfilerClient,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, new_id: Callable[[], str] = _new_id):
+        """Raises ValueError when the capture directory exists and is not
+        safe to write in (fail fast); a missing one is made by the first capture."""
         self.config = config
         self.host = host
         self._client_factory = client_factory
         self._clock = clock
+        self._new_id = new_id
         self._lock = threading.Lock()
         self._running: set[str] = set()
         self.records: list[CaptureRecord] = []
-
-    def _used_bytes(self) -> int:
-        return sum(f.stat().st_size for f in self.config.directory.rglob("*") if f.is_file())
+        if os.path.lexists(config.directory):
+            try:
+                os.close(safe_files.open_root(config.directory, create=False))
+            except OSError as exc:
+                raise ValueError(f"capture directory: {exc}") from None
 
     def capture(self, target: str, duration_ms: int, pid: int | None = None, gpus: list[int] | None = None,
                 job: str = "", trigger: str = "on-call", kind: str = "jax",
                 client=None) -> tuple[CaptureRecord, bytes]:
         """client: anything with the XlaProfilerClient.capture signature
-        (the JAX profiler by default, or a serving engine's HTTP profiler)."""
+        (the JAX profiler by default, or a serving engine's HTTP profiler).
+        A result with a `path` outside the per-capture directory must carry
+        `source_root`, the directory that path is confined to; the runner
+        reads it from there and keeps a copy."""
         if not 0 < duration_ms <= MAX_DURATION_MS:
             raise ValueError(f"duration_ms must be 1 to {MAX_DURATION_MS}, got {duration_ms}")
-        rec = CaptureRecord(id=uuid.uuid4().hex[:12], host=self.host, target=target, pid=pid, gpus=list(gpus or []),
+        rec = CaptureRecord(id=self._new_id(), host=self.host, target=target, pid=pid, gpus=list(gpus or []),
                             job=job, start=self._clock(), duration_ms=duration_ms, trigger=trigger, kind=kind)
         key = f"pid:{pid}" if pid is not None else target
         with self._lock:
             busy = key in self._running
             if not busy:
                 self._running.add(key)
-        data = b""
+        root_fd = cap_fd = None
         try:
             if busy:
-                return self._finish(rec, "busy", "a capture of this process is already running"), data
-            self.config.directory.mkdir(parents=True, exist_ok=True)
-            free = shutil.disk_usage(self.config.directory).free
-            if self._used_bytes() >= self.config.max_bytes or free < self.config.min_free_bytes:
+                return self._finish(rec, "busy", "a capture of this process is already running"), b""
+            root_fd = safe_files.open_root(self.config.directory)
+            free = safe_files.free_bytes(root_fd)
+            if safe_files.used_bytes(root_fd) >= self.config.max_bytes or free < self.config.min_free_bytes:
                 return self._finish(rec, "disk-full", f"capture directory {self.config.directory} is full "
-                                    f"(budget {self.config.max_bytes >> 20} MiB, {free >> 20} MiB free on disk)"), data
+                                    f"(budget {self.config.max_bytes >> 20} MiB, {free >> 20} MiB free on disk)"), b""
+            where = str(self.config.directory)
+            cap_fd = safe_files.make_private_dir(root_fd, rec.id, where)
             root = self.config.directory / rec.id
-            root.mkdir()
-            root.chmod(0o777)      # the job, maybe another user, writes its XSpace here
             try:
                 result = (client or self._client_factory(target)).capture(duration_ms, root, rec.id, self.host,
                                                                           margin_s=self.config.margin_s)
-            except ProfilerError as exc:
-                shutil.rmtree(root, ignore_errors=True)
-                return self._finish(rec, exc.reason, str(exc)), data
-            data = result.xspace
-            if result.path is not None and root in result.path.parents:
-                path = result.path
-            else:   # returned in the response, or written into the job's own directory: keep our copy
-                name = result.path.name if result.path is not None else f"{self.host}.xplane.pb"
-                path = root / name
-                path.write_bytes(data)
-            rec.path, rec.size_bytes = str(path), len(data)
-            (root / "capture.json").write_text(json.dumps(asdict(rec) | {"status": "ok"}))
+                path, data = self._keep(result, root, cap_fd)
+                rec.path, rec.size_bytes = str(path), len(data)
+                safe_files.write_new(cap_fd, "capture.json", json.dumps(asdict(rec) | {"status": "ok"}).encode(),
+                                     str(root))
+            except (ProfilerError, OSError) as exc:      # a failed capture leaves no files
+                os.close(cap_fd)
+                cap_fd = None
+                safe_files.remove_tree(root_fd, rec.id)
+                rec.path, rec.size_bytes = "", 0
+                if isinstance(exc, ProfilerError):
+                    return self._finish(rec, exc.reason, str(exc)), b""
+                raise
             return self._finish(rec, "ok" if not result.empty else "ok-empty", ""), data
         except OSError as exc:
             return self._finish(rec, "failed", f"{type(exc).__name__}: {exc}"), b""
         finally:
+            for fd in (cap_fd, root_fd):
+                if fd is not None:
+                    os.close(fd)
             if not busy:
                 with self._lock:
                     self._running.discard(key)
+
+    def _keep(self, result, root: Path, cap_fd: int) -> tuple[Path, bytes]:
+        """The trace's bytes and where it is kept under `root`: read back
+        safely when the job wrote it there, copied from the engine's trace
+        directory, or written from the response."""
+        limit = self.config.max_trace_bytes
+        if result.path is None:                  # returned in the response
+            if len(result.xspace) > limit:
+                raise safe_files.UnsafePath(f"the trace is {len(result.xspace) >> 20} MiB, more than the "
+                                            f"{limit >> 20} MiB a capture may be")
+            name = f"{self.host}.xplane.pb"
+            safe_files.write_new(cap_fd, name, result.xspace, str(root))
+            return root / name, result.xspace
+        path = Path(result.path)
+        if root in path.parents:                 # the job wrote it into our directory
+            return path, safe_files.read_beneath(cap_fd, path.relative_to(root), limit, str(root),
+                                                 make_private=True)
+        source_root = getattr(result, "source_root", None)
+        if source_root is None or Path(source_root) not in path.parents:
+            raise safe_files.UnsafePath(f"the profiler reported its trace at {path}, outside {root} and any "
+                                        f"directory it is confined to; not read")
+        src_fd = os.open(source_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)   # the configured trace dir
+        try:
+            data = safe_files.read_beneath(src_fd, path.relative_to(source_root), limit, str(source_root))
+        finally:
+            os.close(src_fd)
+        safe_files.write_new(cap_fd, path.name, data, str(root))
+        return root / path.name, data
 
     def _finish(self, rec: CaptureRecord, status: str, error: str) -> CaptureRecord:
         rec.status, rec.error, rec.end = status, error, self._clock()

@@ -7,7 +7,7 @@ from gpuscope.v1 import agent_pb2 as apb, agent_pb2_grpc
 
 import grpc
 
-from .agent import Agent
+from .agent import Agent, TargetNotAllowed
 from .convert import capture_pb, device_pb, encode_batch
 
 DEFAULT_CAPTURE_MS = 2000
@@ -48,6 +48,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"duration_ms: {exc}")
         except LookupError as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except TargetNotAllowed as exc:     # an address the agent does not know: never contacted
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         return apb.CaptureReply(record=capture_pb(rec), xspace=data)
 
     def ListCaptures(self, request, context):

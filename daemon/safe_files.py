@@ -1,0 +1,212 @@
+"""Files under the capture directory that nobody can redirect.
+
+Every operation works relative to an open directory descriptor and opens
+each path component with O_NOFOLLOW, so a symbolic link planted anywhere
+below the capture root (as a per-capture directory, as a file name, as a
+subdirectory of a serving engine's trace directory) is never followed:
+the operation fails with `UnsafePath` instead. Directories the agent
+creates are 0700, files 0600, and a file is only ever created new
+(O_EXCL), never truncated or appended to.
+
+The capture root itself (`--capture-dir`) is trusted up to its parent (the
+operator chose it); the root must be a real directory, owned by the agent's
+user and not writable by group or others, else it is refused. Its read bits
+are left as the operator set them; what is below it is private.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+from pathlib import Path
+
+DIR_MODE, FILE_MODE = 0o700, 0o600
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: a FIFO planted in place of a trace must not hang the open.
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+class UnsafePath(OSError):
+    """A path the agent refuses to use: a symbolic link, something that is
+    not a regular file or directory, or a directory others may write to."""
+
+
+def _component(name: str) -> str:
+    if not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise UnsafePath(f"{name!r} is not a plain file name")
+    return name
+
+
+def _what(name: str, dir_fd: int) -> str:
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return "missing"
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(st.st_mode):
+        return "a directory"
+    if stat.S_ISREG(st.st_mode):
+        return "a regular file"
+    return "a special file"
+
+
+def _refused(exc: OSError, name: str, dir_fd: int, where: str, action: str) -> OSError:
+    """A clear error for an open that O_NOFOLLOW / O_EXCL / O_DIRECTORY stopped."""
+    what = _what(name, dir_fd)
+    if what == "a symbolic link":
+        return UnsafePath(f"{where}/{name} is a symbolic link; not {action} through it")
+    if exc.errno == errno.EEXIST:
+        return UnsafePath(f"{where}/{name} already exists ({what}); not overwritten")
+    if exc.errno in (errno.ENOTDIR, errno.ELOOP):
+        return UnsafePath(f"{where}/{name} is {what}, not a directory")
+    return exc
+
+
+def open_root(path: str | os.PathLike, create: bool = True) -> int:
+    """The capture root as a directory descriptor, created 0700 when missing.
+    Refused (UnsafePath) when it is a symbolic link or not a directory, owned
+    by another user, or writable by group or others. The caller closes it."""
+    path = Path(path)
+    if create and not os.path.lexists(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(path, DIR_MODE)
+        except FileExistsError:
+            pass                                    # made meanwhile: checked below like any other
+    try:
+        fd = os.open(path, _DIR_FLAGS)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise UnsafePath(f"{path} is a symbolic link; give the directory itself") from None
+        if exc.errno in (errno.ENOTDIR, errno.ELOOP):
+            raise UnsafePath(f"{path} is not a directory") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise UnsafePath(f"{path} is owned by uid {st.st_uid}, not by the agent's user (uid {os.geteuid()}); "
+                             f"give a directory the agent owns")
+        if st.st_mode & 0o022:
+            raise UnsafePath(f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
+                             f"run `chmod 700 {path}` or choose another directory")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def make_private_dir(parent_fd: int, name: str, where: str = "") -> int:
+    """Create `name` (0700) under `parent_fd` and open it without following
+    links; returns its descriptor (the caller closes it). Refuses a name that
+    exists already, whatever it is."""
+    name = _component(name)
+    try:
+        os.mkdir(name, DIR_MODE, dir_fd=parent_fd)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as exc:
+        raise _refused(exc, name, parent_fd, where, "written") from None
+    try:
+        os.fchmod(fd, DIR_MODE)                     # exactly 0700, whatever the umask
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise UnsafePath(f"{where}/{name} was replaced by another user's directory")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_new(dir_fd: int, name: str, data: bytes, where: str = "") -> int:
+    """Write `data` to a new file `name` (0600) in the directory `dir_fd`;
+    never through a link, never over an existing file. Returns bytes written."""
+    name = _component(name)
+    try:
+        fd = os.open(name, _NEW_FILE_FLAGS, FILE_MODE, dir_fd=dir_fd)
+    except OSError as exc:
+        raise _refused(exc, name, dir_fd, where, "written") from None
+    try:
+        view, written = memoryview(data), 0
+        while written < len(view):
+            written += os.write(fd, view[written:])
+        return written
+    finally:
+        os.close(fd)
+
+
+def read_beneath(dir_fd: int, relative: str | os.PathLike, max_bytes: int, where: str = "",
+                 make_private: bool = False) -> bytes:
+    """The bytes of the regular file at `relative` below `dir_fd`, reached
+    without following any link and without `..`; at most `max_bytes`.
+    make_private: also chmod it 0600 (a file the job wrote into our directory)."""
+    parts = Path(relative).parts
+    if not parts or Path(relative).is_absolute():
+        raise UnsafePath(f"{relative!s} is not a path below {where}")
+    fds: list[int] = []
+    cur, here = dir_fd, where
+    try:
+        for part in parts[:-1]:
+            _component(part)
+            try:
+                cur = os.open(part, _DIR_FLAGS, dir_fd=cur)
+            except OSError as exc:
+                raise _refused(exc, part, cur, here, "read") from None
+            fds.append(cur)
+            here = f"{here}/{part}"
+        name = _component(parts[-1])
+        try:
+            fd = os.open(name, _READ_FLAGS, dir_fd=cur)
+        except OSError as exc:
+            raise _refused(exc, name, cur, here, "read") from None
+        fds.append(fd)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePath(f"{here}/{name} is not a regular file")
+        if st.st_size > max_bytes:
+            raise UnsafePath(f"{here}/{name} is {st.st_size >> 20} MiB, more than the {max_bytes >> 20} MiB "
+                             f"a capture may be")
+        if make_private:
+            try:
+                os.fchmod(fd, FILE_MODE)
+            except PermissionError:
+                pass                               # another user's file in our 0700 directory: unreadable to others anyway
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > max_bytes:
+                raise UnsafePath(f"{here}/{name} grew past the {max_bytes >> 20} MiB a capture may be")
+        return b"".join(chunks)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def remove_tree(parent_fd: int, name: str) -> None:
+    """Remove the directory `name` below `parent_fd` and all it holds,
+    following no links (best effort: a failed capture's leftovers)."""
+    shutil.rmtree(_component(name), dir_fd=parent_fd, ignore_errors=True)
+
+
+def used_bytes(dir_fd: int) -> int:
+    """Bytes of the regular files below `dir_fd`; links are neither followed
+    nor counted."""
+    total = 0
+    for _, _, files, fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
+        for name in files:
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue                            # removed meanwhile
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total
+
+
+def free_bytes(dir_fd: int) -> int:
+    st = os.fstatvfs(dir_fd)
+    return st.f_bavail * st.f_frsize
