@@ -7,16 +7,23 @@ import os
 import socket
 import sys
 
+# grpc's C core logs each failed TLS handshake at INFO on stderr, before our
+# one-line message (clients) and once per refused peer (servers). Set before
+# grpc loads; GRPC_VERBOSITY in the environment still wins.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 from gpuscope.collectors.nvml import SourceUnavailable
 from gpuscope.collectors.recording import RecordingError
 from gpuscope.collectors.xspace_reader import TraceError
 
 from . import clients, logs
 from .cliutil import VERDICTS, UsageError, default_db, duration
+from .cmd_certs import add_certs_parser
 from .cmd_offline import cmd_classify, cmd_metrics, cmd_trace_summarize
 from .cmd_oncall import (cmd_capture, cmd_captures, cmd_findings, cmd_jobs, cmd_query, cmd_records, cmd_report,
                          cmd_status, cmd_watch, render_report)
 from .cmd_serve import cmd_agent, cmd_analyzer, cmd_up
+from .security_flags import add_client_flags, add_server_flags
 from .serve import ListenError
 
 __all__ = ["main", "build_parser", "render_report"]
@@ -60,26 +67,32 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-view", action="store_true", help="no live view (logs only)")
     source_args(sp, "auto")
     analyzer_args(sp)
+    add_server_flags(sp, "default: tls/ beside --db, made on first start")
     sp.set_defaults(fn=cmd_up)
 
     sp = sub.add_parser("agent", help="the per-host sampling daemon")
     sp.add_argument("--analyzer", default="", help="analyzer HOST:PORT to stream to")
     sp.add_argument("--listen", default="127.0.0.1:9401", help="agent API address (default 127.0.0.1:9401)")
     source_args(sp, "nvml")
+    add_server_flags(sp, "NAME is agent", agent_links=True)
     sp.set_defaults(fn=cmd_agent)
 
     sp = sub.add_parser("analyzer", help="the central analyzer: ingest, store, findings, queries")
-    sp.add_argument("--listen", default="0.0.0.0:9400", help="gRPC address (default 0.0.0.0:9400)")
+    sp.add_argument("--listen", default="127.0.0.1:9400",
+                    help="gRPC address (default 127.0.0.1:9400: this host only; for the fleet use 0.0.0.0:9400 "
+                         "with --tls-dir)")
     sp.add_argument("--threads", type=int, default=2, help="DuckDB threads (default 2)")
     sp.add_argument("--max-streams", type=int, default=2500,
                     help="concurrent gRPC calls; each agent holds two streams (ingest, commands) (default 2500)")
     sp.add_argument("--duration", type=duration, default=None, help="stop after this long")
     analyzer_args(sp)
+    add_server_flags(sp, "NAME is analyzer")
     sp.set_defaults(fn=cmd_analyzer)
 
     def server_args(sp):
         sp.add_argument("--server", required=True, help="analyzer (or agent) HOST:PORT")
         sp.add_argument("--json", action="store_true", help="JSON output")
+        add_client_flags(sp)
 
     def range_args(sp):
         sp.add_argument("--since", type=duration, default=None, help="from this long ago, e.g. 1h")
@@ -162,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("metrics", help="the metric catalogue: names, units, kinds")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(fn=cmd_metrics)
+
+    add_certs_parser(sub)
     return p
 
 

@@ -1,5 +1,7 @@
 """On-call queries over gRPC: status, findings, query. Plain functions that
-return JSON-ready dicts; the CLI prints them."""
+return JSON-ready dicts; the CLI prints them. Each takes `security`, what the
+client presents (security.tls.ClientSecurity; the CLI builds it from its
+flags in security_flags); without it a call is plain text."""
 from __future__ import annotations
 
 import json
@@ -7,6 +9,7 @@ import json
 import grpc
 from google.protobuf import json_format
 
+from gpuscope.security.tls import INSECURE, ClientSecurity, explain_failure
 from gpuscope.v1 import agent_pb2, agent_pb2_grpc, analyzer_pb2 as apb, analyzer_pb2_grpc
 
 from .serve import MAX_MESSAGE_BYTES   # capture replies carry the XSpace
@@ -16,16 +19,27 @@ class ClientError(RuntimeError):
     pass
 
 
-def _call(server: str, fn, timeout: float = 10.0):
-    opts = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
-    with grpc.insecure_channel(server, options=opts) as ch:
+_OPTIONS = (("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES))
+
+
+def _client_error(exc: grpc.RpcError, server: str, security: ClientSecurity) -> ClientError:
+    """One line that says what went wrong and, for TLS and authentication, what to do."""
+    explained = explain_failure(exc, server, security)
+    if explained:
+        return ClientError(explained)
+    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+        return ClientError(f"cannot reach {server}: {exc.details()} "
+                           "(is `gpuscope up` or `gpuscope analyzer` running there?)")
+    return ClientError(f"{server}: {exc.code().name}: {exc.details()}")
+
+
+def _call(server: str, fn, timeout: float = 10.0, security: ClientSecurity = INSECURE):
+    with security.channel(server, options=_OPTIONS) as ch:
         try:
             return fn(ch, timeout)
         except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                raise ClientError(f"cannot reach {server}: {exc.details()} "
-                                  "(is `gpuscope up` or `gpuscope analyzer` running there?)") from None
-            raise ClientError(f"{server}: {exc.code().name}: {exc.details()}") from None
+            raise _client_error(exc, server, security) from None
 
 
 def finding_dict(f: apb.Finding) -> dict:
@@ -44,18 +58,19 @@ def _record_dict(r) -> dict:
                 status=r.status, error=r.error, trigger=r.trigger, kind=r.kind)
 
 
-def capture(server: str, jax: str | None, pid: int | None, duration_ms: int) -> tuple[dict, bytes]:
+def capture(server: str, jax: str | None, pid: int | None, duration_ms: int, *,
+            security: ClientSecurity = INSECURE) -> tuple[dict, bytes]:
     req = agent_pb2.CaptureRequest(duration_ms=duration_ms, trigger="on-call")
     if jax:
         req.jax_address = jax
     else:
         req.pid = pid
     reply = _call(server, lambda ch, t: agent_pb2_grpc.AgentStub(ch).Capture(req, timeout=t),
-                  timeout=duration_ms / 1e3 + 60)
+                  timeout=duration_ms / 1e3 + 60, security=security)
     return _record_dict(reply.record), reply.xspace
 
 
-def captures(server: str) -> list[dict]:
+def captures(server: str, *, security: ClientSecurity = INSECURE) -> list[dict]:
     def fn(ch, timeout):
         try:
             resp = analyzer_pb2_grpc.AnalyzerStub(ch).ListCaptures(apb.CapturesRequest(), timeout=timeout)
@@ -68,52 +83,55 @@ def captures(server: str) -> list[dict]:
                 raise
         resp = agent_pb2_grpc.AgentStub(ch).ListCaptures(agent_pb2.ListCapturesRequest(), timeout=timeout)
         return [_record_dict(r) for r in resp.captures]
-    return _call(server, fn)
+    return _call(server, fn, security=security)
 
 
-def jobs(server: str) -> list[dict]:
+def jobs(server: str, *, security: ClientSecurity = INSECURE) -> list[dict]:
     resp = _call(server, lambda ch, t: agent_pb2_grpc.AgentStub(ch).ListJobs(agent_pb2.ListJobsRequest(), timeout=t),
-                 timeout=30)
+                 timeout=30, security=security)
     return [dict(pid=j.pid or None, address=j.address, gpus=list(j.gpus), command=j.command, found_by=j.found_by)
             for j in resp.jobs]
 
 
-def watch(server: str, host: str = "", gpu: int | None = None, verdicts=(), kinds=()):
+def watch(server: str, host: str = "", gpu: int | None = None, verdicts=(), kinds=(), *,
+          security: ClientSecurity = INSECURE):
     """Yields events as the analyzer publishes them (until interrupted)."""
     req = apb.WatchRequest(host=host, verdicts=list(verdicts), kinds=list(kinds))
     if gpu is not None:
         req.gpu = gpu
-    with grpc.insecure_channel(server) as ch:
+    with security.channel(server) as ch:
         try:
             for e in analyzer_pb2_grpc.AnalyzerStub(ch).Watch(req):
                 yield dict(kind=e.kind, t=e.t, host=e.host, gpu=e.gpu, verdict=e.verdict or None,
                            record=json.loads(e.json))
         except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                raise ClientError(f"cannot reach {server}: {exc.details()}") from None
             if exc.code() != grpc.StatusCode.CANCELLED:
-                raise ClientError(f"{server}: {exc.code().name}: {exc.details()}") from None
+                raise _client_error(exc, server, security) from None
 
 
-def records(server: str, table: str, host: str = "", since: float = 0.0, limit: int = 200) -> list[dict]:
+def records(server: str, table: str, host: str = "", since: float = 0.0, limit: int = 200, *,
+            security: ClientSecurity = INSECURE) -> list[dict]:
     req = apb.RecordsRequest(table=table, host=host, since=since, limit=limit)
-    resp = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ListRecords(req, timeout=t))
+    resp = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ListRecords(req, timeout=t),
+                 security=security)
     return [json.loads(j) for j in resp.json]
 
 
-def report(server: str, finding_id: str, context_s: float = 0.0) -> dict:
+def report(server: str, finding_id: str, context_s: float = 0.0, *, security: ClientSecurity = INSECURE) -> dict:
     req = apb.ReportRequest(finding_id=finding_id, context_seconds=context_s)
     return json.loads(_call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).Report(req, timeout=t),
-                            timeout=60).json)
+                            timeout=60, security=security).json)
 
 
-def report_capture(analyzer: str, record, xspace: bytes) -> None:
-    """Agent -> analyzer: the capture and its trace, to store and link."""
+def report_capture(analyzer: str, record, xspace: bytes, *, security: ClientSecurity = INSECURE) -> None:
+    """Agent -> analyzer: the capture and its trace, to store and link
+    (the agent presents its own certificate: security_flags.agent_security)."""
     req = apb.CaptureReport(record=record, xspace=xspace)
-    _call(analyzer, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ReportCapture(req, timeout=t), timeout=60)
+    _call(analyzer, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ReportCapture(req, timeout=t), timeout=60,
+          security=security)
 
 
-def status(server: str) -> dict:
+def status(server: str, *, security: ClientSecurity = INSECURE) -> dict:
     def fn(ch, timeout):
         try:
             s = analyzer_pb2_grpc.AnalyzerStub(ch).GetStatus(apb.StatusRequest(), timeout=timeout)
@@ -125,12 +143,12 @@ def status(server: str) -> dict:
         s = agent_pb2_grpc.AgentStub(ch).GetStatus(agent_pb2.AgentStatusRequest(), timeout=timeout)
         return dict(kind="agent", **json_format.MessageToDict(
             s, preserving_proto_field_name=True, always_print_fields_with_no_presence=True))
-    return _call(server, fn)
+    return _call(server, fn, security=security)
 
 
 def findings(server: str, host: str = "", gpu: int | None = None, verdicts: list[str] | None = None,
              start: float | None = None, end: float | None = None, open_only: bool = False,
-             limit: int = 1000) -> list[dict]:
+             limit: int = 1000, *, security: ClientSecurity = INSECURE) -> list[dict]:
     req = apb.FindingsRequest(host=host, verdicts=verdicts or [], open_only=open_only, limit=limit)
     if gpu is not None:
         req.gpu = gpu
@@ -138,16 +156,18 @@ def findings(server: str, host: str = "", gpu: int | None = None, verdicts: list
         req.start = start
     if end is not None:
         req.end = end
-    resp = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ListFindings(req, timeout=t))
+    resp = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ListFindings(req, timeout=t),
+                 security=security)
     return [finding_dict(f) for f in resp.findings]
 
 
 def query(server: str, metric: str, host: str, gpu: int | None, start: float, end: float,
-          aggregate: str, step: float) -> dict:
+          aggregate: str, step: float, *, security: ClientSecurity = INSECURE) -> dict:
     req = apb.MetricQuery(metric=metric, host=host, start=start, end=end, aggregate=aggregate, step_seconds=step)
     if gpu is not None:
         req.gpu = gpu
-    r = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).QueryMetric(req, timeout=t), timeout=60)
+    r = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).QueryMetric(req, timeout=t), timeout=60,
+              security=security)
     return dict(metric=r.metric, unit=r.unit, aggregate=r.aggregate, series=[
         dict(host=s.host, gpu=s.gpu, samples=s.samples,
              **({"points": [[p.t, p.value] for p in s.points]} if r.aggregate == "series"

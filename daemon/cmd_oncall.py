@@ -9,6 +9,7 @@ from gpuscope.collectors import catalogue as cat
 
 from . import clients
 from .cliutil import UsageError, print_json
+from .security_flags import client_security
 
 
 def _time_range(ns) -> tuple[float | None, float | None]:
@@ -20,7 +21,7 @@ def _time_range(ns) -> tuple[float | None, float | None]:
 
 
 def cmd_status(ns) -> int:
-    s = clients.status(ns.server)
+    s = clients.status(ns.server, security=client_security(ns))
     if ns.json:
         print_json(s)
         return 0
@@ -42,7 +43,8 @@ def cmd_status(ns) -> int:
 
 def cmd_findings(ns) -> int:
     start, end = _time_range(ns)
-    rows = clients.findings(ns.server, ns.host or "", ns.gpu, ns.verdict, start, end, ns.open, ns.limit)
+    rows = clients.findings(ns.server, ns.host or "", ns.gpu, ns.verdict, start, end, ns.open, ns.limit,
+                           security=client_security(ns))
     if ns.json:
         print_json({"findings": rows})
         return 0
@@ -62,7 +64,8 @@ def cmd_query(ns) -> int:
     start, end = _time_range(ns)
     end = end or time.time()
     start = start if start is not None else end - 3600
-    r = clients.query(ns.server, ns.metric, ns.host or "", ns.gpu, start, end, ns.aggregate, ns.step or 0)
+    r = clients.query(ns.server, ns.metric, ns.host or "", ns.gpu, start, end, ns.aggregate, ns.step or 0,
+                      security=client_security(ns))
     if ns.json:
         print_json(r)
         return 0
@@ -83,7 +86,8 @@ def cmd_capture(ns) -> int:
 
     if ns.duration_ms <= 0:
         raise UsageError(f"--duration-ms: must be > 0, got {ns.duration_ms}")
-    record, xspace = clients.capture(ns.server, ns.jax, ns.pid, ns.duration_ms)
+    record, xspace = clients.capture(ns.server, ns.jax, ns.pid, ns.duration_ms,
+                                     security=client_security(ns))
     summary = summarize(parse_trace(xspace, record["path"])) if xspace else None
     if ns.json:
         out = dict(summary) if summary else dict(verdict=None, summary=f"capture {record['status']}: {record['error']}")
@@ -101,7 +105,7 @@ def cmd_capture(ns) -> int:
 
 
 def cmd_captures(ns) -> int:
-    rows = clients.captures(ns.server)
+    rows = clients.captures(ns.server, security=client_security(ns))
     if ns.json:
         print_json({"captures": rows})
         return 0
@@ -117,7 +121,7 @@ def cmd_captures(ns) -> int:
 
 
 def cmd_jobs(ns) -> int:
-    rows = clients.jobs(ns.server)
+    rows = clients.jobs(ns.server, security=client_security(ns))
     if ns.json:
         print_json({"jobs": rows})
         return 0
@@ -145,8 +149,9 @@ def _event_line(e: dict) -> str:
 
 
 def cmd_watch(ns) -> int:
+    security = client_security(ns)
     try:
-        for e in clients.watch(ns.server, ns.host or "", ns.gpu, ns.verdict or (), ns.kind or ()):
+        for e in clients.watch(ns.server, ns.host or "", ns.gpu, ns.verdict or (), ns.kind or (), security=security):
             if ns.json:
                 print(json.dumps(e, default=str), flush=True)
             else:
@@ -158,7 +163,7 @@ def cmd_watch(ns) -> int:
 
 def cmd_records(ns) -> int:
     since = time.time() - ns.since if ns.since else 0.0
-    rows = clients.records(ns.server, ns.command, ns.host or "", since, ns.limit)
+    rows = clients.records(ns.server, ns.command, ns.host or "", since, ns.limit, security=client_security(ns))
     if ns.json:
         print_json({ns.command: rows})
         return 0
@@ -171,7 +176,7 @@ def cmd_records(ns) -> int:
 
 
 def cmd_report(ns) -> int:
-    rep = clients.report(ns.server, ns.finding_id, ns.context or 0.0)
+    rep = clients.report(ns.server, ns.finding_id, ns.context or 0.0, security=client_security(ns))
     if ns.json:
         print_json(rep)
         return 0

@@ -6,6 +6,9 @@ resends every unacknowledged batch after a reconnect, and drops a batch for
 good only when the analyzer acknowledges it (committed or duplicate) or
 rejects it as invalid. The buffer is bounded: when the analyzer is away long
 enough to fill it, the oldest samples go first and are counted.
+
+Channels come from `security` (security.tls.ClientSecurity: the agent's
+certificate for mutual TLS), or from an explicit `channel_factory` in tests.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import grpc
 import structlog
 
 from gpuscope.collectors.records import DeviceInfo, GpuSample, HealthRecord
+from gpuscope.security.tls import INSECURE, ClientSecurity, explain_failure
 from gpuscope.v1 import REJECTED_SEQ_KEY, analyzer_pb2_grpc, samples_pb2 as pb
 
 from .convert import encode_batch
@@ -41,11 +45,13 @@ class UplinkConfig:
 class Uplink:
     def __init__(self, config: UplinkConfig, host: str, boot_id: str,
                  devices: Callable[[], list[DeviceInfo]],
-                 channel_factory: Callable[[str], grpc.Channel] = grpc.insecure_channel):
+                 channel_factory: Callable[[str], grpc.Channel] | None = None,
+                 security: ClientSecurity = INSECURE):
         self.config = config
         self.host, self.boot_id = host, boot_id
         self._devices = devices
-        self._channel_factory = channel_factory
+        self._security = security
+        self._channel_factory = channel_factory or security.channel_factory()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -146,7 +152,17 @@ class Uplink:
     def _connection_loop(self) -> None:
         backoff = self.config.backoff_initial_s
         while not self._stop.is_set():
-            channel = self._channel_factory(self.config.target)
+            try:
+                channel = self._channel_factory(self.config.target)
+            except ValueError as exc:       # TLS files unreadable or expired (TlsConfigError): retry, never die
+                if self.last_error != str(exc):
+                    log.error("uplink cannot open a channel, buffering", analyzer=self.config.target, error=str(exc))
+                with self._lock:
+                    self.last_error = str(exc)
+                if self._stop.wait(backoff):
+                    return
+                backoff = min(backoff * 2, self.config.backoff_max_s)
+                continue
             q: queue.SimpleQueue = queue.SimpleQueue()
             with self._lock:
                 for batch, _ in self._unacked.values():
@@ -160,6 +176,8 @@ class Uplink:
                 for ack in call:
                     if not self.connected:
                         log.info("uplink connected", analyzer=self.config.target)
+                        with self._lock:
+                            self.last_error = ""      # the stream delivers again: the old failure is history
                     self.connected = True
                     backoff = self.config.backoff_initial_s
                     self._on_ack(ack)
@@ -207,10 +225,17 @@ class Uplink:
             if seq is not None:  # never resend an invalid batch; resend the rest
                 self._on_ack(pb.BatchAck(seq=seq, status=pb.BatchAck.REJECTED, error=detail))
                 return True
-        if self.connected or self.last_error != detail:
-            log.warning("analyzer unavailable, buffering", analyzer=self.config.target,
-                        code=str(code), error=detail, buffered=self.buffered)
-        self.last_error = f"{code}: {detail}"
+        explained = explain_failure(exc, self.config.target, self._security) if code is not None else None
+        message = explained or f"{code}: {detail}"
+        if self.connected or self.last_error != message:      # once per distinct failure, not per retry
+            if explained:
+                log.error("analyzer refused the uplink, buffering", analyzer=self.config.target,
+                          error=explained, buffered=self.buffered)
+            else:
+                log.warning("analyzer unavailable, buffering", analyzer=self.config.target,
+                            code=str(code), error=detail, buffered=self.buffered)
+        with self._lock:
+            self.last_error = message
         return False
 
     def stats(self) -> dict:

@@ -1,5 +1,6 @@
 """The command line as users run it: real subprocesses, real servers."""
 import json
+import os
 import subprocess
 import sys
 import time
@@ -11,8 +12,9 @@ from tests.conftest import SAMPLES, free_port
 GPUSCOPE = [sys.executable, "-m", "gpuscope.daemon.cli"]
 
 
-def run(*args, timeout=120):
-    return subprocess.run(GPUSCOPE + list(args), capture_output=True, text=True, timeout=timeout)
+def run(*args, timeout=120, tls_dir=None):
+    env = {**os.environ, "GPUSCOPE_TLS_DIR": str(tls_dir)} if tls_dir else None
+    return subprocess.run(GPUSCOPE + list(args), capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_classify_json_shape(fixture_dir):
@@ -48,11 +50,12 @@ def test_up_replays_without_a_gpu_and_answers_on_call_queries(fixture_dir, tmp_p
                                         "--speed", "5", "--window", "1", "--interval", "0.2", "--duration", "60s"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     server = f"127.0.0.1:{port}"
+    tls = tmp_path / "tls"          # `up` provisions its CA and certificates beside the DB
     try:
         deadline = time.time() + 60
         findings = []
         while time.time() < deadline:
-            r = run("findings", "--server", server, "--json")
+            r = run("findings", "--server", server, "--json", tls_dir=tls)
             if r.returncode == 0:
                 findings = json.loads(r.stdout)["findings"]
                 if {f["verdict"] for f in findings} >= {"compute-bound", "memory-bound"}:
@@ -61,12 +64,12 @@ def test_up_replays_without_a_gpu_and_answers_on_call_queries(fixture_dir, tmp_p
         assert {f["verdict"] for f in findings} >= {"compute-bound", "memory-bound"}, findings
         f = findings[0]
         assert set(f) >= {"host", "gpu", "verdict", "start", "end", "confidence", "evidence"}
-        st = json.loads(run("status", "--server", server, "--json").stdout)
+        st = json.loads(run("status", "--server", server, "--json", tls_dir=tls).stdout)
         assert st["kind"] == "analyzer" and st["gpus"][0]["name"].startswith("replay of h200-run1")
         q = json.loads(run("query", "--server", server, "--metric", "power_watts", "--since", "5m",
-                           "--aggregate", "p95", "--json").stdout)
+                           "--aggregate", "p95", "--json", tls_dir=tls).stdout)
         assert q["unit"] == "watts" and q["series"][0]["value"] > 100
-        one = run("findings", "--server", server, "--verdict", "memory-bound", "--json")
+        one = run("findings", "--server", server, "--verdict", "memory-bound", "--json", tls_dir=tls)
         assert {x["verdict"] for x in json.loads(one.stdout)["findings"]} == {"memory-bound"}
     finally:
         proc.send_signal(2)   # Ctrl-C
@@ -78,23 +81,29 @@ def test_up_replays_without_a_gpu_and_answers_on_call_queries(fixture_dir, tmp_p
 
 def test_agent_and_analyzer_as_separate_processes(fixture_dir, tmp_path):
     aport, gport = free_port(), free_port()
+    pki = tmp_path / "pki"
+    for args in (["init", str(pki)], ["agent", str(pki), "--host", "gpu-host-7"],
+                 ["client", str(pki), "--name", "tester", "--role", "reader"]):
+        assert run("certs", *args).returncode == 0
     analyzer = subprocess.Popen(GPUSCOPE + ["analyzer", "--db", str(tmp_path / "c.duckdb"), "--listen",
-                                            f"127.0.0.1:{aport}", "--window", "1", "--duration", "60s"],
+                                            f"127.0.0.1:{aport}", "--window", "1", "--duration", "60s",
+                                            "--tls-dir", str(pki)],
                                 stderr=subprocess.PIPE, text=True)
     agent = subprocess.Popen(GPUSCOPE + ["agent", "--analyzer", f"127.0.0.1:{aport}", "--listen",
                                          f"127.0.0.1:{gport}", "--source", f"replay:{SAMPLES}", "--speed", "4",
-                                         "--interval", "0.2", "--host", "gpu-host-7", "--duration", "60s"],
+                                         "--interval", "0.2", "--host", "gpu-host-7", "--duration", "60s",
+                                         "--tls-dir", str(pki)],
                              stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 45
         while time.time() < deadline:
-            r = run("status", "--server", f"127.0.0.1:{aport}", "--json")
+            r = run("status", "--server", f"127.0.0.1:{aport}", "--json", tls_dir=pki)
             if r.returncode == 0 and int(json.loads(r.stdout)["samples_committed"]) > 50:
                 break
             time.sleep(0.5)
-        st = json.loads(run("status", "--server", f"127.0.0.1:{aport}", "--json").stdout)
+        st = json.loads(run("status", "--server", f"127.0.0.1:{aport}", "--json", tls_dir=pki).stdout)
         assert int(st["samples_committed"]) > 50 and st["gpus"][0]["host"] == "gpu-host-7"
-        ag = json.loads(run("status", "--server", f"127.0.0.1:{gport}", "--json").stdout)
+        ag = json.loads(run("status", "--server", f"127.0.0.1:{gport}", "--json", tls_dir=pki).stdout)
         assert ag["kind"] == "agent" and ag["uplink_connected"]
     finally:
         for p in (agent, analyzer):
