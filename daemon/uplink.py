@@ -143,6 +143,8 @@ class Uplink:
                 dropped = self.dropped
             batch = encode_batch(self.host, self.boot_id, seq, samples, self._devices(), health, dropped)
             with self._lock:
+                # read under the lock: a batch dropped for lack of room is gone from _unacked for good
+                batch.min_unacked_seq = next(iter(self._unacked), seq)   # seqs enter in order
                 self._unacked[seq] = (batch, take)
                 if self._send_q is not None:
                     self._send_q.put(batch)

@@ -85,7 +85,7 @@ class HealthEvent(_message.Message):
     def __init__(self, gpu: _Optional[int] = ..., t: _Optional[float] = ..., kind: _Optional[_Union[HealthKind, str]] = ..., detail: _Optional[str] = ..., code: _Optional[int] = ...) -> None: ...
 
 class SampleBatch(_message.Message):
-    __slots__ = ("host", "boot_id", "seq", "count", "t_f64le", "gpu_u32le", "columns", "processes", "devices", "health", "dropped_samples")
+    __slots__ = ("host", "boot_id", "seq", "count", "t_f64le", "gpu_u32le", "columns", "processes", "devices", "health", "dropped_samples", "min_unacked_seq")
     HOST_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +97,7 @@ class SampleBatch(_message.Message):
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     DROPPED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MIN_UNACKED_SEQ_FIELD_NUMBER: _ClassVar[int]
     host: str
     boot_id: str
     seq: int
@@ -108,7 +109,8 @@ class SampleBatch(_message.Message):
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     health: _containers.RepeatedCompositeFieldContainer[HealthEvent]
     dropped_samples: int
-    def __init__(self, host: _Optional[str] = ..., boot_id: _Optional[str] = ..., seq: _Optional[int] = ..., count: _Optional[int] = ..., t_f64le: _Optional[bytes] = ..., gpu_u32le: _Optional[bytes] = ..., columns: _Optional[_Iterable[_Union[Column, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[ProcessSample, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., health: _Optional[_Iterable[_Union[HealthEvent, _Mapping]]] = ..., dropped_samples: _Optional[int] = ...) -> None: ...
+    min_unacked_seq: int
+    def __init__(self, host: _Optional[str] = ..., boot_id: _Optional[str] = ..., seq: _Optional[int] = ..., count: _Optional[int] = ..., t_f64le: _Optional[bytes] = ..., gpu_u32le: _Optional[bytes] = ..., columns: _Optional[_Iterable[_Union[Column, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[ProcessSample, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., health: _Optional[_Iterable[_Union[HealthEvent, _Mapping]]] = ..., dropped_samples: _Optional[int] = ..., min_unacked_seq: _Optional[int] = ...) -> None: ...
 
 class BatchAck(_message.Message):
     __slots__ = ("seq", "status", "error")
