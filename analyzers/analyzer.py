@@ -1,12 +1,26 @@
 """The analyzer: ingest -> store -> live windows -> findings, and the numbers
-the query service reports. Transport-free: the gRPC servicer calls this."""
+the query service reports. Transport-free: the gRPC servicer calls this.
+
+Staleness: a GPU is `stale` when no sample of it has arrived for
+STALE_AFTER_WINDOWS (3) classification windows on the analyzer's clock (15 s
+with the default 5 s windows): the live view and status say so with the age,
+its last partial window is judged, and its open finding closes at the end of
+the last window it absorbed, saying "agent went silent". A host is stale when
+all its GPUs are. After a restart the analyzer knows every GPU the store
+knows (name, last verdict, last seen = its host's last commit); findings left
+open are resumed, and those of GPUs not heard from within 3 windows of the
+start close at their last window's end.
+"""
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Callable
 
 import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -22,6 +36,7 @@ from .events import EventBus
 from .findings import FindingsTracker
 from .ingest import DecodedBatch, decode
 from .live import LiveWindows
+from .retention import PassResult, Retention, RetentionConfig
 from .store import Store, StoreConfig, finding_row
 from .trace_analysis import summarize
 from .trigger import Decision, TriggerConfig, TriggerPolicy
@@ -29,6 +44,10 @@ from .windows import DEFAULT_WINDOW_S, check_window
 from .writer import Writer
 
 log = structlog.get_logger("gpuscope.analyzer")
+
+STALE_AFTER_WINDOWS = 3      # silent this many windows (analyzer's clock): stale, finding closed
+SNAPSHOT_EVERY_S = 30.0      # the gpu_state table is this fresh
+SNAPSHOT_MARGIN_S = 600.0    # a restart scans windows and samples from this long before it (clock skew)
 
 
 @dataclass(frozen=True)
@@ -39,6 +58,9 @@ class AnalyzerConfig:
     threads: int = 2
     detector: DetectorConfig = DetectorConfig()
     trigger: TriggerConfig = TriggerConfig()
+    retention_s: float = 14 * 86400       # raw samples kept this long (CLI: --retention 14d)
+    rollup: bool = True                   # keep per-minute means of what retention deletes
+    history_s: float = 365 * 86400        # rollups, closed findings, anomalies, decisions, captures
 
 
 @dataclass
@@ -49,25 +71,35 @@ class GpuState:
     confidence: float = 0.0
     flags: tuple[str, ...] = ()
     last_sample: float = 0.0           # sample time (the agent's clock)
-    last_arrival: float = 0.0          # the analyzer's clock
+    last_arrival: float = 0.0          # the analyzer's clock; 0: never
+    last_window_end: float | None = None   # of the newest judged window (sample clock)
 
 
 class Analyzer:
-    def __init__(self, config: AnalyzerConfig):
+    def __init__(self, config: AnalyzerConfig, clock: Callable[[], float] = time.time):
         self.config = config
+        self._clock = clock
         self.window_s = check_window(config.window_s)
+        self.stale_after_s = STALE_AFTER_WINDOWS * self.window_s
+        self.retention = Retention(RetentionConfig(retention_s=config.retention_s, rollup=config.rollup,
+                                                   history_s=config.history_s), clock=clock)
         self.store = Store(StoreConfig(config.db_path, config.memory_limit, config.threads))
+        self.store.ensure_rollup_columns()
         self.live = LiveWindows(self.window_s)
-        self.findings = FindingsTracker()
-        self.findings.load(self.store.open_findings())
-        self.writer = Writer(self.store, self._analyse)
         self.gpus: dict[tuple[str, int], GpuState] = {}
         self._names: dict[tuple[str, int], str] = {}
         self._lost: set[tuple[str, int]] = set()
-        for d in self.store.devices():
-            self._names[(d["host"], d["gpu"])] = d["name"]
-            if d["lost"]:
-                self._lost.add((d["host"], d["gpu"]))
+        self._dirty: set[tuple[str, int]] = set()      # GPUs whose state changed since the last snapshot
+        self._snapshot_at = -math.inf
+        last_windows = self._restore_gpus()
+        self.findings = FindingsTracker(self.window_s, max_gap_s=self.stale_after_s)
+        self.findings.load(self.store.open_findings(), last_windows)
+        self._samples_at_start, _ = self.store.sample_rows()
+        self._newest_seen: dict[str, float] = {}       # host -> newest sample time received
+        self._first_window: dict[str, float] = {}      # host -> start of the first window received
+        self._analysed: dict[str, float] = {}          # host -> start of the window of its newest analysed sample
+        self._judged_end: dict[str, float] = {}        # host -> end of the newest judged window
+        self.writer = Writer(self.store, self._analyse, clock=clock)
         self.detector = Detector(config.detector)
         self.policy = TriggerPolicy(config.trigger)
         self.events = EventBus()
@@ -77,16 +109,71 @@ class Analyzer:
         self._rejects_unlogged = 0
         self.anomalies_total = 0
         self.decisions_total: dict[str, int] = {}
-        self.started = time.time()
+        self.started = clock()
         self._lock = threading.Lock()
         self._scheduler = BackgroundScheduler(daemon=True)
+
+    def _restore_gpus(self) -> dict[tuple[str, int], float]:
+        """What the store knows, so status after a restart shows every GPU:
+        name and lost from devices; verdict, newest window and sample from
+        the gpu_state snapshot plus whatever was stored after it (a bounded
+        scan; files without a snapshot are scanned whole, once); last seen
+        from its host's last commit (analyzer's clock). Returns each GPU's
+        newest window end."""
+        snapshot = {(r["host"], int(r["gpu"])): r for r in self.store.gpu_states()}
+        since = max((r["written"] for r in snapshot.values()), default=None)
+        since = None if since is None else since - SNAPSHOT_MARGIN_S
+        windows = {(w["host"], int(w["gpu"])): w for w in self.store.latest_windows(since)}
+        last_sample = self.store.last_samples(since)
+        host_seen = self.store.hosts_last_seen()
+        devices = {(d["host"], int(d["gpu"])): d for d in self.store.devices()}
+        ends = {}
+        for key in sorted(set(devices) | set(snapshot) | set(windows)):
+            d = devices.get(key)
+            if d is not None:
+                self._names[key] = d["name"]
+                if d["lost"]:
+                    self._lost.add(key)
+            st = self._state(*key)
+            snap, w = snapshot.get(key), windows.get(key)
+            if snap is not None and snap["last_window_end"] is not None and (
+                    w is None or snap["last_window_end"] >= w["end"]):
+                w = dict(verdict=snap["verdict"], confidence=snap["confidence"], flags=snap["flags"],
+                         end=snap["last_window_end"])
+            if w is not None:
+                st.verdict, st.confidence = w["verdict"] or "", float(w["confidence"] or 0.0)
+                st.flags = tuple(json.loads(w["flags"]) if w["flags"] else ())
+                st.last_window_end = ends[key] = w["end"]
+            st.last_sample = max(last_sample.get(key, 0.0), (snap or {}).get("last_sample") or 0.0)
+            st.last_arrival = (host_seen.get(key[0]) or (d or {}).get("last_seen")
+                               or (snap or {}).get("last_arrival") or 0.0)
+        return ends
+
+    def _snapshot(self, now: float, force: bool = False) -> None:
+        """Writes the state of the GPUs that changed (writer thread), at most
+        every SNAPSHOT_EVERY_S: what a restart reads instead of scanning."""
+        if not self._dirty or (not force and now - self._snapshot_at < SNAPSHOT_EVERY_S):
+            return
+        rows = []
+        for key in self._dirty:
+            st = self.gpus.get(key)
+            if st is not None:
+                rows.append((st.host, st.gpu, st.verdict, st.confidence, json.dumps(list(st.flags)),
+                             st.last_window_end, st.last_sample or None, st.last_arrival or None, now))
+        self._dirty = set()
+        self._snapshot_at = now
+        self.store.upsert_gpu_state(rows)
 
     def start(self) -> None:
         self.writer.start()
         self._scheduler.add_job(self.sweep, "interval", seconds=self.window_s, max_instances=1,
                                 coalesce=True, id="sweep")
+        first = datetime.now(timezone.utc) + timedelta(seconds=min(60.0, self.retention.config.interval_s))
+        self._scheduler.add_job(self._retention_job, "interval", seconds=self.retention.config.interval_s,
+                                max_instances=1, coalesce=True, id="retention", next_run_time=first)
         self._scheduler.start()
-        log.info("analyzer started", db=self.config.db_path, window_s=self.window_s)
+        log.info("analyzer started", db=self.config.db_path, window_s=self.window_s,
+                 retention_days=round(self.config.retention_s / 86400, 2), rollup=self.config.rollup)
 
     def submit(self, batch: pb.SampleBatch) -> Future:
         """Validate and queue; raises BatchError (nothing written) for invalid input."""
@@ -95,7 +182,20 @@ class Analyzer:
         except ValueError as exc:
             self.count_rejected(batch, str(exc))
             raise
+        self.note_received(decoded)
         return self.writer.submit(decoded)
+
+    def note_received(self, b: DecodedBatch) -> None:
+        """The newest sample time received from the host, for analysis_lag_seconds
+        (call before queueing the batch; the writer notes it again on commit)."""
+        if not b.count:
+            return
+        newest = float(b.t.max())
+        with self._lock:
+            if newest > self._newest_seen.get(b.host, -math.inf):
+                self._newest_seen[b.host] = newest
+            if b.host not in self._first_window:
+                self._first_window[b.host] = math.floor(float(b.t.min()) / self.window_s) * self.window_s
 
     def count_rejected(self, batch: pb.SampleBatch | None, error: str) -> None:
         """Counts every refused batch; logs at most one line a second, cut
@@ -117,7 +217,9 @@ class Analyzer:
     # -- writer thread ------------------------------------------------------------------
     def _analyse(self, batches: list[DecodedBatch]) -> None:
         results: list[tuple[str, Classification, str]] = []
+        now = self._clock()
         for b in batches:
+            self.note_received(b)
             for d in b.devices:
                 self._names[(b.host, d.gpu)] = d.name
                 if d.lost:
@@ -126,8 +228,13 @@ class Analyzer:
                 for g in set(b.gpu.tolist()):
                     st = self._state(b.host, g)
                     st.last_sample = max(st.last_sample, float(b.t[b.gpu == g].max()))
-                    st.last_arrival = time.time()
-            results.extend(self.live.add(b))
+                    st.last_arrival = now
+                    self._dirty.add((b.host, g))
+            results.extend(self.live.add(b, now))
+            if b.count:
+                ws = math.floor(float(b.t.max()) / self.window_s) * self.window_s
+                with self._lock:
+                    self._analysed[b.host] = max(self._analysed.get(b.host, ws), ws)
             health = [self.detector.health(host, gpu, kind.replace("_uncorrected", ""), detail, t,
                                            (self.findings.open.get((host, gpu)) or {}).get("job", ""))
                       for host, gpu, t, kind, detail, _code in b.health if kind in ("xid", "ecc_uncorrected", "gpu_lost")]
@@ -148,12 +255,19 @@ class Analyzer:
         for host, c, job in results:
             st = self._state(host, c.gpu)
             st.verdict, st.confidence, st.flags = c.verdict, c.confidence, tuple(c.flags)
+            st.last_window_end = max(st.last_window_end or c.end, c.end)
+            self._dirty.add((host, c.gpu))
+            with self._lock:
+                self._judged_end[host] = max(self._judged_end.get(host, c.end), c.end)
             windows.append((host, c.gpu, c.start, c.end, c.verdict, c.confidence, json.dumps(c.flags), c.summary))
             for f in self.findings.observe(host, c, job):
                 changed[f["id"]] = f
                 if f["end"] is None and f["windows"] == 1:
                     log.info("finding opened", host=host, gpu=c.gpu, verdict=c.verdict,
                              confidence=c.confidence, summary=c.summary)
+                if f["end"] is not None:
+                    log.info("finding closed", host=host, gpu=c.gpu, verdict=f["verdict"], start=f["start"],
+                             end=f["end"], reason=f.get("ended_because", ""))
                 if f["end"] is not None or f["windows"] == 1:
                     self.events.publish(dict(kind="finding", t=c.end, host=host, gpu=c.gpu, verdict=f["verdict"],
                                              record=f))
@@ -177,7 +291,7 @@ class Analyzer:
     def _act_on(self, anomalies: list[Anomaly]) -> None:
         """Decide on each anomaly, send the captures, then store everything in
         one write: a storm of thousands of anomalies must not stall ingest."""
-        hosts_known = len({h for h, _ in self.gpus}) or 1
+        hosts_known = len(self._hosts_heard()) or 1
         rows, decisions = [], []
         for a in anomalies:
             row = asdict(a)
@@ -250,37 +364,95 @@ class Analyzer:
             return row
         return self.writer.call(store).result(timeout=30)
 
-    def sweep(self) -> None:
-        """Judge windows of GPUs that went quiet, and close their findings."""
+    def sweep(self) -> Future:
+        """Judge windows of GPUs that went quiet, and close their findings at
+        the end of the last window each absorbed."""
         def run(_store: Store) -> None:
-            now = time.time()
+            now = self._clock()
             self._record(self.live.sweep(now))
-            stale = [k for k, f in self.findings.open.items()
-                     if self.gpus.get(k) is None or self.gpus[k].last_arrival < now - 3 * self.window_s]
-            if stale:
-                closed = [self.findings.close(k, self.gpus[k].last_sample if k in self.gpus else now)
-                          for k in stale]
+            closed = []
+            for key in list(self.findings.open):
+                st = self.gpus.get(key)
+                # A finding resumed after a restart waits as long for its agent.
+                heard = max(st.last_arrival if st is not None else 0.0, self.started)
+                if heard < now - self.stale_after_s:
+                    closed.append(self.findings.close(key, reason=self._silence(key, st, now)))
+            if closed:
                 self.store.upsert_findings([finding_row(f) for f in closed])
+                for f in closed:
+                    log.info("finding closed", host=f["host"], gpu=f["gpu"], verdict=f["verdict"],
+                             start=f["start"], end=f["end"], reason=f["ended_because"])
+                    self.events.publish(dict(kind="finding", t=f["end"], host=f["host"], gpu=f["gpu"],
+                                             verdict=f["verdict"], record=f))
             expired = self.policy.expire()
             if expired:
                 self._decided(expired)
-        self.writer.call(run)
+            self._snapshot(now)
+        return self.writer.call(run)
+
+    def _silence(self, key: tuple[str, int], st: GpuState | None, now: float) -> str:
+        if key in self._lost:
+            return "GPU lost (fell off the bus); agent sends no samples of it"
+        if st is None or st.last_arrival < self.started:
+            return "agent went silent (not heard from since the analyzer restarted)"
+        return f"agent went silent (no samples for {now - st.last_arrival:.0f} s)"
+
+    def _hosts_heard(self) -> set[str]:
+        horizon = self._clock() - self.stale_after_s
+        return {h for (h, _), st in list(self.gpus.items()) if st.last_arrival >= horizon}
+
+    # -- retention --------------------------------------------------------------------------
+    def _retention_job(self) -> None:
+        try:
+            self.run_retention(keep_going=lambda: self._scheduler.running)
+        except Exception:  # a scheduled job: log, and try again at the next interval
+            log.exception("retention pass failed")
+
+    def run_retention(self, keep_going: Callable[[], bool] = lambda: True, max_chunks: int = 100_000,
+                      breather: bool = True) -> PassResult:
+        """One pass of retention: chunks on the writer thread until the store
+        holds nothing older than the horizon (see analyzers/retention.py)."""
+        return self.retention.run_pass(self.writer.call, keep_going, max_chunks, breather)
 
     # -- queries ----------------------------------------------------------------------------
     def status(self) -> dict:
-        gpus = []
-        for key, st in sorted(self.gpus.items()):
+        now = self._clock()
+        gpus, host_fresh = [], {}
+        for key, st in sorted(list(self.gpus.items())):     # list(): the writer thread may add a GPU
             f = self.findings.open.get(key)
+            age = now - st.last_arrival if st.last_arrival else None
+            stale = age is None or age > self.stale_after_s
+            host_fresh[st.host] = host_fresh.get(st.host, False) or not stale
             gpus.append(dict(host=st.host, gpu=st.gpu, name=self._names.get(key, ""), verdict=st.verdict,
                              confidence=st.confidence, flags=list(st.flags), last_sample=st.last_sample,
-                             open_finding=f["id"] if f else None, lost=key in self._lost))
+                             open_finding=f["id"] if f else None, lost=key in self._lost,
+                             stale=stale, last_seen_age_s=age))
         w = self.writer
         return dict(started=self.started, batches_committed=w.batches, batches_duplicate=w.duplicates,
                     batches_rejected=self.rejected, samples_committed=w.samples,
-                    hosts=len({h for h, _ in self.gpus}), gpus=gpus, findings_open=len(self.findings.open),
+                    samples_stored=self._samples_at_start + w.samples - self.retention.samples_deleted,
+                    hosts=len(host_fresh), hosts_stale=sum(1 for fresh in host_fresh.values() if not fresh),
+                    gpus=gpus, gpus_stale=sum(1 for g in gpus if g["stale"]),
+                    stale_after_seconds=self.stale_after_s, analysis_lag_seconds=self.analysis_lag(),
+                    findings_open=len(self.findings.open),
                     db_path=self.config.db_path, window_seconds=self.window_s, anomalies=self.anomalies_total,
                     decisions=dict(self.decisions_total), captures_in_flight=self.policy.in_flight,
-                    agents_connected=len(self.commands.hosts))
+                    agents_connected=len(self.commands.hosts), retention_seconds=self.config.retention_s)
+
+    def analysis_lag(self) -> float:
+        """How far live analysis is behind the newest samples received: per
+        host, the start of the window holding its newest sample minus the end
+        of its newest judged window, the largest over hosts; 0 when caught up.
+        The window still filling is not lag, nor are windows without samples:
+        once a sample is analysed every window before its own counts as judged."""
+        lag = 0.0
+        with self._lock:
+            for host, newest in self._newest_seen.items():
+                judged = max(self._judged_end.get(host, -math.inf), self._analysed.get(host, -math.inf))
+                if judged == -math.inf:
+                    judged = self._first_window.get(host, newest)
+                lag = max(lag, math.floor(newest / self.window_s) * self.window_s - judged)
+        return lag
 
     def drain(self, timeout_s: float = 6.0) -> None:
         """Stops taking batches and commits those queued, bounded in time."""

@@ -1,9 +1,18 @@
 """Findings lifecycle: an episode per GPU, opened when a bottleneck starts and
 closed when it ends, never a row per window.
 
-A window whose verdict differs from the open finding's closes it at that
-window's start; idle closes without opening (idle is a state, not a
-bottleneck). The evidence of a finding is the mean of its windows' numbers.
+A window whose verdict differs from the open finding's closes it; idle closes
+without opening (idle is a state, not a bottleneck). The evidence of a finding
+is the mean of its windows' numbers.
+
+A finding ends when the last sample that supported it was taken: at the end
+of the last window it absorbed, whatever closes it (a different verdict, the
+GPU going silent, an analyzer restart) and however late. A window that comes
+more than `max_gap_s` after that end (the agent was silent meanwhile, e.g.
+`gpuscope up` was stopped and started again) never extends it: the old
+episode closes at its last window and a new one opens. Every closed finding
+says why in its summary ("...; ended: became compute-bound", "...; ended:
+agent went silent (no samples for 47 s)").
 
 A capture linked to an open finding refines it: the trace's verdict becomes
 the finding's (counters cannot tell launch-bound from host-bound; a trace
@@ -25,15 +34,26 @@ TRACE_DECIDES_AT = 0.5      # a trace verdict below this confidence is recorded,
 
 
 class FindingsTracker:
-    def __init__(self) -> None:
+    def __init__(self, window_s: float | None = None, max_gap_s: float | None = None) -> None:
+        self.window_s = window_s
+        self.max_gap_s = max_gap_s       # None: a gap never closes a finding by itself
         self.open: dict[tuple[str, int], dict] = {}
         self._sums: dict[str, dict[str, float]] = {}
         self._votes: dict[str, collections.Counter] = {}
 
-    def load(self, rows: list[dict]) -> None:
-        """Resume the findings left open by a previous run of the analyzer."""
+    def load(self, rows: list[dict], last_window_ends: dict[tuple[str, int], float] | None = None) -> None:
+        """Resume the findings left open by a previous run of the analyzer.
+        `last_window_ends`: the newest stored window end of each GPU, which
+        is the last window such a finding absorbed (windows and findings are
+        written in one transaction)."""
+        ends = last_window_ends or {}
         for f in rows:
-            self.open[(f["host"], f["gpu"])] = f
+            key = (f["host"], f["gpu"])
+            end = ends.get(key)
+            if end is None or end < f["start"]:      # its windows were pruned: estimate
+                end = f["start"] + (f["windows"] * self.window_s if self.window_s else 0.0)
+            f["last_window_end"] = end
+            self.open[key] = f
             self._sums[f["id"]] = {k: v * f["windows"] for k, v in f["evidence"].items()}
             self._votes[f["id"]] = collections.Counter({f["counters_verdict"]: f["windows"]})
 
@@ -42,6 +62,10 @@ class FindingsTracker:
         key = (host, c.gpu)
         cur = self.open.get(key)
         changed = []
+        if cur is not None and self.max_gap_s is not None and c.start - self.last_end(cur) > self.max_gap_s:
+            gap = c.start - self.last_end(cur)
+            changed.append(self.close(key, reason=f"agent went silent (no samples for {gap:.0f} s)"))
+            cur = None
         # One episode per bottleneck family: launch- and host-bound windows of
         # one starved stretch are one incident; the majority names it.
         if cur is not None and family(cur["counters_verdict"]) == family(c.verdict):
@@ -55,31 +79,42 @@ class FindingsTracker:
             cur.update(windows=n, confidence=round((cur["confidence"] * (n - 1) + c.confidence) / n, 3),
                        evidence={k: round(v / n, 6) for k, v in sums.items()},
                        flags=sorted(set(cur["flags"]) | set(c.flags)), job=job or cur["job"],
-                       counters_verdict=majority)
+                       counters_verdict=majority, last_window_end=max(c.end, self.last_end(cur)))
             if cur["decided_by"] == "counters":
                 cur["verdict"] = majority
                 if majority != c.verdict or len(votes) > 1:
                     cur["alternatives"] = sorted(set(votes) - {majority}) or cur["alternatives"]
             return [cur]
         if cur is not None:
-            changed.append(self.close(key, c.start))
+            changed.append(self.close(key, reason="GPU went idle" if c.verdict == IDLE else f"became {c.verdict}"))
         if c.verdict != IDLE:
             f = dict(id=uuid.uuid4().hex[:12], host=host, gpu=c.gpu, job=job, verdict=c.verdict,
                      start=c.start, end=None, confidence=c.confidence, windows=1,
                      evidence=dict(c.evidence), flags=list(c.flags), summary=c.summary,
                      alternatives=list(c.alternatives), decided_by="counters", counters_verdict=c.verdict,
-                     trace_verdict=None, captures=[])
+                     trace_verdict=None, captures=[], last_window_end=c.end)
             self.open[key] = f
             self._sums[f["id"]] = dict(c.evidence)
             self._votes[f["id"]] = collections.Counter({c.verdict: 1})
             changed.append(f)
         return changed
 
-    def close(self, key: tuple[str, int], end: float) -> dict:
+    def last_end(self, f: dict) -> float:
+        """The end of the last window the finding absorbed."""
+        end = f.get("last_window_end")
+        return f["start"] if end is None else end
+
+    def close(self, key: tuple[str, int], end: float | None = None, reason: str = "") -> dict:
+        """Closes the GPU's open finding at `end`, by default (and as it
+        should be) the end of the last window it absorbed; `reason` is
+        appended to its summary."""
         f = self.open.pop(key)
         self._sums.pop(f["id"], None)
         self._votes.pop(f["id"], None)
-        f["end"] = max(end, f["start"])
+        f["end"] = max(self.last_end(f) if end is None else end, f["start"])
+        if reason:
+            f["ended_because"] = reason
+            f["summary"] = f"{f['summary']}; ended: {reason}" if f.get("summary") else f"ended: {reason}"
         return f
 
     def attach_capture(self, host: str, gpus: list[int], capture_id: str, verdict: str | None,

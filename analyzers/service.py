@@ -91,6 +91,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             budget.release(n)
             self.analyzer.count_rejected(req, str(exc))
             return None, str(exc)
+        self.analyzer.note_received(decoded)
         fut = asyncio.wrap_future(self.analyzer.writer.submit(decoded))
         fut.add_done_callback(lambda _f: budget.release(n))
         return fut, None
@@ -196,11 +197,13 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                                  findings_open=s["findings_open"], db_path=s["db_path"],
                                  window_seconds=s["window_seconds"], anomalies=s["anomalies"],
                                  decisions=s["decisions"], captures_in_flight=s["captures_in_flight"],
-                                 agents_connected=s["agents_connected"])
+                                 agents_connected=s["agents_connected"], samples_stored=s["samples_stored"],
+                                 gpus_stale=s["gpus_stale"], hosts_stale=s["hosts_stale"],
+                                 analysis_lag_seconds=s["analysis_lag_seconds"])
         for g in s["gpus"]:
             m = out.gpus.add(host=g["host"], gpu=g["gpu"], name=g["name"] or "", verdict=g["verdict"],
                              confidence=g["confidence"], last_sample=g["last_sample"], flags=g["flags"],
-                             lost=g["lost"])
+                             lost=g["lost"], stale=g["stale"], last_seen_age_seconds=g["last_seen_age_s"] or 0.0)
             if g["open_finding"]:
                 m.open_finding = g["open_finding"]
         return out

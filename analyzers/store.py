@@ -83,6 +83,14 @@ def _ddl() -> list[str]:
              gpus VARCHAR, job VARCHAR, start DOUBLE, "end" DOUBLE, duration_ms INTEGER, path VARCHAR,
              size_bytes UBIGINT, status VARCHAR, error VARCHAR, trigger VARCHAR, verdict VARCHAR,
              confidence DOUBLE, summary VARCHAR, finding_id VARCHAR, kind VARCHAR)""",
+        # Retention: samples older than the horizon, one row per GPU-minute (t: the minute's start).
+        f"CREATE TABLE IF NOT EXISTS samples_1m (\n  host VARCHAR NOT NULL,\n  gpu INTEGER NOT NULL,\n"
+        f"  t DOUBLE NOT NULL,\n  samples BIGINT NOT NULL,\n  {metric_cols}\n)",
+        # The analyzer's view of each GPU, written every 30 s: a restart reads it
+        # (and what came after it) instead of scanning every window and sample.
+        """CREATE TABLE IF NOT EXISTS gpu_state (host VARCHAR, gpu INTEGER, verdict VARCHAR, confidence DOUBLE,
+             flags VARCHAR, last_window_end DOUBLE, last_sample DOUBLE, last_arrival DOUBLE, written DOUBLE,
+             PRIMARY KEY (host, gpu))""",
     ]
 
 
@@ -290,6 +298,8 @@ class Store:
                aggregate: str, step: float) -> list[dict]:
         if metric not in cat.BY_NAME:
             raise KeyError(metric)
+        if self._rolled_up_before(start):
+            return self._metric_with_rollup(metric, host, gpu, start, end, aggregate, step)
         where, args = _where_host_gpu(["t BETWEEN ? AND ?", f'"{metric}" IS NOT NULL'], [start, end], host, gpu)
         w = " AND ".join(where)
         col = f'"{metric}"'
@@ -309,6 +319,180 @@ class Store:
             self._con.close()
         except duckdb.Error:
             pass
+
+    # == Lifecycle and retention (analyzers/retention.py, Analyzer start-up) ==============
+    # Samples older than the retention horizon become one row per GPU-minute in
+    # samples_1m (every metric's mean, and the count of samples) and are deleted,
+    # one bounded chunk per transaction on the writer thread. A minute is either
+    # raw or rolled up, never both, so a query may union the two without counting
+    # anything twice.
+    _rollup_end: Any = None            # end of the newest rolled-up minute; None: unknown yet
+    _rollup_end_known = False
+    _rollup_columns_checked = False
+    GPU_STATE_COLUMNS = ("host", "gpu", "verdict", "confidence", "flags", "last_window_end", "last_sample",
+                         "last_arrival", "written")
+
+    def ensure_rollup_columns(self) -> None:
+        """Metrics added to the catalogue after samples_1m was created become
+        columns of it too (writer thread, or before it starts)."""
+        if self._rollup_columns_checked:
+            return
+        have = {r[0] for r in self._con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'samples_1m'").fetchall()}
+        for m in cat.METRICS:
+            if m.name not in have:
+                self._con.execute(f'ALTER TABLE samples_1m ADD COLUMN "{m.name}" DOUBLE')
+        self._rollup_columns_checked = True
+
+    def oldest_before(self, horizon: float) -> float | None:
+        """The oldest time older than the horizon in samples, processes, health
+        or windows; None when nothing is. Zone maps skip the newer row groups."""
+        row = self._con.execute(
+            'SELECT least((SELECT min(t) FROM samples WHERE t < $h), (SELECT min(t) FROM processes WHERE t < $h), '
+            '(SELECT min(t) FROM health WHERE t < $h), (SELECT min("end") FROM windows WHERE "end" < $h))',
+            {"h": horizon}).fetchall()[0]
+        return None if row[0] is None else float(row[0])
+
+    def retention_chunk(self, lo: float, hi: float, rollup: bool) -> dict:
+        """One transaction: samples with t < hi rolled up by minute (merged with
+        minutes already rolled up, for late samples) and deleted; processes,
+        health and windows older than hi deleted. lo and hi are whole minutes
+        and lo is at or before the oldest sample, so the chunk holds [lo, hi)."""
+        con = self._con
+        out = dict(samples_deleted=0, minutes_written=0, processes_deleted=0, health_deleted=0,
+                   windows_deleted=0)
+        self.begin()
+        try:
+            if rollup:
+                self.ensure_rollup_columns()
+                names = [m.name for m in cat.METRICS]
+                means = ", ".join(f'avg("{n}") AS "{n}"' for n in names)
+                old = ", ".join(f'"{n}"' for n in names)
+                merged = ", ".join(f'sum("{n}" * n) / sum(CASE WHEN "{n}" IS NOT NULL THEN n END) AS "{n}"'
+                                   for n in names)
+                # One row per (host, gpu, minute) on either side of the union in
+                # the usual case, where the merge is exact (x * n / n).
+                con.execute(
+                    f"CREATE OR REPLACE TEMP TABLE _rollup AS SELECT host, gpu, t, sum(n) AS samples, {merged} "
+                    f"FROM (SELECT host, gpu, floor(t / 60) * 60 AS t, count(*) AS n, {means} "
+                    f"      FROM samples WHERE t < $hi GROUP BY ALL "
+                    f"      UNION ALL "
+                    f"      SELECT host, gpu, t, samples AS n, {old} FROM samples_1m WHERE t >= $lo AND t < $hi) "
+                    f"GROUP BY host, gpu, t", {"lo": lo, "hi": hi}).fetchall()
+                con.execute("DELETE FROM samples_1m WHERE t >= $lo AND t < $hi", {"lo": lo, "hi": hi}).fetchall()
+                out["minutes_written"] = int(con.execute(
+                    "INSERT INTO samples_1m BY NAME SELECT * FROM _rollup ORDER BY t, host, gpu").fetchall()[0][0])
+                con.execute("DROP TABLE _rollup").fetchall()
+                con.execute("INSERT OR REPLACE INTO meta VALUES ('rollup_end', CAST(greatest(? , coalesce("
+                            "(SELECT CAST(value AS DOUBLE) FROM meta WHERE key = 'rollup_end'), 0)) AS VARCHAR))",
+                            [hi]).fetchall()
+            out["samples_deleted"] = int(con.execute("DELETE FROM samples WHERE t < ?", [hi]).fetchall()[0][0])
+            out["processes_deleted"] = int(con.execute("DELETE FROM processes WHERE t < ?", [hi]).fetchall()[0][0])
+            out["health_deleted"] = int(con.execute("DELETE FROM health WHERE t < ?", [hi]).fetchall()[0][0])
+            out["windows_deleted"] = int(con.execute('DELETE FROM windows WHERE "end" < ?', [hi]).fetchall()[0][0])
+            self.commit()
+        except Exception:
+            self.rollback()
+            raise
+        if rollup and out["minutes_written"] and self._rollup_end_known:
+            self._rollup_end = max(self._rollup_end or hi, hi)   # unknown: read on the next query
+        return out
+
+    def prune_bookkeeping(self, horizon: float) -> dict:
+        """Agent boots last seen before the horizon, unless the newest boot of
+        their host; devices not seen since the horizon."""
+        con = self._con
+        self.begin()
+        try:
+            agents = con.execute(
+                "DELETE FROM agents WHERE last_seen < ? AND boot_id <> "
+                "(SELECT arg_max(a.boot_id, a.last_seen) FROM agents a WHERE a.host = agents.host)",
+                [horizon]).fetchall()[0][0]
+            devices = con.execute("DELETE FROM devices WHERE last_seen < ?", [horizon]).fetchall()[0][0]
+            con.execute("DELETE FROM gpu_state WHERE last_arrival < ?", [horizon]).fetchall()
+            self.commit()
+        except Exception:
+            self.rollback()
+            raise
+        return dict(agents_deleted=int(agents), devices_deleted=int(devices))
+
+    def prune_history(self, horizon: float) -> dict:
+        """The long horizon: per-minute rollups, closed findings, anomalies,
+        decisions and captures older than it."""
+        con = self._con
+        out = {}
+        self.begin()
+        try:
+            for table, where in (("samples_1m", "t < ?"), ("findings", '"end" IS NOT NULL AND "end" < ?'),
+                                 ("anomalies", "t < ?"), ("decisions", "coalesce(updated, t) < ?"),
+                                 ("captures", 'coalesce("end", start) < ?')):
+                out[f"{table}_deleted"] = int(con.execute(f"DELETE FROM {table} WHERE {where}",
+                                                          [horizon]).fetchall()[0][0])
+            self.commit()
+        except Exception:
+            self.rollback()
+            raise
+        return out
+
+    def upsert_gpu_state(self, rows: Sequence[tuple]) -> None:
+        self._rows("gpu_state", self.GPU_STATE_COLUMNS, rows, replace=True)
+
+    def gpu_states(self) -> list[dict]:
+        return _dicts(self._con.execute("SELECT * FROM gpu_state"))
+
+    def latest_windows(self, since: float | None = None) -> list[dict]:
+        """The newest judged window of each GPU (among those ending at or
+        after `since`: zone maps skip older row groups)."""
+        where, args = ('WHERE "end" >= ?', [since]) if since is not None else ("", [])
+        return _dicts(self._con.execute(
+            'SELECT host, gpu, arg_max(verdict, "end") AS verdict, arg_max(confidence, "end") AS confidence, '
+            f'arg_max(flags, "end") AS flags, max("end") AS "end" FROM windows {where} GROUP BY host, gpu', args))
+
+    def last_samples(self, since: float | None = None) -> dict[tuple[str, int], float]:
+        """The newest sample time of each GPU (among those at or after `since`)."""
+        where, args = ("WHERE t >= ?", [since]) if since is not None else ("", [])
+        rows = self._con.execute(f"SELECT host, gpu, max(t) FROM samples {where} GROUP BY ALL", args).fetchall()
+        return {(h, int(g)): float(t) for h, g, t in rows}
+
+    def hosts_last_seen(self) -> dict[str, float]:
+        """When each host's agent last committed a batch, on the analyzer's clock."""
+        return {h: float(t) for h, t in self._con.execute(
+            "SELECT host, max(last_seen) FROM agents GROUP BY host").fetchall() if t is not None}
+
+    def sample_rows(self) -> tuple[int, int]:
+        """Rows in samples and in samples_1m (start-up; the analyzer keeps
+        the counts up to date from then on)."""
+        raw = self._con.execute("SELECT count(*) FROM samples").fetchall()[0][0]
+        rolled = self._con.execute("SELECT count(*) FROM samples_1m").fetchall()[0][0]
+        return int(raw), int(rolled)
+
+    def _rolled_up_before(self, start: float) -> bool:
+        if not self._rollup_end_known:     # kept in meta: samples_1m may hold a year of the fleet
+            rows = self.reader().execute("SELECT value FROM meta WHERE key = 'rollup_end'").fetchall()
+            self._rollup_end = float(rows[0][0]) if rows else None
+            self._rollup_end_known = True
+        end = self._rollup_end
+        return end is not None and start < end
+
+    def _metric_with_rollup(self, metric: str, host: str, gpu: int | None, start: float, end: float,
+                            aggregate: str, step: float) -> list[dict]:
+        """`metric` over a range that reaches into rolled-up minutes: the raw
+        samples and the minute rows together, each minute weighted by its
+        sample count. A minute row counts if its start is in the range; min,
+        max, quantiles and last of the old part are those of minute means."""
+        col = f'"{metric}"'
+        where, args = _where_host_gpu(["t BETWEEN ? AND ?", f"{col} IS NOT NULL"], [start, end], host, gpu)
+        w = " AND ".join(where)
+        union = (f"SELECT host, gpu, t, {col} AS v, 1 AS n FROM samples WHERE {w} "
+                 f"UNION ALL SELECT host, gpu, t, {col} AS v, samples AS n FROM samples_1m WHERE {w}")
+        if aggregate == "series":
+            sql = (f"SELECT host, gpu, floor(t / {step!r}) * {step!r} AS bucket, sum(v * n) / sum(n) AS value, "
+                   f"CAST(sum(n) AS BIGINT) AS n FROM ({union}) GROUP BY ALL ORDER BY host, gpu, bucket")
+        else:
+            value = "sum(v * n) / sum(n)" if aggregate == "mean" else AGGREGATES[aggregate].format(m="v")
+            sql = (f"SELECT host, gpu, {value} AS value, CAST(sum(n) AS BIGINT) AS n "
+                   f"FROM ({union}) GROUP BY ALL ORDER BY host, gpu")
+        return _dicts(self.reader().execute(sql, args + args))
 
 
 def encode_ranges(seqs: SeqSet) -> str:

@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--fleet-fraction", type=float, default=0.05,
                         help="share of hosts that may capture at once, at least one (default 0.05)")
         sp.add_argument("--capture-duration-ms", type=int, default=2000, help="triggered capture length (default 2000)")
+        sp.add_argument("--retention", default="14d",
+                        help="raw samples older than this are rolled up to per-minute means and deleted "
+                             "(e.g. 14d, 36h; default 14d)")
+        sp.add_argument("--no-rollup", action="store_true", help="delete old samples without keeping per-minute means")
 
     sp = sub.add_parser("up", help="agent + analyzer in one process, with a live view")
     sp.add_argument("--listen", default="127.0.0.1:9400", help="gRPC address (default 127.0.0.1:9400)")

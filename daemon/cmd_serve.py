@@ -87,8 +87,15 @@ def _analyzer_config(ns, dry_run: bool):
 
     trigger = TriggerConfig(dry_run=dry_run, host_cooldown_s=ns.host_cooldown, job_captures_per_hour=ns.job_captures,
                             fleet_fraction=ns.fleet_fraction, capture_duration_ms=ns.capture_duration_ms)
+    from gpuscope.analyzers.retention import parse_age
+
+    try:
+        retention_s = parse_age(ns.retention)
+    except ValueError as exc:
+        raise UsageError(f"--retention: {exc}") from None
     return AnalyzerConfig(ns.db, window_s=ns.window, memory_limit=ns.memory_limit,
-                          threads=getattr(ns, "threads", 2), trigger=trigger)
+                          threads=getattr(ns, "threads", 2), trigger=trigger, retention_s=retention_s,
+                          rollup=not ns.no_rollup)
 
 
 def _start_commands(agent: Agent, target: str, host: str, links):

@@ -183,7 +183,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GpuState(_message.Message):
-    __slots__ = ("host", "gpu", "name", "verdict", "confidence", "last_sample", "open_finding", "flags", "lost")
+    __slots__ = ("host", "gpu", "name", "verdict", "confidence", "last_sample", "open_finding", "flags", "lost", "stale", "last_seen_age_seconds")
     HOST_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +193,8 @@ class GpuState(_message.Message):
     OPEN_FINDING_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
     LOST_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     host: str
     gpu: int
     name: str
@@ -202,10 +204,12 @@ class GpuState(_message.Message):
     open_finding: str
     flags: _containers.RepeatedScalarFieldContainer[str]
     lost: bool
-    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., name: _Optional[str] = ..., verdict: _Optional[str] = ..., confidence: _Optional[float] = ..., last_sample: _Optional[float] = ..., open_finding: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., lost: _Optional[bool] = ...) -> None: ...
+    stale: bool
+    last_seen_age_seconds: float
+    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., name: _Optional[str] = ..., verdict: _Optional[str] = ..., confidence: _Optional[float] = ..., last_sample: _Optional[float] = ..., open_finding: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., lost: _Optional[bool] = ..., stale: _Optional[bool] = ..., last_seen_age_seconds: _Optional[float] = ...) -> None: ...
 
 class AnalyzerStatus(_message.Message):
-    __slots__ = ("version", "started", "batches_committed", "batches_duplicate", "batches_rejected", "samples_committed", "hosts", "gpus", "findings_open", "db_path", "window_seconds", "anomalies", "decisions", "captures_in_flight", "agents_connected")
+    __slots__ = ("version", "started", "batches_committed", "batches_duplicate", "batches_rejected", "samples_committed", "hosts", "gpus", "findings_open", "db_path", "window_seconds", "anomalies", "decisions", "captures_in_flight", "agents_connected", "gpus_stale", "hosts_stale", "analysis_lag_seconds", "samples_stored")
     class DecisionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -228,6 +232,10 @@ class AnalyzerStatus(_message.Message):
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
     CAPTURES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     AGENTS_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    GPUS_STALE_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_STALE_FIELD_NUMBER: _ClassVar[int]
+    ANALYSIS_LAG_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_STORED_FIELD_NUMBER: _ClassVar[int]
     version: str
     started: float
     batches_committed: int
@@ -243,7 +251,11 @@ class AnalyzerStatus(_message.Message):
     decisions: _containers.ScalarMap[str, int]
     captures_in_flight: int
     agents_connected: int
-    def __init__(self, version: _Optional[str] = ..., started: _Optional[float] = ..., batches_committed: _Optional[int] = ..., batches_duplicate: _Optional[int] = ..., batches_rejected: _Optional[int] = ..., samples_committed: _Optional[int] = ..., hosts: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ..., findings_open: _Optional[int] = ..., db_path: _Optional[str] = ..., window_seconds: _Optional[float] = ..., anomalies: _Optional[int] = ..., decisions: _Optional[_Mapping[str, int]] = ..., captures_in_flight: _Optional[int] = ..., agents_connected: _Optional[int] = ...) -> None: ...
+    gpus_stale: int
+    hosts_stale: int
+    analysis_lag_seconds: float
+    samples_stored: int
+    def __init__(self, version: _Optional[str] = ..., started: _Optional[float] = ..., batches_committed: _Optional[int] = ..., batches_duplicate: _Optional[int] = ..., batches_rejected: _Optional[int] = ..., samples_committed: _Optional[int] = ..., hosts: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ..., findings_open: _Optional[int] = ..., db_path: _Optional[str] = ..., window_seconds: _Optional[float] = ..., anomalies: _Optional[int] = ..., decisions: _Optional[_Mapping[str, int]] = ..., captures_in_flight: _Optional[int] = ..., agents_connected: _Optional[int] = ..., gpus_stale: _Optional[int] = ..., hosts_stale: _Optional[int] = ..., analysis_lag_seconds: _Optional[float] = ..., samples_stored: _Optional[int] = ...) -> None: ...
 
 class FindingsRequest(_message.Message):
     __slots__ = ("host", "gpu", "verdicts", "start", "end", "open_only", "limit")

@@ -1,0 +1,253 @@
+"""Lifecycle of GPUs and findings over time: a GPU whose agent goes silent
+becomes stale and its finding closes at the end of the last window it
+absorbed; after a restart status shows what the store holds. Real Analyzer
+objects on real DuckDB files, an injected clock instead of sleeping."""
+import math
+import time
+
+import numpy as np
+import pytest
+
+from gpuscope.analyzers.analyzer import STALE_AFTER_WINDOWS, Analyzer, AnalyzerConfig
+from gpuscope.analyzers.classify import Classification
+from gpuscope.analyzers.findings import FindingsTracker
+from gpuscope.analyzers.ingest import decode
+from gpuscope.collectors.records import DeviceInfo, GpuSample
+from gpuscope.daemon.convert import encode_batch
+
+COMPUTE = dict(util_gpu_ratio=0.95, util_mem_ratio=0.2)
+MEMORY = dict(util_gpu_ratio=0.95, util_mem_ratio=0.95)
+T0 = math.floor(time.time() / 60) * 60 - 3600.0     # whole minute, an hour ago: inside decode's bounds
+
+
+class Clock:
+    def __init__(self, t: float):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _analyzer(path, clock: Clock) -> Analyzer:
+    a = Analyzer(AnalyzerConfig(str(path), window_s=1.0, memory_limit="256MB"), clock=clock)
+    a.writer.start()            # no scheduler: the test drives sweeps and the clock
+    return a
+
+
+def _batch(host: str, boot: str, seq: int, t_from: float, gpus: dict[int, dict], hz: int = 10):
+    samples = [GpuSample(g, float(t), dict(v)) for t in t_from + np.arange(hz) / hz for g, v in gpus.items()]
+    return encode_batch(host, boot, seq, samples, [DeviceInfo(gpu=g, name="NVIDIA H200") for g in gpus])
+
+
+def _feed(a: Analyzer, clock: Clock, host: str, gpus: dict[int, dict], start: float, seconds: int,
+          boot: str = "boot-1", seq0: int = 1) -> int:
+    """One batch per second of samples, arriving just after its second ends."""
+    for s in range(seconds):
+        clock.t = start + s + 1
+        assert a.submit(_batch(host, boot, seq0 + s, start + s, gpus)).result(timeout=10) == "committed"
+    a.writer.call(lambda _s: None).result(timeout=10)     # after the analysis of what was committed
+    return seq0 + seconds
+
+
+def _findings(a: Analyzer, host: str, gpu: int) -> list[dict]:
+    return sorted(a.store.findings(host=host, gpu=gpu), key=lambda f: f["start"])
+
+
+def _gpu(status: dict, host: str, gpu: int) -> dict:
+    return next(g for g in status["gpus"] if (g["host"], g["gpu"]) == (host, gpu))
+
+
+def test_a_silent_gpu_goes_stale_and_its_finding_closes_at_its_last_window(tmp_path):
+    clock = Clock(T0)
+    a = _analyzer(tmp_path / "s.duckdb", clock)
+    try:
+        _feed(a, clock, "host-a", {0: COMPUTE, 1: MEMORY}, T0, 6)
+        _feed(a, clock, "host-a", {0: COMPUTE}, T0 + 6, 4, seq0=7)      # GPU 1 stops reporting
+        clock.t = T0 + 10.0
+        st = a.status()
+        g1, g0 = _gpu(st, "host-a", 1), _gpu(st, "host-a", 0)
+        assert g1["stale"] and g1["last_seen_age_s"] == pytest.approx(4.0) and g1["verdict"] == "memory-bound"
+        assert not g0["stale"] and g0["last_seen_age_s"] == pytest.approx(0.0)
+        assert (st["gpus_stale"], st["hosts_stale"], st["hosts"]) == (1, 0, 1)
+        assert STALE_AFTER_WINDOWS * 1.0 == st["stale_after_seconds"] == 3.0
+
+        a.sweep().result(timeout=10)
+        [f] = _findings(a, "host-a", 1)
+        # its last (partial) window [T0+5, T0+6) was judged by the sweep and absorbed
+        assert f["verdict"] == "memory-bound" and f["windows"] == 6
+        assert f["start"] == T0 and f["end"] == T0 + 6.0      # not the sweep's time (T0+10)
+        assert "ended: agent went silent (no samples for 4 s)" in f["summary"]
+        assert _findings(a, "host-a", 0)[0]["end"] is None and a.status()["findings_open"] == 1
+
+        clock.t = T0 + 20.0                                    # the whole host goes quiet
+        a.sweep().result(timeout=10)
+        [f0] = _findings(a, "host-a", 0)
+        assert f0["end"] == T0 + 10.0 and "agent went silent" in f0["summary"]
+        st = a.status()
+        assert (st["gpus_stale"], st["hosts_stale"], st["findings_open"]) == (2, 1, 0)
+        assert _gpu(st, "host-a", 0)["last_seen_age_s"] == pytest.approx(10.0)
+    finally:
+        a.close()
+
+
+def test_a_changed_verdict_closes_the_finding_at_its_last_window_and_says_why():
+    tracker = FindingsTracker(window_s=5.0, max_gap_s=15.0)
+    w = lambda start, verdict: Classification(gpu=0, start=start, end=start + 5, verdict=verdict,  # noqa: E731
+                                              confidence=0.9, summary=f"{verdict} summary", evidence={"x": 1.0})
+    tracker.observe("h", w(100.0, "memory-bound"), "")
+    tracker.observe("h", w(105.0, "memory-bound"), "")
+    [closed, opened] = tracker.observe("h", w(110.0, "compute-bound"), "")
+    assert closed["end"] == 110.0 and closed["summary"].endswith("ended: became compute-bound")
+    # a window long after the last one: the agent was silent in between
+    [closed, opened2] = tracker.observe("h", w(200.0, "compute-bound"), "")
+    assert closed["id"] == opened["id"] and closed["end"] == 115.0
+    assert "agent went silent (no samples for 85 s)" in closed["summary"] and opened2["start"] == 200.0
+    [closed] = tracker.observe("h", w(205.0, "idle"), "")
+    assert closed["end"] == 205.0 and closed["summary"].endswith("ended: GPU went idle")
+
+
+def test_after_a_restart_status_shows_what_the_store_holds(tmp_path):
+    path = tmp_path / "r.duckdb"
+    clock = Clock(T0)
+    a = _analyzer(path, clock)
+    _feed(a, clock, "host-a", {0: MEMORY, 1: COMPUTE}, T0, 6)
+    _feed(a, clock, "host-b", {0: COMPUTE}, T0, 6)
+    a.close()
+
+    clock = Clock(T0 + 100.0)
+    b = _analyzer(path, clock)
+    try:
+        st = b.status()
+        assert st["hosts"] == 2 and len(st["gpus"]) == 3
+        assert st["samples_stored"] == 3 * 6 * 10 and st["samples_committed"] == 0
+        assert st["findings_open"] == 3
+        g = _gpu(st, "host-a", 0)
+        assert g["name"] == "NVIDIA H200" and g["verdict"] == "memory-bound" and g["confidence"] > 0.5
+        assert _gpu(st, "host-a", 1)["verdict"] == "compute-bound"
+        assert g["last_sample"] == pytest.approx(T0 + 5.9) and g["open_finding"]
+        # last seen: the host's last commit, on the analyzer's clock
+        assert g["stale"] and g["last_seen_age_s"] == pytest.approx(100.0 - 6.0)
+        assert (st["gpus_stale"], st["hosts_stale"]) == (3, 2)
+
+        b.sweep().result(timeout=10)            # a resumed finding waits 3 windows for its agent
+        assert b.status()["findings_open"] == 3
+        clock.t += STALE_AFTER_WINDOWS + 1
+        b.sweep().result(timeout=10)
+        assert b.status()["findings_open"] == 0
+        for host, gpu in (("host-a", 0), ("host-a", 1), ("host-b", 0)):
+            [f] = _findings(b, host, gpu)
+            # the last window judged before the stop was [T0+4, T0+5); not the restart's time
+            assert f["end"] == T0 + 5.0 and f["windows"] == 5
+            assert "not heard from since the analyzer restarted" in f["summary"]
+    finally:
+        b.close()
+
+
+def test_a_restart_reads_the_gpu_state_snapshot_and_what_came_after_it(tmp_path):
+    """Start-up does not scan every window and sample of a big store: it
+    reads the snapshot written by the sweeps, and scans only from shortly
+    before it (10 min)."""
+    path = tmp_path / "g.duckdb"
+    clock = Clock(T0)
+    a = _analyzer(path, clock)
+    seq = _feed(a, clock, "host-a", {0: MEMORY, 1: MEMORY}, T0, 6)
+    a.sweep().result(timeout=10)                              # snapshot: both GPUs memory-bound
+    seq = _feed(a, clock, "host-a", {0: MEMORY}, T0 + 900, 3, seq0=seq)
+    a.sweep().result(timeout=10)         # again at T0+903, with GPU 1's last window judged by the sweep
+    _feed(a, clock, "host-a", {0: COMPUTE}, T0 + 903, 3, seq0=seq)   # after the last snapshot
+    a.close()
+    b = _analyzer(path, Clock(T0 + 1000))
+    try:
+        rows = {(r["host"], r["gpu"]): r for r in b.store.gpu_states()}
+        assert rows[("host-a", 1)]["verdict"] == "memory-bound" and rows[("host-a", 1)]["written"] == T0 + 903
+        assert rows[("host-a", 1)]["last_window_end"] == T0 + 6
+        st = b.status()
+        g0, g1 = _gpu(st, "host-a", 0), _gpu(st, "host-a", 1)
+        # GPU 1's windows end before the scanned range: the snapshot has them
+        assert g1["verdict"] == "memory-bound" and g1["last_sample"] == pytest.approx(T0 + 5.9)
+        # GPU 0 changed after the snapshot: the bounded scan finds it
+        assert g0["verdict"] == "compute-bound" and g0["last_sample"] == pytest.approx(T0 + 905.9)
+        assert b.findings.open[("host-a", 0)]["last_window_end"] == T0 + 905.0
+    finally:
+        b.close()
+
+
+def test_up_restarted_later_does_not_stretch_the_old_finding_over_the_gap(tmp_path):
+    """`gpuscope up` stopped and started: the new agent boot's windows come
+    long after the last one; the old finding ends at its last window."""
+    path = tmp_path / "u.duckdb"
+    clock = Clock(T0)
+    a = _analyzer(path, clock)
+    _feed(a, clock, "host-a", {0: MEMORY}, T0, 6)
+    a.close()
+    clock = Clock(T0 + 60.0)
+    b = _analyzer(path, clock)
+    try:
+        _feed(b, clock, "host-a", {0: MEMORY}, T0 + 60.0, 4, boot="boot-2")
+        old, new = _findings(b, "host-a", 0)
+        assert old["end"] == T0 + 5.0 and "agent went silent (no samples for 55 s)" in old["summary"]
+        assert new["start"] == T0 + 60.0 and new["end"] is None and new["verdict"] == "memory-bound"
+        st = b.status()
+        assert st["samples_stored"] == 100 and st["samples_committed"] == 40
+        assert not _gpu(st, "host-a", 0)["stale"] and st["gpus_stale"] == 0
+    finally:
+        b.close()
+
+
+def test_an_analyzer_restart_with_the_agent_resending_continues_the_episode(tmp_path):
+    """The agent buffered while the analyzer was away: no gap in sample time."""
+    path = tmp_path / "c.duckdb"
+    clock = Clock(T0)
+    a = _analyzer(path, clock)
+    seq = _feed(a, clock, "host-a", {0: MEMORY}, T0, 6)
+    a.close()
+    clock = Clock(T0 + 30.0)
+    b = _analyzer(path, clock)
+    try:
+        _feed(b, clock, "host-a", {0: MEMORY}, T0 + 6, 4, seq0=seq)   # resent from the agent's buffer
+        [f] = _findings(b, "host-a", 0)
+        # 5 windows before the stop, 3 after; [T0+5, T0+6) was still filling when
+        # the first analyzer stopped (its samples are stored, the window is not judged)
+        assert f["end"] is None and f["windows"] == 8
+    finally:
+        b.close()
+
+
+def test_analysis_lag_is_zero_when_caught_up_and_counts_what_is_not_analysed(tmp_path):
+    clock = Clock(T0)
+    a = _analyzer(tmp_path / "l.duckdb", clock)
+    try:
+        assert a.status()["analysis_lag_seconds"] == 0.0
+        _feed(a, clock, "host-a", {0: COMPUTE}, T0, 3)
+        assert a.status()["analysis_lag_seconds"] == 0.0
+        ahead = _batch("host-a", "boot-1", 4, T0 + 10, {0: COMPUTE})
+        a.note_received(decode(ahead))          # received, not yet analysed
+        assert a.status()["analysis_lag_seconds"] == pytest.approx(8.0)   # windows [T0+2, T0+10)
+        clock.t = T0 + 11
+        a.submit(ahead).result(timeout=10)
+        a.writer.call(lambda _s: None).result(timeout=10)
+        assert a.status()["analysis_lag_seconds"] == 0.0    # the empty windows between are not lag
+    finally:
+        a.close()
+
+
+def test_the_live_view_shows_stale_gpus_with_their_age(tmp_path):
+    import io
+
+    from gpuscope.daemon.view import LiveView, render
+    clock = Clock(T0)
+    a = _analyzer(tmp_path / "v.duckdb", clock)
+    try:
+        _feed(a, clock, "host-a", {0: MEMORY, 1: COMPUTE}, T0, 3)
+        out = io.StringIO()
+        view = LiveView(out)
+        view.show(a.status(), [], "hdr")
+        clock.t = T0 + 200.0
+        st = a.status()
+        screen = render(st, [], "hdr", now=clock.t)
+        assert "STALE 3m" in screen and "STALE: 2 GPU(s), 1 host(s) silent" in screen
+        assert "hosts 1 (1 stale)" in screen and "samples stored 60" in screen
+        view.show(st, [], "hdr")
+        assert "host-a/gpu1: stale, no samples for 3m (last verdict compute-bound)" in out.getvalue()
+    finally:
+        a.close()
