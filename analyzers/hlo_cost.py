@@ -7,6 +7,11 @@ included) plus one operation per output element of each arithmetic
 instruction fused into it (FLOPs). It is a roofline estimate, not a
 measurement: reused operands read twice, or slices of a large parameter,
 make it err on the side of more bytes.
+
+The proto comes from the trace file, so nothing in it is trusted: negative
+or huge dimensions, contracting dimensions out of range, computations that
+call themselves and backend configs that are not JSON give an op no cost
+(or a capped one), never an exception.
 """
 from __future__ import annotations
 
@@ -26,6 +31,9 @@ NO_DATA = {"parameter", "constant", "bitcast", "get-tuple-element", "tuple", "re
            "copy-start", "copy-done", "after-all", "partition-id", "replica-id", "slice", "dynamic-slice",
            "transpose", "copy", "concatenate", "pad", "reverse", "gather", "convert"}
 GEMM_TARGETS = ("gemm", "matmul", "cublas", "cudnn$conv")
+MAX_ELEMENTS = 1 << 62          # a shape's element count is capped here; every cost stays a finite float
+MAX_CALL_DEPTH = 32             # fusions inside fusions; deeper (or cyclic) calls add nothing
+MAX_FLOPS = 1e40                # a called computation's FLOPs are capped here, so sums of them stay finite
 
 
 @dataclass(frozen=True)
@@ -37,18 +45,44 @@ class OpCost:
 def shape_bytes(shape) -> float:
     if shape.tuple_shapes:
         return sum(shape_bytes(s) for s in shape.tuple_shapes)
-    return math.prod(shape.dimensions) * ELEMENT_BYTES.get(shape.element_type, 0)
+    return _elements(shape) * ELEMENT_BYTES.get(shape.element_type, 0)
 
 
 def _elements(shape) -> int:
     if shape.tuple_shapes:
-        return sum(_elements(s) for s in shape.tuple_shapes)
-    return math.prod(shape.dimensions)
+        return min(sum(_elements(s) for s in shape.tuple_shapes), MAX_ELEMENTS)
+    return _product(shape.dimensions)
 
 
-def _dot_flops(out_shape, lhs_shape, dims) -> float:
-    k = math.prod(lhs_shape.dimensions[d] for d in dims.lhs_contracting_dimensions) if dims else 1
-    return 2.0 * _elements(out_shape) * k
+def _product(sizes) -> int:
+    """Product of dimension sizes: 0 when one is zero or negative (no data),
+    capped at MAX_ELEMENTS."""
+    n = 1
+    for d in sizes:
+        if d <= 0:
+            return 0
+        n = min(n * d, MAX_ELEMENTS)
+    return n
+
+
+def _contracted(lhs_shape, dims) -> int | None:
+    """Size of the contracted dimensions; None when one is not a dimension of lhs."""
+    rank = len(lhs_shape.dimensions)
+    picked = []
+    for d in dims:
+        try:
+            i = int(d)
+        except (TypeError, ValueError, OverflowError):
+            return None
+        if not 0 <= i < rank:
+            return None
+        picked.append(lhs_shape.dimensions[i])
+    return _product(picked)
+
+
+def _dot_flops(out_shape, lhs_shape, dims) -> float | None:
+    k = _contracted(lhs_shape, dims.lhs_contracting_dimensions)
+    return 2.0 * _elements(out_shape) * k if k is not None else None
 
 
 class Program:
@@ -56,6 +90,7 @@ class Program:
         self.instructions = {}
         self.computations = {}
         self.by_name = {}
+        self._called_flops: dict[int, float] = {}     # computation id -> FLOPs of its instructions, once known
         for comp in proto.hlo_module.computations:
             self.computations[comp.id] = comp
             for ins in comp.instructions:
@@ -70,21 +105,13 @@ class Program:
         nbytes = shape_bytes(ins.shape) + sum(shape_bytes(o.shape) for o in operands)
         return OpCost(self._flops(ins, operands), nbytes)
 
-    def _flops(self, ins, operands) -> float | None:
+    def _flops(self, ins, operands, depth: int = 0, active: set[int] | None = None) -> float | None:
         op = ins.opcode
         if op == "dot":
             return _dot_flops(ins.shape, operands[0].shape, ins.dot_dimension_numbers) if operands else None
         if op in ("fusion", "call", "async-start"):
-            total = 0.0
-            for cid in ins.called_computation_ids:
-                comp = self.computations.get(cid)
-                if comp is None:
-                    continue
-                for inner in comp.instructions:
-                    inner_ops = [self.instructions[i] for i in inner.operand_ids if i in self.instructions]
-                    f = self._flops(inner, inner_ops)
-                    total += f or 0.0
-            return total
+            active = set() if active is None else active
+            return sum(self._computation_flops(cid, depth + 1, active) for cid in ins.called_computation_ids)
         if op == "custom-call":
             target = ins.custom_call_target.lower()
             if any(t in target for t in GEMM_TARGETS) and len(operands) >= 2:
@@ -98,17 +125,42 @@ class Program:
             return float(sum(_elements(o.shape) for o in operands[: max(1, len(operands) // 2)]))
         return float(_elements(ins.shape))  # elementwise: one op per output element
 
+    def _computation_flops(self, cid: int, depth: int, active: set[int]) -> float:
+        """FLOPs of one called computation, each computed once (a DAG of
+        fusions costs its size, not its paths); a call back into a computation
+        being computed (`active`, this call's own) or nested too deep adds 0."""
+        done = self._called_flops.get(cid)
+        if done is not None:
+            return done
+        comp = self.computations.get(cid)
+        if comp is None or depth > MAX_CALL_DEPTH or cid in active:
+            return 0.0
+        active.add(cid)
+        total = 0.0
+        for inner in comp.instructions:
+            inner_ops = [self.instructions[i] for i in inner.operand_ids if i in self.instructions]
+            total += self._flops(inner, inner_ops, depth, active) or 0.0
+        active.discard(cid)
+        total = min(total, MAX_FLOPS)
+        self._called_flops[cid] = total          # Programs are shared (lru_cache): only finished totals go here
+        return total
+
 
 def _custom_gemm_flops(ins, operands) -> float | None:
     out = ins.shape.tuple_shapes[0] if ins.shape.tuple_shapes else ins.shape
     try:
         cfg = json.loads(ins.backend_config or b"{}")
-    except ValueError:
+    except (ValueError, RecursionError):     # not JSON, not UTF-8, or nested past the parser's depth
         cfg = {}
-    dims = (cfg.get("gemm_backend_config") or cfg).get("dot_dimension_numbers") if isinstance(cfg, dict) else None
+    gemm = cfg.get("gemm_backend_config") if isinstance(cfg, dict) else None
+    gemm = gemm if isinstance(gemm, dict) and gemm else cfg
+    dims = gemm.get("dot_dimension_numbers") if isinstance(gemm, dict) else None
+    contracting = dims.get("lhs_contracting_dimensions") if isinstance(dims, dict) else None
     lhs = operands[0].shape
-    if dims and dims.get("lhs_contracting_dimensions"):
-        k = math.prod(lhs.dimensions[int(d)] for d in dims["lhs_contracting_dimensions"])
+    if contracting and isinstance(contracting, list):
+        k = _contracted(lhs, contracting)
+        if k is None:
+            return None
     else:   # plain matmul: lhs·rhs/out = K² (per batch)
         k = math.sqrt(max(_elements(lhs) * _elements(operands[1].shape) / max(_elements(out), 1), 1))
     return 2.0 * _elements(out) * k

@@ -7,6 +7,7 @@ B200 2.25 PF). Peak bandwidth comes from the trace's own plane stats.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -35,10 +36,21 @@ class Peaks:
 
 def device_peaks(dev: DeviceTimeline) -> Peaks:
     p = dev.props
-    cc = (int(p.get("cc_major", 0)), int(p.get("cc_minor", 0)))
-    per_sm = BF16_FLOP_PER_CLK_PER_SM.get(cc)
-    flops = per_sm * p["core_count"] * p["clock_rate_hz"] if per_sm and "core_count" in p and "clock_rate_hz" in p else None
-    return Peaks(flops, p.get("memory_bandwidth"))
+    major, minor = _positive(p.get("cc_major")), _positive(p.get("cc_minor"), zero_ok=True)
+    per_sm = BF16_FLOP_PER_CLK_PER_SM.get((int(major), int(minor))) if major is not None and minor is not None else None
+    sms, clock = _positive(p.get("core_count")), _positive(p.get("clock_rate_hz"))
+    flops = per_sm * sms * clock if per_sm and sms and clock else None
+    return Peaks(flops, _positive(p.get("memory_bandwidth")))
+
+
+def _positive(v, zero_ok: bool = False) -> float | None:
+    """A device property the roofline can use: a finite number of at least 1
+    (or zero, for a compute capability's minor version), else unknown; a
+    denormal bandwidth would put the ridge point at infinity."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or isinstance(v, int) and not -1e30 < v < 1e30:
+        return None
+    v = float(v)
+    return v if math.isfinite(v) and (1 <= v < 1e30 or zero_ok and v == 0) else None
 
 
 def op_table(trace: Trace, dev: DeviceTimeline, peaks: Peaks) -> list[dict]:
@@ -51,7 +63,7 @@ def op_table(trace: Trace, dev: DeviceTimeline, peaks: Peaks) -> list[dict]:
     uniq, inv = np.unique(keys, return_inverse=True)
     time = np.bincount(inv, weights=dev.dur_ns[m]).astype(float)
     count = np.bincount(inv)
-    total = float(dev.dur_ns[m].sum()) or 1.0
+    total = float(dev.dur_ns[m].sum(dtype=np.float64)) or 1.0     # float: int64 sums of overlapping kernels can wrap
     rows = []
     for k, t, n in zip(uniq.tolist(), time.tolist(), count.tolist()):
         op_i, name_i = divmod(k, len(dev.names) + 1)

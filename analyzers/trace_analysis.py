@@ -13,6 +13,12 @@ How the verdict is reached (docs/verdicts.md has the reasoning):
    the gaps are as short as a dispatch, host-bound when the gaps are long
    (the host does other work between steps). If the waits are not caused
    by late launches, the GPU is idle.
+
+A trace's numbers come from a file: the readers keep every time and
+duration within [0, MAX_TIME_NS] (so no sum of disjoint intervals, end or
+gap overflows int64) and count the events they left out; this module never
+divides by a span, a busy time or a total that can be zero, and reports no
+inf or NaN.
 """
 from __future__ import annotations
 
@@ -97,10 +103,11 @@ def device_summary(trace: Trace, dev: DeviceTimeline) -> dict:
             copies[KIND_NAMES[kind]] = dict(count=int(m.sum()), time_fraction=t / span, bytes=known,
                                             bytes_per_s=known / (t / 1e9) if known and t else None)
     out["memcpy"] = copies
+    coll_ns = _length(coll_iv)       # zero when every collective lasted 0 ns
     out["communication"] = dict(time_fraction=comm_ns / span, exposed_fraction=exposed_comm_ns / span,
-                                collective_fraction=_length(coll_iv) / span,
-                                collective_overlap_with_compute=(_overlap(coll_iv, compute_only) / _length(coll_iv)
-                                                                 if len(coll_iv[0]) else None))
+                                collective_fraction=coll_ns / span,
+                                collective_overlap_with_compute=(_overlap(coll_iv, compute_only) / coll_ns
+                                                                 if coll_ns else None))
     peaks = device_peaks(dev)
     ops = op_table(trace, dev, peaks)
     out["roofline"] = _roofline(peaks, ops)
@@ -214,7 +221,7 @@ def summarize(trace: Trace) -> dict:
                host=dict(dispatch_fraction=host.dispatch_ns / span, busiest_thread_busy_fraction=host.busy_ns / span,
                          transfer_fraction=host.transfer_ns / span, threads=host.threads,
                          launches=int(len(host.launch_correlation))),
-               devices=devices, warnings=list(trace.warnings))
+               devices=devices, warnings=list(trace.warnings), skipped_events=trace.skipped_events)
     if not devices:
         out.update(verdict=None, confidence=0.0, missing=["GPU device plane"],
                    summary="no GPU activity recorded: a CPU-only job, or device tracing was off")

@@ -3,44 +3,56 @@ what jax.profiler and the torch profiler write beside an XSpace) into a Trace.
 
 The JSON carries timelines but no HLO and no device peaks, so analysis of a
 JSON trace has no roofline; it says so in its summary.
+
+A well-formed file with odd events is read, not refused: an event whose
+`ts`/`dur` is not a finite number in range, whose `pid`/`tid` is a list or
+an object, whose `args` is not an object or whose `name` is not a string is
+skipped and counted (`Trace.skipped`). Only a file with no usable complete
+event is an error.
 """
 from __future__ import annotations
 
-import gzip
 import json
+import math
 import zlib
 
 import numpy as np
 
-from .trace_model import TRANSFER_MARKERS, HostTimeline, Trace, _Builder, kind_of, parse_bytes
+from .trace_model import (TRANSFER_MARKERS, HostTimeline, Trace, _Builder, as_int64, count_skip, kind_of,
+                          parse_bytes, plain_bytes, skip_warning, us_to_ns)
 from .xspace_reader import DISPATCH_MARKERS, TraceError, _union_ns
 
 DEVICE_PREFIXES = ("/device:GPU:", "GPU ")     # jax: "/device:GPU:0"; torch/kineto: "GPU 0"
+MAX_JSON_BYTES = 1 << 30                       # decompressed; a zip bomb stops here
+_BAD = object()                                # an unusable pid/tid
 
 
 def parse_chrome_trace(data: bytes, source: str = "<bytes>") -> Trace:
     if not data:
         raise TraceError(f"{source}: empty file")
     if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise TraceError(f"{source}: corrupt or truncated gzip ({exc})") from None
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise TraceError(f"{source}: not trace-event JSON ({exc})") from None
+        data = _gunzip(data, source)
+    doc = _load_json(data, source)
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc if isinstance(doc, list) else None
     if not isinstance(events, list):
         raise TraceError(f"{source}: no traceEvents array")
+    skipped: dict[str, int] = {}
     procs: dict = {}
     threads: dict = {}
     for e in events:
         if isinstance(e, dict) and e.get("ph") == "M":
-            if e.get("name") == "process_name":
-                procs[e.get("pid")] = str((e.get("args") or {}).get("name", ""))
-            elif e.get("name") == "thread_name":
-                threads[(e.get("pid"), e.get("tid"))] = str((e.get("args") or {}).get("name", ""))
+            what = e.get("name")
+            if what != "process_name" and what != "thread_name":
+                continue
+            pid, tid, args = _id(e.get("pid")), _id(e.get("tid")), e.get("args")
+            if pid is _BAD or tid is _BAD or not isinstance(args, (dict, type(None))):
+                count_skip(skipped, "metadata events with a bad pid, tid or args")
+                continue
+            label = _text((args or {}).get("name", ""))
+            if what == "process_name":
+                procs[pid] = label
+            else:
+                threads[(pid, tid)] = label
     device_pids = {pid: name for pid, name in procs.items() if name.startswith(DEVICE_PREFIXES)}
     builders = {pid: _Builder(name if name.startswith("/device") else f"/device:GPU:{name.split()[-1]}", {})
                 for pid, name in device_pids.items()}
@@ -48,35 +60,49 @@ def parse_chrome_trace(data: bytes, source: str = "<bytes>") -> Trace:
     host_iv: dict = {}
     lo, hi = None, None
     for e in events:
-        if not isinstance(e, dict) or e.get("ph") != "X":
+        if not isinstance(e, dict):
+            count_skip(skipped, "events that are not objects")
             continue
-        try:
-            ts = int(float(e["ts"]) * 1000)
-            dur = int(float(e.get("dur", 0)) * 1000)
-        except (KeyError, TypeError, ValueError):
+        if e.get("ph") != "X":
+            continue
+        ts, dur = us_to_ns(e.get("ts")), us_to_ns(e.get("dur", 0))
+        if ts is None or dur is None:
+            count_skip(skipped, "with a bad ts or dur")
+            continue
+        pid, tid, args, name = _id(e.get("pid")), _id(e.get("tid")), e.get("args"), e.get("name", "")
+        if pid is _BAD or tid is _BAD:
+            count_skip(skipped, "with a bad pid or tid")
+            continue
+        if args is None:
+            args = {}
+        elif not isinstance(args, dict):
+            count_skip(skipped, "with args that are not an object")
+            continue
+        if not isinstance(name, str):
+            count_skip(skipped, "with a name that is not a string")
             continue
         lo = ts if lo is None else min(lo, ts)
         hi = ts + dur if hi is None else max(hi, ts + dur)
-        pid, args, name = e.get("pid"), e.get("args") or {}, str(e.get("name", ""))
         b = builders.get(pid)
         if b is not None:
-            stream = threads.get((pid, e.get("tid")), "")
-            op = str(args.get("hlo_op", ""))
-            module = str(args.get("program_id") or args.get("hlo_module") or "")
-            details = str(args.get("memcpy_details") or args.get("Memset_details") or args.get("bytes") or "")
-            nbytes = parse_bytes(details) if "num_bytes" in details else float(details) if details.isdigit() else np.nan
+            stream = threads.get((pid, tid), "")
+            op = _text(args.get("hlo_op", ""))
+            module = _text(args.get("program_id") or args.get("hlo_module") or "")
+            details = _text(args.get("memcpy_details") or args.get("Memset_details") or args.get("bytes") or "")
+            nbytes = parse_bytes(details) if "num_bytes" in details else plain_bytes(details)
             kind = kind_of(name if name.startswith(("Memcpy", "Memset")) else f"{stream} {name}", op)
             c = args.get("correlation_id", args.get("correlation", -1))
-            b.add(ts, dur, kind, _int(e.get("tid")), _int(c), name, (module, op) if op else None, nbytes)
+            b.add(ts, dur, kind, as_int64(tid), as_int64(c), name, (module, op) if op else None, nbytes)
         else:
-            host_iv.setdefault((pid, e.get("tid")), []).append(
+            host_iv.setdefault((pid, tid), []).append(
                 (ts, ts + dur, any(m in name for m in DISPATCH_MARKERS), any(m in name for m in TRANSFER_MARKERS)))
             c = args.get("correlation_id", args.get("correlation"))
             if c is not None:
-                corr.append(_int(c))
+                corr.append(as_int64(c))
                 launch.append(ts)
     if lo is None:
-        raise TraceError(f"{source}: no complete ('X') events")
+        why = f"; {sum(skipped.values())} unusable events skipped" if skipped else ""
+        raise TraceError(f"{source}: no complete ('X') events with a usable ts and dur{why}")
     busiest, dispatch, xfer = 0, 0, []
     for iv in host_iv.values():
         arr = np.asarray(iv, dtype=np.int64)
@@ -91,12 +117,67 @@ def parse_chrome_trace(data: bytes, source: str = "<bytes>") -> Trace:
     warnings = ["trace-event JSON: no HLO and no device peaks, so no roofline; summarize the .xplane.pb for one"]
     if not builders:
         warnings.append("no GPU device process: a CPU-only job, or device tracing was off")
+    warnings += skip_warning(skipped)
     return Trace(source=source, format="chrome-json", devices=[b.build() for b in builders.values()], host=host,
-                 start_ns=lo, end_ns=hi, warnings=warnings)
+                 start_ns=lo, end_ns=hi, warnings=warnings, skipped=skipped)
 
 
-def _int(v) -> int:
+def _gunzip(data: bytes, source: str) -> bytes:
+    """Every gzip member, up to MAX_JSON_BYTES of output; bytes after the
+    last member that are not another member are ignored (zero padding)."""
+    out: list[bytes] = []
+    total, rest = 0, data
     try:
-        return int(v)
-    except (TypeError, ValueError):
-        return -1
+        while rest[:2] == b"\x1f\x8b":
+            d = zlib.decompressobj(wbits=31)
+            chunk = rest
+            while True:
+                piece = d.decompress(chunk, MAX_JSON_BYTES + 1 - total)
+                total += len(piece)
+                out.append(piece)
+                if total > MAX_JSON_BYTES:
+                    raise TraceError(f"{source}: decompresses to more than {MAX_JSON_BYTES >> 20} MiB; "
+                                     f"not a trace this reader takes whole")
+                if d.eof or not d.unconsumed_tail:
+                    break
+                chunk = d.unconsumed_tail
+            if not d.eof:
+                raise TraceError(f"{source}: corrupt or truncated gzip (ends before the end of its stream)")
+            rest = d.unused_data
+    except zlib.error as exc:
+        raise TraceError(f"{source}: corrupt or truncated gzip ({exc})") from None
+    return b"".join(out)
+
+
+def _load_json(data: bytes, source: str):
+    try:
+        try:
+            return json.loads(data)
+        except ValueError as exc:
+            if "integer string conversion" not in str(exc):
+                raise
+            # An integer of thousands of digits: read it as a float (inf), which no field accepts.
+            return json.loads(data, parse_int=lambda s: int(s) if len(s) < 100 else float(s))
+    except RecursionError:
+        raise TraceError(f"{source}: trace-event JSON nested too deeply to read") from None
+    except ValueError as exc:       # UnicodeDecodeError included
+        raise TraceError(f"{source}: not trace-event JSON ({exc})") from None
+
+
+def _id(v):
+    """A pid or tid as a dict key: ints, strings, finite floats and null pass;
+    lists, objects, booleans and NaN are unusable."""
+    if v is None or isinstance(v, (str, int)) and not isinstance(v, bool):
+        return v
+    if isinstance(v, float) and math.isfinite(v):
+        return v
+    return _BAD
+
+
+def _text(v) -> str:
+    """A name or argument as text; lists and objects (never names) as ""."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return str(v) if not isinstance(v, int) or abs(v) < 10 ** 30 else ""
+    return ""

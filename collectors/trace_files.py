@@ -1,23 +1,32 @@
 """Finds and opens a trace: an `.xplane.pb`, a Chrome trace JSON, or a
-profile directory (then its newest run, preferring the XSpace)."""
+profile directory (then its newest run, preferring the XSpace).
+
+Whatever the path or the bytes, these return a Trace or raise TraceError
+naming the file and what is wrong with it."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from .chrome_trace_reader import parse_chrome_trace
 from .trace_model import Trace
-from .xspace_reader import TraceError, parse_xspace
+from .xspace_reader import MAX_TRACE_BYTES, TraceError, parse_xspace
 
 JSON_SUFFIXES = (".trace.json.gz", ".trace.json", "perfetto_trace.json.gz", ".pt.trace.json.gz", ".json.gz", ".json")
 
 
 def resolve(path: str | Path) -> Path:
     p = Path(path)
-    if not p.exists():
-        raise TraceError(f"{p}: no such file or directory")
-    if p.is_file():
-        return p
-    candidates = [f for f in p.rglob("*") if f.is_file() and (f.name.endswith(".xplane.pb") or f.name.endswith(JSON_SUFFIXES))]
+    try:
+        if not p.exists():
+            raise TraceError(f"{p}: no such file or directory")
+        if p.is_file():
+            return p
+        if not p.is_dir():
+            raise TraceError(f"{p}: neither a file nor a directory (a pipe or a device?)")
+        candidates = [f for f in p.rglob("*")
+                      if (f.name.endswith(".xplane.pb") or f.name.endswith(JSON_SUFFIXES)) and f.is_file()]
+    except (OSError, ValueError, RecursionError) as exc:   # name too long, a NUL in it, unreadable or too deep
+        raise TraceError(f"{p}: cannot be searched ({type(exc).__name__}: {exc})") from None
     if not candidates:
         raise TraceError(f"{p}: no .xplane.pb or trace JSON below it")
     newest_run = max(c.parent for c in candidates)   # runs are named by timestamp: YYYY_MM_DD_HH_MM_SS
@@ -28,15 +37,40 @@ def resolve(path: str | Path) -> Path:
 
 def parse_trace(data: bytes, source: str) -> Trace:
     """XSpace or trace JSON, by name and, failing that, by content."""
-    if source.endswith(".xplane.pb") or (not source.endswith(JSON_SUFFIXES) and data[:1] not in (b"{", b"[", b"\x1f")):
+    source = str(source)
+    if isinstance(data, (bytearray, memoryview)):
+        data = bytes(data)
+    if not isinstance(data, bytes):
+        raise TraceError(f"{source}: expected the file's bytes, got {type(data).__name__}")
+    if len(data) > MAX_TRACE_BYTES:
+        raise TraceError(f"{source}: {len(data)} bytes; traces over 2 GiB are not read whole")
+    if source.endswith(".xplane.pb"):
         return parse_xspace(data, source)
-    return parse_chrome_trace(data, source)
+    if source.endswith(JSON_SUFFIXES):
+        return parse_chrome_trace(data, source)
+    # No telling name: by content. An XSpace starts with 0x0a (its planes' tag), which is also
+    # "\n", so white space before "{" only suggests JSON; whichever reader fails, the other tries.
+    head = data[:64]
+    text = head.removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n")[:1] in (b"{", b"[")
+    json_first = head[:1] in (b"{", b"[", b"\x1f") or head.startswith(b"\xef\xbb\xbf") or (
+        text and head[:1] != b"\n")
+    first, second = (parse_chrome_trace, parse_xspace) if json_first else (parse_xspace, parse_chrome_trace)
+    try:
+        return first(data, source)
+    except TraceError as exc:
+        try:
+            return second(data, source)
+        except TraceError:
+            raise exc from None
 
 
 def load_trace(path: str | Path) -> Trace:
     p = resolve(path)
     try:
+        size = p.stat().st_size
+        if size > MAX_TRACE_BYTES:
+            raise TraceError(f"{p}: {size} bytes; traces over 2 GiB are not read whole")
         data = p.read_bytes()
     except OSError as exc:
-        raise TraceError(f"{p}: {exc.strerror}") from None
+        raise TraceError(f"{p}: {exc.strerror or exc}") from None
     return parse_trace(data, str(p))

@@ -3,12 +3,22 @@ format it came from (XSpace protobuf or Chrome trace-event JSON).
 
 Times are nanoseconds from the trace's own origin; `start_unix_ns` maps them
 to wall time when the file says (XSpace's "Task Environment" plane).
+
+Readers never trust a file's numbers: an event whose time or duration is not
+a finite number in [0, MAX_TIME_NS] is skipped and counted in
+`Trace.skipped`, so that every time, end and difference of times fits int64
+and no arithmetic on a timeline can overflow.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_TIME_NS = (1 << 62) - 1      # ~146 years: a start or a duration beyond it is not a clock's; start + dur fits int64
+MAX_BYTES = float(1 << 60)       # 1 EiB: a byte count beyond it is not a transfer's
 
 KERNEL, MEMCPY_H2D, MEMCPY_D2H, MEMCPY_D2D, MEMCPY_P2P, MEMSET, COLLECTIVE = range(7)
 KIND_NAMES = ("kernel", "memcpy_h2d", "memcpy_d2h", "memcpy_d2d", "memcpy_p2p", "memset", "collective")
@@ -58,10 +68,15 @@ class Trace:
     hostnames: list[str] = field(default_factory=list)
     programs: dict[str, bytes] = field(default_factory=dict)   # program key -> serialized HloProto
     warnings: list[str] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)     # why -> events left out as unusable
 
     @property
     def span_ns(self) -> int:
         return max(0, self.end_ns - self.start_ns)
+
+    @property
+    def skipped_events(self) -> int:
+        return sum(self.skipped.values())
 
 
 # Host-side events that move data between host and device (framework TraceMes).
@@ -120,12 +135,73 @@ class _Builder:
 
 
 def parse_bytes(details: str) -> float:
-    """`num_bytes:268435456` inside memcpy_details -> 268435456.0; NaN if absent."""
+    """`num_bytes:268435456` inside memcpy_details -> 268435456.0; NaN if absent
+    or not a plausible byte count."""
     i = details.find("num_bytes:")
     if i < 0:
         return float("nan")
     j = i + len("num_bytes:")
     k = j
-    while k < len(details) and details[k].isdigit():
+    while k < len(details) and "0" <= details[k] <= "9":     # ASCII only: str.isdigit() admits '²'
         k += 1
-    return float(details[j:k]) if k > j else float("nan")
+    return plain_bytes(details[j:k])
+
+
+def plain_bytes(text: str) -> float:
+    """A byte count written as plain ASCII digits -> float; NaN otherwise."""
+    if not text or len(text) > 19 or not text.isascii() or not text.isdigit():
+        return float("nan")
+    n = float(text)
+    return n if n <= MAX_BYTES else float("nan")
+
+
+def as_int64(v, default: int = -1) -> int:
+    """An id a file gives (correlation id, stream, tid) as an int64, or
+    `default` when it is not one: lists, NaN, 1e300 and "abc" all say unknown."""
+    if isinstance(v, bool):
+        return default
+    if isinstance(v, int):
+        return v if INT64_MIN <= v <= INT64_MAX else default
+    if isinstance(v, float):
+        return int(v) if math.isfinite(v) and INT64_MIN <= v < INT64_MAX else default
+    if isinstance(v, (str, bytes)) and len(v) <= 32:
+        try:
+            return as_int64(int(v), default)
+        except ValueError:
+            return default
+    return default
+
+
+def us_to_ns(v) -> int | None:
+    """A trace-event time or duration (microseconds; a number or a numeric
+    string) -> integer nanoseconds, or None unless it is finite and within
+    [0, MAX_TIME_NS]."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        if not 0 <= v <= MAX_TIME_NS // 1000:
+            return None
+        f = float(v)
+    elif isinstance(v, float):
+        f = v
+    elif isinstance(v, str) and len(v) <= 64:
+        try:
+            f = float(v)
+        except ValueError:
+            return None
+    else:
+        return None
+    ns = f * 1000
+    return int(ns) if 0 <= ns <= MAX_TIME_NS else None      # NaN fails both comparisons
+
+
+def count_skip(skipped: dict[str, int], why: str) -> None:
+    skipped[why] = skipped.get(why, 0) + 1
+
+
+def skip_warning(skipped: dict[str, int]) -> list[str]:
+    """One warning that says how many events were left out, and why."""
+    if not skipped:
+        return []
+    why = ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items(), key=lambda kv: -kv[1]))
+    return [f"skipped {sum(skipped.values())} unusable events ({why})"]

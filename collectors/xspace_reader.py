@@ -1,16 +1,30 @@
 """Reads an XSpace (`*.xplane.pb`, what jax.profiler writes and the profiler
-service returns) into a Trace."""
+service returns) into a Trace.
+
+Bytes that do not parse as an XSpace are a TraceError; values that parse but
+make no sense are not: an event whose start or duration falls outside
+[0, MAX_TIME_NS] is skipped and counted, a stat of an unexpected type or
+value is ignored (and counted in a warning), a reference to metadata that is
+missing reads as unnamed, and an HLO proto that does not parse leaves its
+ops without a cost.
+"""
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from google.protobuf.message import DecodeError
 
 from gpuscope.xla import xplane_pb2
 
-from .trace_model import TRANSFER_MARKERS, HostTimeline, Trace, _Builder, kind_of, parse_bytes
+from .trace_model import (MAX_TIME_NS, TRANSFER_MARKERS, HostTimeline, Trace, _Builder, as_int64, count_skip,
+                          kind_of, parse_bytes, skip_warning)
 
 DISPATCH_MARKERS = ("PjitFunction", "PjRt", "Execute", "cuLaunch", "cudaLaunch", "hipLaunch", "ThunkExecutor",
                     "LaunchKernel")
+MAX_TRACE_BYTES = (1 << 31) - 1       # protobuf's own limit on one message
+MAX_DEVICE_PROP = 1e18                # bandwidth in B/s, SM count, clock in kHz: beyond this it is not a GPU's
+BAD_TIME = "with a start or duration out of range"
 
 
 class TraceError(ValueError):
@@ -25,9 +39,46 @@ def _stat_value(stat, names: dict[int, str]):
     return names.get(v, "") if which == "ref_value" else v
 
 
+def _stat_text(stat, names: dict[int, str]) -> str | None:
+    """A stat as text (names, HLO ops, program ids, memcpy details); None when empty."""
+    v = _stat_value(stat, names)
+    if isinstance(v, bytes):
+        v = v.decode("utf-8", "replace")
+    elif isinstance(v, float):
+        v = str(v) if math.isfinite(v) else None
+    elif isinstance(v, int):
+        v = str(v)
+    return v or None
+
+
+_INVALID = object()
+
+
+def _stat_int(stat, names: dict[int, str]) -> int | None:
+    """An id or a time as an int64; None when the stat holds none."""
+    v = as_int64(_stat_value(stat, names), default=_INVALID)
+    return None if v is _INVALID else v
+
+
+def _stat_number(stat, names: dict[int, str]) -> float | None:
+    """A device property: a finite number in [0, MAX_DEVICE_PROP], else None."""
+    v = _stat_value(stat, names)
+    if isinstance(v, str) and len(v) <= 64:
+        try:
+            v = float(v)
+        except ValueError:
+            return None
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return None
+    v = float(v)
+    return v if 0 <= v <= MAX_DEVICE_PROP else None         # NaN fails too
+
+
 def parse_xspace(data: bytes, source: str = "<bytes>") -> Trace:
     if not data:
         raise TraceError(f"{source}: empty file")
+    if len(data) > MAX_TRACE_BYTES:
+        raise TraceError(f"{source}: {len(data)} bytes, over protobuf's 2 GiB limit for one XSpace")
     space = xplane_pb2.XSpace()
     try:
         space.ParseFromString(data)
@@ -39,16 +90,18 @@ def parse_xspace(data: bytes, source: str = "<bytes>") -> Trace:
     host = HostTimeline(np.empty(0, np.int64), np.empty(0, np.int64))
     programs: dict[str, bytes] = {}
     start_unix = None
+    skipped: dict[str, int] = {}
+    ignored: dict[str, int] = {}            # stat name -> values of an unexpected type or range
     for plane in space.planes:
         names = {k: v.name for k, v in plane.stat_metadata.items()}
         if plane.name.startswith("/device:GPU:"):
-            dev = _device(plane, names)
+            dev = _device(plane, names, skipped, ignored)
             devices.append(dev)
             if len(dev):
                 starts.append(int(dev.start_ns[0]))
                 ends.append(int((dev.start_ns + dev.dur_ns).max()))
         elif plane.name == "/host:CPU":
-            host, lo, hi = _host(plane, names)
+            host, lo, hi = _host(plane, names, skipped)
             if lo is not None:
                 starts.append(lo)
                 ends.append(hi)
@@ -57,33 +110,48 @@ def parse_xspace(data: bytes, source: str = "<bytes>") -> Trace:
         elif plane.name == "Task Environment":
             for s in plane.stats:
                 if names.get(s.metadata_id) == "profile_start_time":
-                    start_unix = int(_stat_value(s, names))
+                    v = _stat_int(s, names)
+                    if v is not None and v > 0:
+                        start_unix = v
+                    else:
+                        count_skip(ignored, "profile_start_time")
     warnings = list(space.warnings) + [f"profiler error: {e}" for e in space.errors]
     if not devices:
         warnings.append("no GPU device plane: a CPU-only job, or device tracing was off")
+    warnings += skip_warning(skipped)
+    if ignored:
+        warnings.append(f"ignored {sum(ignored.values())} stats of an unexpected type or value "
+                        f"({', '.join(sorted(ignored))})")
     if not starts:
-        raise TraceError(f"{source}: no events in any plane")
+        why = f"; {sum(skipped.values())} unusable events skipped" if skipped else ""
+        raise TraceError(f"{source}: no events in any plane{why}")
     return Trace(source=source, format="xplane", devices=devices, host=host, start_ns=min(starts),
                  end_ns=max(ends), start_unix_ns=start_unix, hostnames=list(space.hostnames),
-                 programs=programs, warnings=warnings)
+                 programs=programs, warnings=warnings, skipped=skipped)
 
 
-def _device(plane, names: dict[int, str]):
+DEVICE_PROPS = {"memory_bandwidth": ("memory_bandwidth", 1.0),     # bytes/s
+                "core_count": ("core_count", 1.0),
+                "clock_rate": ("clock_rate_hz", 1e3),              # XSpace says kHz
+                "compute_cap_major": ("cc_major", 1.0),
+                "compute_cap_minor": ("cc_minor", 1.0)}
+
+
+def _device(plane, names: dict[int, str], skipped: dict[str, int], ignored: dict[str, int]):
     props: dict[str, float | str] = {}
     for s in plane.stats:
-        key, v = names.get(s.metadata_id, ""), _stat_value(s, names)
+        key = names.get(s.metadata_id, "")
         if key == "gpu_device_name":
-            props["name"] = v
-        elif key == "memory_bandwidth":
-            props["memory_bandwidth"] = float(v)          # bytes/s
-        elif key == "core_count":
-            props["core_count"] = float(v)
-        elif key == "clock_rate":
-            props["clock_rate_hz"] = float(v) * 1e3      # XSpace says kHz
-        elif key == "compute_cap_major":
-            props["cc_major"] = float(v)
-        elif key == "compute_cap_minor":
-            props["cc_minor"] = float(v)
+            v = _stat_text(s, names)
+            if v is not None:
+                props["name"] = v
+        elif key in DEVICE_PROPS:
+            prop, scale = DEVICE_PROPS[key]
+            v = _stat_number(s, names)
+            if v is None or (v < 1 and not (v == 0 and key == "compute_cap_minor")):   # 9.0's minor is 0
+                count_skip(ignored, key)    # missing is not zero, and 5e-324 B/s is no GPU's bandwidth
+            else:
+                props[prop] = v * scale
     ids = {n: i for i, n in names.items()}
     corr_id, op_id, mod_id, prog_id = (ids.get(k) for k in ("correlation_id", "hlo_op", "hlo_module", "program_id"))
     bytes_ids = {ids[k] for k in ("memcpy_details", "Memset_details", "memset_details") if k in ids}
@@ -93,24 +161,28 @@ def _device(plane, names: dict[int, str]):
         base = line.timestamp_ns
         stream_name = line.name
         for e in line.events:
+            start, dur = base + e.offset_ps // 1000, e.duration_ps // 1000
+            if not (0 <= start <= MAX_TIME_NS and 0 <= dur <= MAX_TIME_NS):
+                count_skip(skipped, BAD_TIME)
+                continue
             name = meta.get(e.metadata_id, "")
             corr, op, module, program, nbytes = -1, "", "", None, float("nan")
             for s in e.stats:
                 m = s.metadata_id
                 if m == corr_id:
-                    v = _stat_value(s, names)
-                    corr = int(v) if v not in (None, "") else -1
+                    v = _stat_int(s, names)
+                    corr = v if v is not None else -1
                 elif m == op_id:
-                    op = _stat_value(s, names)
+                    op = _stat_text(s, names) or ""
                 elif m == mod_id:
-                    module = _stat_value(s, names)
+                    module = _stat_text(s, names) or ""
                 elif m == prog_id:
-                    program = _stat_value(s, names)
+                    program = _stat_text(s, names)
                 elif m in bytes_ids:
-                    nbytes = parse_bytes(str(_stat_value(s, names)))
+                    nbytes = parse_bytes(_stat_text(s, names) or "")
             kind = kind_of(name if name.startswith(("Memcpy", "Memset")) else stream_name + " " + name, op)
-            key = (str(program) if program not in (None, "") else module, op) if op else None
-            b.add(base + e.offset_ps // 1000, e.duration_ps // 1000, kind, line.id, corr, name, key, nbytes)
+            key = (program if program is not None else module, op) if op else None
+            b.add(start, dur, kind, line.id, corr, name, key, nbytes)
     return b.build()
 
 
@@ -127,45 +199,50 @@ def _union_ns(starts: np.ndarray, ends: np.ndarray) -> int:
     return int((group_end - group_start).sum())
 
 
-def _host(plane, names: dict[int, str]):
+def _host(plane, names: dict[int, str], skipped: dict[str, int]):
     corr_id = next((i for i, n in names.items() if n == "correlation_id"), None)
     meta = {k: v.name for k, v in plane.event_metadata.items()}
     dispatch_meta = {k for k, n in meta.items() if any(m in n for m in DISPATCH_MARKERS)}
     transfer_meta = {k for k, n in meta.items() if any(m in n for m in TRANSFER_MARKERS)}
     corr, launch, lo, hi = [], [], None, None
     xfer_s, xfer_e = [], []
-    busiest, dispatch = 0, 0
+    busiest, dispatch, threads = 0, 0, 0
     for line in plane.lines:
         if not line.events:
             continue
         base = line.timestamp_ns
-        n = len(line.events)
-        st = np.empty(n, np.int64)
-        en = np.empty(n, np.int64)
-        disp = np.zeros(n, bool)
-        for i, e in enumerate(line.events):
-            t = base + e.offset_ps // 1000
-            st[i], en[i] = t, t + e.duration_ps // 1000
-            if e.metadata_id in dispatch_meta:
-                disp[i] = True
-            if e.metadata_id in transfer_meta:
-                xfer_s.append(st[i])
-                xfer_e.append(en[i])
+        st, en, disp = [], [], []
+        for e in line.events:
+            t, d = base + e.offset_ps // 1000, e.duration_ps // 1000
+            if not (0 <= t <= MAX_TIME_NS and 0 <= d <= MAX_TIME_NS):
+                count_skip(skipped, BAD_TIME)
+                continue
+            st.append(t)
+            en.append(t + d)
+            mid = e.metadata_id
+            disp.append(mid in dispatch_meta)
+            if mid in transfer_meta:
+                xfer_s.append(t)
+                xfer_e.append(t + d)
             if e.stats and corr_id is not None:
                 for s in e.stats:
                     if s.metadata_id == corr_id:
-                        corr.append(int(_stat_value(s, names) or -1))
+                        corr.append(_stat_int(s, names) or -1)
                         launch.append(t)
                         break
-        lo = int(st.min()) if lo is None else min(lo, int(st.min()))
-        hi = int(en.max()) if hi is None else max(hi, int(en.max()))
-        busy = _union_ns(st, en)
+        if not st:
+            continue
+        threads += 1
+        sta, ena, dispa = np.asarray(st, np.int64), np.asarray(en, np.int64), np.asarray(disp, bool)
+        lo = int(sta.min()) if lo is None else min(lo, int(sta.min()))
+        hi = int(ena.max()) if hi is None else max(hi, int(ena.max()))
+        busy = _union_ns(sta, ena)
         if busy > busiest:
             busiest = busy
-        if disp.any():
-            dispatch += _union_ns(st[disp], en[disp])
+        if dispa.any():
+            dispatch += _union_ns(sta[dispa], ena[dispa])
     host = HostTimeline(np.asarray(corr, np.int64), np.asarray(launch, np.int64), dispatch_ns=dispatch,
-                        busy_ns=busiest, threads=sum(1 for ln in plane.lines if ln.events),
+                        busy_ns=busiest, threads=threads,
                         transfer_ns=_union_ns(np.asarray(xfer_s, np.int64), np.asarray(xfer_e, np.int64)))
     return host, lo, hi
 
@@ -179,13 +256,13 @@ def _programs(plane, names: dict[int, str]) -> dict[str, bytes]:
         for s in m.stats:
             key = names.get(s.metadata_id)
             if key == "Hlo Proto":
-                hlo = s.bytes_value
+                hlo = s.bytes_value          # b"" when the stat holds another type: no program
             elif key == "program_id":
-                program = _stat_value(s, names)
+                program = _stat_text(s, names)
         if not hlo:
             continue
         module, _, rest = m.name.partition("(")
-        pid = str(program) if program not in (None, "", 0) else rest.rstrip(")")
+        pid = program if program not in (None, "0") else rest.rstrip(")")
         out[pid] = hlo
         # By module name only while it is unique: two programs named jit__lambda make it ambiguous.
         out[module] = b"" if module in out else hlo
