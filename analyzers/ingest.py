@@ -4,23 +4,80 @@ Every check names the field at fault, so an agent operator can find the bug
 from the INVALID_ARGUMENT message alone. Decoding is zero-copy where the wire
 allows: the f64le columns and LSB-first validity bitmaps are Arrow's own
 buffer layout.
+
+Every integer and string is checked here against the store's column types
+and the limits below, because a value that passes here and then fails inside
+DuckDB fails the whole commit group, other agents' batches with it; and a
+string is copied per sample, per reply and per log line, so its length is
+what decides memory. Error messages echo at most a short prefix of a bad
+string, for the same reason.
+
+Strings are measured in UTF-8 bytes (what memory and the wire pay). The
+agent's own strings (host, ids, device facts, health details) are refused
+when too long or when they hold control or invisible characters: that is a
+bug of the agent, and truncating would hide it. A process's command line is
+the exception: it is whatever a user on the GPU host typed (/proc cmdline
+can be megabytes), so refusing it would let any user drop the host's
+batches. It is cleaned instead (see `clean_command`).
 """
 from __future__ import annotations
 
+import math
+import re
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 
 from gpuscope.collectors import catalogue as cat
+from gpuscope.security.redact import redact_command
 from gpuscope.v1 import samples_pb2 as pb
 
+# -- sizes of one batch ----------------------------------------------------------------
 MAX_BATCH_SAMPLES = 200_000
-MAX_FUTURE_SKEW_S = 120.0       # agent clocks ahead of ours by more than this: reject
-RATIO_CEILING = 1.5             # GPM ratios may overshoot 1 a little; 1.5 is garbage
+MAX_DEVICES = 256                # the largest hosts hold 16 GPUs; 8 GPUs x 7 MIG instances is 56
+MAX_PROCESSES = 131_072          # 32 processes per sample at the agent's 4,096-sample batches
+MAX_HEALTH_EVENTS = 10_000       # ten XID storms as the agent drains them (1,000 per slow tick)
+
+# -- times ---------------------------------------------------------------------------
+MAX_FUTURE_SKEW_S = 120.0        # agent clocks ahead of ours by more than this: reject
+# An agent catching up after a day's outage is accepted; a recording of 2009,
+# a clock that never synced, or `t = 1.0` is not a live sample.
+MAX_AGE_S = 7 * 86_400.0
+
+# -- numbers (the store's INTEGER and BIGINT columns, and physics) -------------------
+BIGINT_MAX = 2**63 - 1           # seq, dropped_samples, codes and byte counts: keeps any SQL arithmetic safe
+MAX_GPU_INDEX = 1023             # NVML indices are small; fits the INTEGER gpu columns with room to spare
+MAX_PID = 4_194_304              # Linux's PID_MAX_LIMIT: no kernel hands out a larger pid
+MAX_PCIE_GENERATION = 16         # PCIe 7 is current; absent (never 0) when the driver does not say
+MAX_PCIE_WIDTH = 64              # lanes; x16 is usual, x32 the widest defined
+MAX_POWER_LIMIT_WATTS = 10_000.0  # a whole board; B200 is 1,200 W
+MAX_CAPTURE_DURATION_MS = 3_600_000  # an hour; the agent caps traces at 60 s. Fits INTEGER.
+RATIO_CEILING = 1.5              # GPM ratios may overshoot 1 a little; 1.5 is garbage
+
+# -- strings (UTF-8 bytes) -----------------------------------------------------------
+MAX_HOST_BYTES = 253             # a DNS name; printable, no blanks
+MAX_TOKEN_LEN = 64               # boot_id, capture id: [A-Za-z0-9_-] (the agent sends 16 or 12 hex digits)
+MAX_LABEL_BYTES = 256            # device uuid/name/architecture; capture target, status, trigger, kind
+MAX_DETAIL_BYTES = 4096          # health detail, capture error: longer is refused, not cut (see module doc)
+MAX_PATH_BYTES = 4096            # Linux PATH_MAX
+MAX_COMMAND_BYTES = 4096         # a stored command line; longer ones are cut, ending in TRUNCATED
+MAX_JOB_BYTES = MAX_COMMAND_BYTES + 32   # "pid:N " and a command line
+TRUNCATED = " <truncated>"
+# Cleaning reads 1 KiB past the cut, so that a secret the cut would split is
+# still recognised whole (a URL password needs its '@').
+_CLEANED_CHARS = MAX_COMMAND_BYTES + 1024
+# Distinct command-line text one batch may make us clean (characters, each
+# command counted up to _CLEANED_CHARS): redaction costs up to ~0.25 us a
+# character, so this bounds one batch to ~0.25 s of CPU. The agent cuts
+# commands at 256 characters: 4,096 different processes fit.
+MAX_COMMAND_CHARS = 1 << 20
+
 METRIC_NAMES = cat.NAMES
 _HEALTH_NAMES = {v: k.removeprefix("HEALTH_KIND_").lower() for k, v in pb.HealthKind.items()}
+_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 
 
 class BatchError(ValueError):
@@ -42,8 +99,83 @@ class DecodedBatch:
     health: list[tuple]                   # rows for the health table
     dropped_samples: int = 0
     job: dict[int, str] = field(default_factory=dict)   # gpu -> job of its last sample
+    min_unacked_seq: int = 0              # the writer closes the seq gaps below it (0: not said)
 
 
+# -- checks of one value -------------------------------------------------------------
+def _show(s: str) -> str:
+    """A bad string as an error message may quote it: never all of it."""
+    return repr(s[:40]) + ("..." if len(s) > 40 else "")
+
+
+def _int(where: str, value: int, lo: int, hi: int, why: str) -> None:
+    if not lo <= value <= hi:
+        raise BatchError(f"{where}: {value} is outside [{lo}, {hi}] ({why})")
+
+
+def _bigint(where: str, value: int) -> None:
+    _int(where, value, 0, BIGINT_MAX, "the store's BIGINT range")
+
+
+def _time(where: str, v: float, now: float) -> None:
+    """A sample or event time: within the window around the analyzer's clock."""
+    # :g, never :f: a time of 1e300 must not print as 300 digits
+    if not math.isfinite(v):
+        raise BatchError(f"{where}: {v!r} is not a Unix time")
+    if v > now + MAX_FUTURE_SKEW_S:
+        raise BatchError(f"{where}: {v!r} is {v - now:.6g} s in the future, more than MAX_FUTURE_SKEW_S = "
+                         f"{MAX_FUTURE_SKEW_S:g} s (check the agent host's clock)")
+    if v < now - MAX_AGE_S:
+        raise BatchError(f"{where}: {v!r} is {(now - v) / 86_400:.6g} days old, more than MAX_AGE_S = "
+                         f"{MAX_AGE_S / 86_400:g} days (not a live sample: a recording, or a clock that never synced)")
+
+
+def _times(where: str, t: np.ndarray, now: float) -> None:
+    bad = ~((t >= now - MAX_AGE_S) & (t <= now + MAX_FUTURE_SKEW_S))   # NaN fails both
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        _time(f"{where}[{i}]", float(t[i]), now)
+
+
+def _token_problem(s: str) -> str | None:
+    return None if _TOKEN.fullmatch(s) else "may hold only A-Z, a-z, 0-9, '_' and '-'"
+
+
+def _label_problem(s: str) -> str | None:
+    return None if s.isprintable() else "holds a control or invisible character"
+
+
+def _host_problem(s: str) -> str | None:
+    if not s.isprintable() or any(c.isspace() for c in s):
+        return "holds a blank, control or invisible character (a host name is one printable word)"
+    return None
+
+
+def _text_problem(s: str) -> str | None:
+    """Free text: printable, and lines and tabs are allowed."""
+    return _label_problem(s.replace("\n", " ").replace("\t", " "))
+
+
+def _string(where: str, s: str, max_bytes: int, problem: Callable[[str], str | None],
+            required: bool = False) -> None:
+    if not s:
+        if required:
+            raise BatchError(f"{where}: empty")
+        return
+    # characters <= UTF-8 bytes <= 4 x characters: encode only when it can matter
+    if len(s) > max_bytes or (4 * len(s) > max_bytes and len(s.encode()) > max_bytes):
+        raise BatchError(f"{where}: longer than {max_bytes} bytes of UTF-8 ({len(s)} characters)")
+    bad = problem(s)
+    if bad:
+        raise BatchError(f"{where}: {_show(s)} {bad}")
+
+
+def _count(where: str, n: int, most: int) -> None:
+    if n > most:
+        raise BatchError(f"{where}: {n} entries, at most {most}")
+
+
+# -- the batch ---------------------------------------------------------------------
 def _array(name: str, data: bytes, itemsize: int, n: int, dtype: str) -> np.ndarray:
     if len(data) != n * itemsize:
         raise BatchError(f"{name}: {len(data)} bytes, expected {n * itemsize} for count={n}")
@@ -51,27 +183,15 @@ def _array(name: str, data: bytes, itemsize: int, n: int, dtype: str) -> np.ndar
 
 
 def decode(batch: pb.SampleBatch, now: float | None = None) -> DecodedBatch:
+    """Validates every field of the batch and decodes it. `now`, the
+    analyzer's clock, anchors the window sample times must lie in."""
     now = time.time() if now is None else now
-    if not batch.host:
-        raise BatchError("host: empty")
-    if not batch.boot_id:
-        raise BatchError("boot_id: empty")
-    if batch.seq < 1:
-        raise BatchError("seq: must be >= 1")
+    _check_header(batch)
     n = batch.count
-    if n > MAX_BATCH_SAMPLES:
-        raise BatchError(f"count: {n} samples, at most {MAX_BATCH_SAMPLES} per batch")
     t = _array("t_f64le", batch.t_f64le, 8, n, "<f8")
     gpu = _array("gpu_u32le", batch.gpu_u32le, 4, n, "<u4")
-    if n:
-        if not np.isfinite(t).all() or (t <= 0).any():
-            i = int(np.flatnonzero(~np.isfinite(t) | (t <= 0))[0])
-            raise BatchError(f"t_f64le[{i}]: {float(t[i])!r} is not a Unix time")
-        if t.max() > now + MAX_FUTURE_SKEW_S:
-            i = int(t.argmax())
-            raise BatchError(f"t_f64le[{i}]: {t[i]:.3f} is {t[i] - now:.0f} s in the future "
-                             "(check the agent host's clock)")
-    known = {d.gpu for d in batch.devices}
+    _times("t_f64le", t, now)
+    known = _check_devices(batch)
     if n:
         unknown = set(np.unique(gpu).tolist()) - known
         if unknown:
@@ -79,46 +199,9 @@ def decode(batch: pb.SampleBatch, now: float | None = None) -> DecodedBatch:
     arrays: dict[str, pa.Array] = {}
     columns: dict[str, np.ndarray] = {}
     for ci, col in enumerate(batch.columns):
-        where = f"columns[{ci}]"
-        m = cat.BY_NAME.get(col.metric)
-        if m is None:
-            raise BatchError(f"{where}.metric: unknown metric {col.metric!r} (see `gpuscope metrics`)")
-        if col.metric in arrays:
-            raise BatchError(f"{where}.metric: {col.metric!r} appears twice")
-        values = _array(f"{where}.f64le ({col.metric})", col.f64le, 8, n, "<f8")
-        valid_buf = None
-        check = values
-        if col.valid:
-            if len(col.valid) != (n + 7) // 8:
-                raise BatchError(f"{where}.valid ({col.metric}): {len(col.valid)} bytes, expected {(n + 7) // 8}")
-            mask = np.unpackbits(np.frombuffer(col.valid, np.uint8), count=n, bitorder="little").astype(bool)
-            check = values[mask]
-            valid_buf = pa.py_buffer(col.valid)
-            full = np.where(mask, values, np.nan)
-        else:
-            full = values
-        if not np.isfinite(check).all():
-            i = int(np.flatnonzero(~np.isfinite(values) & (mask if col.valid else True))[0])
-            raise BatchError(f"{where}.f64le ({col.metric})[{i}]: {float(values[i])!r} is not a number "
-                             "(mark missing values in `valid`, never as NaN)")
-        if (check < 0).any():
-            i = int(np.flatnonzero(values < 0)[0])
-            raise BatchError(f"{where}.f64le ({col.metric})[{i}]: negative value {float(values[i])!r}")
-        if m.kind is cat.Kind.RATIO and (check > RATIO_CEILING).any():
-            i = int(np.flatnonzero(values > RATIO_CEILING)[0])
-            raise BatchError(f"{where}.f64le ({col.metric})[{i}]: {float(values[i])!r} is not a ratio (0-1)")
-        arrays[col.metric] = pa.Array.from_buffers(pa.float64(), n, [valid_buf, pa.py_buffer(col.f64le)])
-        columns[col.metric] = full
-    for pi, p in enumerate(batch.processes):
-        if p.sample >= n:
-            raise BatchError(f"processes[{pi}].sample: {p.sample} >= count {n}")
-        if p.HasField("cpu_cores") and not (np.isfinite(p.cpu_cores) and p.cpu_cores >= 0):
-            raise BatchError(f"processes[{pi}].cpu_cores: {p.cpu_cores!r}")
-    for hi, h in enumerate(batch.health):
-        if h.gpu not in known:
-            raise BatchError(f"health[{hi}].gpu: GPU {h.gpu} has no entry in devices")
-        if not (np.isfinite(h.t) and 0 < h.t <= now + MAX_FUTURE_SKEW_S):
-            raise BatchError(f"health[{hi}].t: {h.t!r} is not a Unix time in the past")
+        arrays[col.metric], columns[col.metric] = _column(f"columns[{ci}]", col, n, arrays)
+    _check_processes(batch, n)
+    _check_health(batch, known, now)
 
     # Only the metrics the batch carries: the writer's concat fills the rest
     # with nulls, and the store's INSERT names its columns.
@@ -130,27 +213,166 @@ def decode(batch: pb.SampleBatch, now: float | None = None) -> DecodedBatch:
     health = [(batch.host, h.gpu, h.t, _HEALTH_NAMES.get(h.kind, "unspecified"), h.detail,
                h.code if h.HasField("code") else None) for h in batch.health]
     return DecodedBatch(batch.host, batch.boot_id, batch.seq, n, table, t, gpu, columns, processes,
-                        list(batch.devices), health, batch.dropped_samples, job)
+                        list(batch.devices), health, batch.dropped_samples, job, batch.min_unacked_seq)
+
+
+def _check_header(batch: pb.SampleBatch) -> None:
+    _string("host", batch.host, MAX_HOST_BYTES, _host_problem, required=True)
+    _string("boot_id", batch.boot_id, MAX_TOKEN_LEN, _token_problem, required=True)
+    _int("seq", batch.seq, 1, BIGINT_MAX, "starts at 1; the store's BIGINT range")
+    _bigint("dropped_samples", batch.dropped_samples)
+    # above seq it would close gaps that batches still to come will fill
+    _int("min_unacked_seq", batch.min_unacked_seq, 0, batch.seq, "0, or at most this batch's seq")
+    if batch.count > MAX_BATCH_SAMPLES:
+        raise BatchError(f"count: {batch.count} samples, at most {MAX_BATCH_SAMPLES} per batch")
+    _count("devices", len(batch.devices), MAX_DEVICES)
+    _count("processes", len(batch.processes), MAX_PROCESSES)
+    _count("health", len(batch.health), MAX_HEALTH_EVENTS)
+
+
+def _check_devices(batch: pb.SampleBatch) -> set[int]:
+    """The GPUs the batch declares."""
+    known: set[int] = set()
+    for i, d in enumerate(batch.devices):
+        where = f"devices[{i}]"
+        _int(f"{where}.gpu", d.gpu, 0, MAX_GPU_INDEX, "a GPU index")
+        if d.gpu in known:
+            raise BatchError(f"{where}.gpu: GPU {d.gpu} is listed twice")
+        known.add(d.gpu)
+        for name in ("uuid", "name", "architecture"):
+            _string(f"{where}.{name}", getattr(d, name), MAX_LABEL_BYTES, _label_problem)
+        if d.HasField("memory_total_bytes"):
+            _bigint(f"{where}.memory_total_bytes", d.memory_total_bytes)
+        if d.HasField("power_limit_watts") and not 0 < d.power_limit_watts <= MAX_POWER_LIMIT_WATTS:
+            raise BatchError(f"{where}.power_limit_watts: {d.power_limit_watts!r} is outside "
+                             f"(0, {MAX_POWER_LIMIT_WATTS:.0f}] W")
+        if d.HasField("pcie_generation"):
+            _int(f"{where}.pcie_generation", d.pcie_generation, 1, MAX_PCIE_GENERATION, "a PCIe generation")
+        if d.HasField("pcie_width"):
+            _int(f"{where}.pcie_width", d.pcie_width, 1, MAX_PCIE_WIDTH, "PCIe lanes")
+    return known
+
+
+def _column(base: str, col: pb.Column, n: int, seen: dict) -> tuple[pa.Array, np.ndarray]:
+    """One metric column: the Arrow array to store and the values, NaN where missing."""
+    m = cat.BY_NAME.get(col.metric)
+    if m is None:
+        raise BatchError(f"{base}.metric: unknown metric {_show(col.metric)} (see `gpuscope metrics`)")
+    if col.metric in seen:
+        raise BatchError(f"{base}.metric: {col.metric!r} appears twice")
+    where = f"{base}.f64le ({col.metric})"
+    values = _array(where, col.f64le, 8, n, "<f8")
+    mask, valid_buf, full = np.ones(n, bool), None, values
+    if col.valid:
+        if len(col.valid) != (n + 7) // 8:
+            raise BatchError(f"{base}.valid ({col.metric}): {len(col.valid)} bytes, expected {(n + 7) // 8}")
+        mask = np.unpackbits(np.frombuffer(col.valid, np.uint8), count=n, bitorder="little").astype(bool)
+        valid_buf = pa.py_buffer(col.valid)
+        full = np.where(mask, values, np.nan)
+    checks = [(~np.isfinite(values), "{v!r} is not a number (mark missing values in `valid`, never as NaN)"),
+              (values < 0, "negative value {v!r}")]
+    if m.kind is cat.Kind.RATIO:
+        checks.append((values > RATIO_CEILING, "{v!r} is not a ratio (0-1)"))
+    for bad, problem in checks:
+        bad &= mask                       # what `valid` marks missing may hold anything
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise BatchError(f"{where}[{i}]: " + problem.format(v=float(values[i])))
+    return pa.Array.from_buffers(pa.float64(), n, [valid_buf, pa.py_buffer(col.f64le)]), full
+
+
+def _check_processes(batch: pb.SampleBatch, n: int) -> None:
+    chars = sum(min(len(c), _CLEANED_CHARS) for c in {p.command for p in batch.processes})
+    if chars > MAX_COMMAND_CHARS:
+        raise BatchError(f"processes[].command: {chars} characters of distinct command lines, "
+                         f"at most {MAX_COMMAND_CHARS} per batch")
+    for pi, p in enumerate(batch.processes):
+        where = f"processes[{pi}]"
+        if p.sample >= n:
+            raise BatchError(f"{where}.sample: {p.sample} >= count {n}")
+        _int(f"{where}.pid", p.pid, 1, MAX_PID, "a Linux pid")
+        if p.HasField("used_memory_bytes"):
+            _bigint(f"{where}.used_memory_bytes", p.used_memory_bytes)
+        if p.HasField("cpu_cores") and not (math.isfinite(p.cpu_cores) and p.cpu_cores >= 0):
+            raise BatchError(f"{where}.cpu_cores: {p.cpu_cores!r} is not a CPU share (finite, >= 0)")
+
+
+def _check_health(batch: pb.SampleBatch, known: set[int], now: float) -> None:
+    for hi, h in enumerate(batch.health):
+        where = f"health[{hi}]"
+        if h.gpu not in known:
+            raise BatchError(f"{where}.gpu: GPU {h.gpu} has no entry in devices")
+        _time(f"{where}.t", h.t, now)
+        _string(f"{where}.detail", h.detail, MAX_DETAIL_BYTES, _text_problem)
+        if h.HasField("code"):
+            _bigint(f"{where}.code", h.code)
+
+
+def clean_command(raw: str) -> str:
+    """A process's command line as the analyzer stores and shows it: secrets
+    redacted (security.redact), control and invisible characters shown as
+    U+FFFD, at most MAX_COMMAND_BYTES of UTF-8, ending in TRUNCATED when cut.
+    Cleaned, never refused (see the module doc). Redaction runs before the
+    cleaning, which would otherwise hide a tab between a flag and its value."""
+    head = raw[:_CLEANED_CHARS]
+    text = redact_command(head)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else "\ufffd" for c in text)
+    data = text.encode()
+    if len(data) <= MAX_COMMAND_BYTES and len(head) == len(raw):
+        return text
+    keep = MAX_COMMAND_BYTES - len(TRUNCATED)
+    return data[:keep].decode("utf-8", "ignore") + TRUNCATED
 
 
 def _processes(batch: pb.SampleBatch, t: np.ndarray, gpu: np.ndarray) -> tuple[pa.Table | None, dict[int, str]]:
     if not batch.processes:
         return None, {}
     rows = batch.processes
+    cleaned = {c: clean_command(c) for c in {p.command for p in rows}}   # a process repeats in every sample
+    commands = [cleaned[p.command] for p in rows]
     job: dict[int, tuple[float, int, str]] = {}
-    for p in rows:   # the job of a GPU: its process holding the most memory, at the latest sample
+    # the job of a GPU: its process holding the most memory, at the latest sample
+    for p, command in zip(rows, commands):
         g, ts = int(gpu[p.sample]), float(t[p.sample])
         mem = p.used_memory_bytes if p.HasField("used_memory_bytes") else 0
         cur = job.get(g)
         if cur is None or ts > cur[0] or (ts == cur[0] and mem > cur[1]):
-            job[g] = (ts, mem, f"pid:{p.pid}" + (f" {p.command}" if p.command else ""))
+            job[g] = (ts, mem, f"pid:{p.pid}" + (f" {command}" if command else ""))
     table = pa.table({
         "host": pa.array([batch.host] * len(rows)),
         "gpu": pa.array([int(gpu[p.sample]) for p in rows], pa.int32()),
         "t": pa.array([float(t[p.sample]) for p in rows]),
         "pid": pa.array([p.pid for p in rows], pa.int64()),
-        "used_memory_bytes": pa.array([p.used_memory_bytes if p.HasField("used_memory_bytes") else None for p in rows], pa.int64()),
+        "used_memory_bytes": pa.array([p.used_memory_bytes if p.HasField("used_memory_bytes") else None
+                                       for p in rows], pa.int64()),
         "cpu_cores": pa.array([p.cpu_cores if p.HasField("cpu_cores") else None for p in rows], pa.float64()),
-        "command": pa.array([p.command for p in rows]),
+        "command": pa.array(commands, pa.string()),
     })
     return table, {g: v[2] for g, v in job.items()}
+
+
+# -- captures ------------------------------------------------------------------------
+def validate_capture_record(record: pb.CaptureRecord, now: float | None = None) -> None:
+    """Checks a CaptureRecord of ReportCapture as decode checks a batch;
+    raises BatchError naming the field. The job is checked for length only:
+    it is a command line, and whoever stores it cleans it (clean_command)."""
+    now = time.time() if now is None else now
+    _string("record.id", record.id, MAX_TOKEN_LEN, _token_problem, required=True)
+    _string("record.host", record.host, MAX_HOST_BYTES, _host_problem, required=True)
+    for name in ("target", "status", "trigger", "kind"):
+        _string(f"record.{name}", getattr(record, name), MAX_LABEL_BYTES, _label_problem)
+    _string("record.path", record.path, MAX_PATH_BYTES, _label_problem)
+    _string("record.error", record.error, MAX_DETAIL_BYTES, _text_problem)
+    _string("record.job", record.job, MAX_JOB_BYTES, lambda s: None)
+    if record.HasField("pid"):
+        _int("record.pid", record.pid, 1, MAX_PID, "a Linux pid")
+    _count("record.gpus", len(record.gpus), MAX_DEVICES)
+    for i, g in enumerate(record.gpus):
+        _int(f"record.gpus[{i}]", g, 0, MAX_GPU_INDEX, "a GPU index")
+    _time("record.start", record.start, now)
+    if not (math.isfinite(record.end) and record.start <= record.end <= now + MAX_FUTURE_SKEW_S):
+        raise BatchError(f"record.end: {record.end!r} is not between record.start ({record.start!r}) "
+                         f"and {MAX_FUTURE_SKEW_S:.0f} s past the analyzer's clock")
+    _int("record.duration_ms", record.duration_ms, 0, MAX_CAPTURE_DURATION_MS, "at most an hour")
+    _bigint("record.size_bytes", record.size_bytes)

@@ -1,0 +1,65 @@
+"""Redaction of secrets in command lines before anything stores or shows them.
+
+Jobs are launched with their credentials on the command line
+(`--hf-token=...`, `WANDB_API_KEY=... python train.py`,
+`git clone https://user:pass@host/...`), and the command line travels from
+/proc to the analyzer's store, findings, events and the on-call's terminal.
+What is removed here is gone everywhere downstream.
+
+A name counts as a secret's when one of its words (split at `-`, `_`, `.`)
+is a secret word: token, key, secret, password, passwd, credential(s),
+auth, private, or a word ending in token/secret/password/passwd/credential
+(`HFTOKEN`, `PGPASSWORD`), or apikey/accesskey/privatekey/secretkey. Whole
+words only, so the ML flags that merely mention tokens keep their values:
+`--max-num-batched-tokens 8192`, `--tokenizer gpt2`, `--keyboard`,
+`--author`. Short flags (`-p 8080`) are never matched. When in doubt we
+redact: a lost `--key-file` path costs less than a leaked token.
+
+A URL's user name stays (it says who), its password goes. A URL with a user
+name and no password (`https://ghp_x@github.com`) is left as it is: the
+name alone is usually a login (`git@`), and guessing which are tokens would
+be wrong both ways.
+
+Pure functions, standard library only, so both halves may import this.
+"""
+from __future__ import annotations
+
+import re
+
+REDACTED = "<redacted>"
+
+_WORD = r"[a-z0-9]+"
+_SECRET_WORD = (r"(?:[a-z0-9]*(?:token|secret|password|passwd|credentials?)"
+                r"|(?:api|access|private|secret)?key|auth|private)")
+# A name with a secret word in it, whole words only (the next character after
+# the secret word is a separator or the end of the name).
+_NAME = rf"(?:{_WORD}[-_.])*{_SECRET_WORD}(?:[-_.]{_WORD})*"
+# Quoted values whole (a shell string), else up to the next blank.
+_VALUE = r"""(?:"[^"]*"|'[^']*'|\S+)"""
+# Not inside another name: the `--token` of `x--token=abc` is not a flag.
+_START = r"(?<![\w.-])"
+
+_FLAGS = re.IGNORECASE | re.ASCII     # names are ASCII; no KELVIN SIGN matching `k`
+# --hf-token=abc, -Dssl.keyStorePassword=abc, HF_TOKEN=abc
+_ASSIGNED = re.compile(rf"{_START}(-{{0,2}}{_NAME}=){_VALUE}", _FLAGS)
+# --hf-token abc, -token abc (Go's flags); a following flag is not a value.
+_SPACED = re.compile(rf"{_START}(-{{1,2}}{_NAME}\s+)(?!-){_VALUE}", _FLAGS)
+# https://user:pass@host; the password may hold ':' but never '/', '@' or blanks.
+_USERINFO = re.compile(r"(://[^\s/@:]*:)[^\s/@]+(?=@)")
+# curl -H "Authorization: Bearer abc"
+_BEARER = re.compile(r"(\bbearer\s+)[\w.~+/=-]+", _FLAGS)
+_PATTERNS = (_ASSIGNED, _SPACED, _USERINFO, _BEARER)
+# Every pattern needs one of these (lower case): most command lines have
+# none, and str.find is ~50x cheaper than running the patterns.
+_CLUES = ("token", "key", "secret", "passw", "credential", "auth", "private", "://", "bearer")
+
+
+def redact_command(cmdline: str) -> str:
+    """The command line with the values of secret-named flags and variables,
+    URL passwords and bearer tokens replaced by `<redacted>`."""
+    lower = cmdline.lower()
+    if not any(clue in lower for clue in _CLUES):
+        return cmdline
+    for pattern in _PATTERNS:
+        cmdline = pattern.sub(lambda m: m.group(1) + REDACTED, cmdline)
+    return cmdline

@@ -1,0 +1,73 @@
+"""Secrets on command lines: what is redacted, and what must stay readable."""
+import pytest
+
+from gpuscope.security.redact import REDACTED, redact_command
+
+R = REDACTED
+
+
+@pytest.mark.parametrize("cmdline,expected", [
+    # flags with =, and with a blank
+    ("python train.py --hf-token=hf_abc --lr 3e-4", f"python train.py --hf-token={R} --lr 3e-4"),
+    ("python train.py --hf-token hf_abc --lr 3e-4", f"python train.py --hf-token {R} --lr 3e-4"),
+    ("serve --api-key=sk-123 --port 8000", f"serve --api-key={R} --port 8000"),
+    ("serve --api_key sk-123", f"serve --api_key {R}"),
+    ("db --password hunter2 --user me", f"db --password {R} --user me"),
+    ("db --passwd=hunter2", f"db --passwd={R}"),
+    ("x --client-secret=s3cr3t", f"x --client-secret={R}"),
+    ("x --credentials /etc/creds.json", f"x --credentials {R}"),
+    ("x --auth basic:xyz", f"x --auth {R}"),
+    ("x --private-key ~/.ssh/id_ed25519", f"x --private-key {R}"),
+    ("x --AWS-Access-Key=AKIA123", f"x --AWS-Access-Key={R}"),
+    ("x --apikey=k1 --accessKey=k2", f"x --apikey={R} --accessKey={R}"),
+    ("prog -token abc", f"prog -token {R}"),                                      # Go's single-dash flags
+    ("java -Djavax.net.ssl.keyStorePassword=pw -jar x.jar", f"java -Djavax.net.ssl.keyStorePassword={R} -jar x.jar"),
+    # environment-style assignments
+    ("HF_TOKEN=hf_abc python train.py", f"HF_TOKEN={R} python train.py"),
+    ("env WANDB_API_KEY=k AWS_SECRET_ACCESS_KEY=s python x.py", f"env WANDB_API_KEY={R} AWS_SECRET_ACCESS_KEY={R} python x.py"),
+    ("PGPASSWORD=pw psql", f"PGPASSWORD={R} psql"),
+    ("docker run --env=HF_TOKEN=hf_abc img", f"docker run --env=HF_TOKEN={R} img"),
+    ("docker run -e HF_TOKEN=hf_abc img", f"docker run -e HF_TOKEN={R} img"),
+    ('bash -c "HF_TOKEN=hf_abc python x.py"', f'bash -c "HF_TOKEN={R} python x.py"'),
+    # quoted values go whole; blanks other than spaces separate too
+    ("x --password 'two words' --next", f"x --password {R} --next"),
+    ('x --password="two words" --next', f"x --password={R} --next"),
+    ("x --token\tabc", f"x --token\t{R}"),
+    # URL passwords, bearer tokens
+    ("git clone https://user:pass@github.com/org/repo", f"git clone https://user:{R}@github.com/org/repo"),
+    ("psql postgres://app:p:w@db:5432/x", f"psql postgres://app:{R}@db:5432/x"),
+    ("x --url=https://:tok@host/", f"x --url=https://:{R}@host/"),
+    ('curl -H "Authorization: Bearer eyJ.abc.def" https://h', f'curl -H "Authorization: Bearer {R}" https://h'),
+    # case does not matter
+    ("X --HF-TOKEN=abc Hf_ToKeN=abc", f"X --HF-TOKEN={R} Hf_ToKeN={R}"),
+])
+def test_secrets_are_redacted(cmdline, expected):
+    assert redact_command(cmdline) == expected
+
+
+@pytest.mark.parametrize("cmdline", [
+    "python train.py -p 8080 -p=3",                                # short flags never match
+    "vllm serve m --max-num-batched-tokens 8192 --max-tokens 64",  # tokens are counts here
+    "python x.py --tokenizer gpt2 --tokenizer-mode auto",
+    "x --keyboard us --monkey 1 --author me --authority a --privately",
+    "x --use-auth-token --model m",                                # a flag that follows is not a value
+    "x --hf-token",                                                # no value at all
+    "x--token=abc",                                                # inside another word
+    "https://host:8080/path@v2 ssh://git@github.com",             # a port is not a password; a login stays
+    "python -m torch.distributed.run --nproc-per-node 8 train.py",
+    "",
+])
+def test_ordinary_command_lines_are_left_alone(cmdline):
+    assert redact_command(cmdline) == cmdline
+
+
+def test_several_secrets_and_idempotence():
+    once = redact_command("a --token=1 --password 2 KEY=3 https://u:4@h")
+    assert once == f"a --token={R} --password {R} KEY={R} https://u:{R}@h"
+    assert redact_command(once) == once
+
+
+def test_unicode_look_alikes_do_not_confuse_it():
+    # KELVIN SIGN folds to `k` under Unicode case rules; flag names are ASCII
+    assert redact_command("x --\u212aey=1") == "x --\u212aey=1"
+    assert redact_command("x --tök=1 --token=ü") == f"x --tök=1 --token={R}"
