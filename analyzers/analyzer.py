@@ -34,7 +34,7 @@ from .commands import CommandHub
 from .detector import Anomaly, Detector, DetectorConfig
 from .events import EventBus
 from .findings import FindingsTracker
-from .ingest import DecodedBatch, decode
+from .ingest import DecodedBatch, clean_command, decode
 from .live import LiveWindows
 from .retention import PassResult, Retention, RetentionConfig
 from .store import Store, StoreConfig, finding_row
@@ -341,7 +341,7 @@ class Analyzer:
         confidence = float(summary.get("confidence") or 0.0) if summary else 0.0
         row = dict(id=record.id, host=record.host, target=record.target,
                    pid=record.pid if record.HasField("pid") else None, gpus=json.dumps(list(record.gpus)),
-                   job=record.job, start=record.start, end=record.end, duration_ms=record.duration_ms,
+                   job=clean_command(record.job), start=record.start, end=record.end, duration_ms=record.duration_ms,
                    path=record.path, size_bytes=record.size_bytes, status=record.status, error=error,
                    trigger=record.trigger, verdict=verdict, confidence=confidence, kind=record.kind or "jax",
                    summary=json.dumps(summary, default=str) if summary else None, finding_id=None)

@@ -176,7 +176,10 @@ class Store:
             verb = "INSERT OR REPLACE" if replace else "INSERT"
             self._con.execute(f"{verb} INTO {table} ({cols}) SELECT {cols} FROM _incoming")
         finally:
-            self._con.unregister("_incoming")
+            try:
+                self._con.unregister("_incoming")
+            except duckdb.Error:   # an aborted transaction refuses this too; the INSERT's error is the one to see
+                pass
 
     def _rows(self, table: str, names: Sequence[str], rows: Sequence[tuple], replace: bool = False) -> None:
         if rows:

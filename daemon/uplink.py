@@ -30,6 +30,7 @@ from .convert import encode_batch
 
 
 log = structlog.get_logger("gpuscope.uplink")
+MAX_HEALTH_PER_BATCH = 1000
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,9 @@ class Uplink:
                     return
                 take = min(len(self._pending), self.config.max_batch_samples)
                 samples = [self._pending.popleft() for _ in range(take)]
-                health, self._pending_health = self._pending_health, []
+                # the analyzer takes at most 10,000 health events a batch; the rest go in the next
+                health, self._pending_health = self._pending_health[:MAX_HEALTH_PER_BATCH], \
+                    self._pending_health[MAX_HEALTH_PER_BATCH:]
                 self._seq += 1
                 seq = self._seq
                 self._unacked_samples += take   # still counted against the bound
