@@ -31,8 +31,8 @@ def replay_findings(rec: Recording, window_s: float, batch_s: float = 1.0, host:
                              {n: float(rec.metrics[n][i]) for n in names if rec.metrics[n][i] == rec.metrics[n][i]},
                              rec.processes[i]) for i in idx]
         seq += 1
-        for h, c, job in live.add(decode(encode_batch(host, "replay", seq, samples, devices),
-                                               now=float(rec.t[idx[-1]])))   # a recording is judged at its own time:
+        batch = encode_batch(host, "replay", seq, samples, devices)
+        for h, c, job in live.add(decode(batch, now=float(rec.t[idx[-1]]))):   # judged at the recording's own time
             for f in tracker.observe(h, c, job):
                 events.append(dict(f, seen_at=float(rec.t[idx[-1]])))
     return events
