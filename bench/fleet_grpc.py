@@ -1,8 +1,9 @@
 """Fleet over real gRPC: how many agents one analyzer holds, loaded from another process.
 
-    python bench/fleet_grpc.py [--steps 250,500,1000,2000,3000] [--hold 45] [--profile]
+    python bench/fleet_grpc.py [--steps 100,150,...,3000] [--hold 45] [--profile] [--keep-going]
     python bench/fleet_grpc.py --tls ...            # the same ramp with mutual TLS
-    python bench/fleet_grpc.py --connect-only 5000  # memory while 5,000 agents connect and idle
+    python bench/fleet_grpc.py --flush 5 ...        # agents send 5 s of samples per batch
+    python bench/fleet_grpc.py --connect-only 5000 [--send-nothing]  # memory while 5,000 agents connect
 
 The analyzer runs as `gpuscope analyzer` in a subprocess (loopback only, its
 own DuckDB file under a temporary directory). A load generator in another
@@ -22,7 +23,11 @@ their own channel), and the live-analysis lag (GetStatus
 `analysis_lag_seconds` when the analyzer has it, else estimated as
 now - gpus[].last_sample, which the analyzer updates in its after-commit
 analysis). The ramp stops after the first step that breaks a target.
-`--profile` samples the analyzer with py-spy (if installed) in every step.
+`--profile` samples the analyzer with py-spy (if installed: `pip install
+py-spy`) in every step, all active threads and, separately, only the thread
+holding the GIL, and sums the samples by component. With
+FLEET_GRPC_ANALYZER_ENTRY=script.py the analyzer runs that script instead of
+`-m gpuscope.daemon.cli` (what-if experiments: patch, then call the CLI's main).
 
 Writes bench/out/fleet_grpc-<mode>-<time>.json and prints a table. Every run
 stops by itself.
@@ -111,10 +116,11 @@ def threads_cpu(pid: int) -> dict[int, float]:
 # ---------------------------------------------------------------------------------------------
 # the load generator (another process)
 
-def build_bodies() -> list[bytes]:
+def build_bodies(flush_s: int = 1) -> list[bytes]:
     """One serialized SampleBatch body per second of the recording at 1 Hz
-    (8 GPUs, GPU g at offset 11*g), without host, boot_id, seq and times:
-    those go in a small header message; protobuf merges concatenated messages."""
+    (8 GPUs, GPU g at offset 11*g), holding `flush_s` seconds of samples,
+    without host, boot_id, seq and times: those go in a small header
+    message; protobuf merges concatenated messages."""
     from gpuscope.collectors import catalogue as cat
     from gpuscope.collectors.recording import default_recording, read_recording
     from gpuscope.collectors.records import DeviceInfo, GpuSample, ProcessRecord
@@ -130,8 +136,8 @@ def build_bodies() -> list[bytes]:
     bodies = []
     for k in range(period):
         samples = []
-        for g in range(GPUS):
-            r = int(rows[(k + 11 * g) % period])
+        for s_, g in ((s_, g) for s_ in range(flush_s) for g in range(GPUS)):
+            r = int(rows[(k + s_ + 11 * g) % period])
             vals = {n: float(rec.metrics[n][r]) for n in names if rec.metrics[n][r] == rec.metrics[n][r]}
             cpu = vals.get("procs_cpu_cores")
             procs = tuple(ProcessRecord(pid=4000 + 10 * g + i, used_memory_bytes=p.used_memory_bytes, cpu_cores=cpu,
@@ -184,30 +190,42 @@ class SimAgent:
         return grpc.aio.secure_channel(self.gen.target, creds, options=opts)
 
     def batch(self, t: float) -> bytes:
+        """One batch sent at t: the last `flush_s` seconds of 1 Hz samples of 8 GPUs."""
         from gpuscope.v1 import samples_pb2 as pb
         self.seq += 1
-        ts = np.full(GPUS, t) + np.arange(GPUS) * 1e-4
+        fl = self.gen.flush_s
+        ts = (t - np.repeat(np.arange(fl - 1, -1, -1.0), GPUS)) + np.tile(np.arange(GPUS) * 1e-4, fl)
         head = pb.SampleBatch(host=self.host, boot_id=self.boot, seq=self.seq, t_f64le=ts.astype("<f8").tobytes())
-        return head.SerializeToString() + self.gen.bodies[(self.offset + self.seq) % len(self.gen.bodies)]
+        return head.SerializeToString() + self.gen.bodies[(self.offset + self.seq * fl) % len(self.gen.bodies)]
 
     async def commands(self):
+        import grpc
         from gpuscope.v1 import analyzer_pb2 as apb
         call = self.channel.unary_stream(COMMANDS, request_serializer=apb.AgentHello.SerializeToString,
                                          response_deserializer=apb.Command.FromString)(
             apb.AgentHello(host=self.host, boot_id=self.boot))
-        async for _cmd in call:
-            self.gen.stats.commands += 1
+        try:
+            async for _cmd in call:
+                self.gen.stats.commands += 1
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                self.gen.stats.stream_errors[f"Commands {exc.code().name}"] += 1
 
     async def acks(self, call):
-        from gpuscope.v1 import samples_pb2 as pb  # noqa: F401
+        """Reads acks until the stream ends; its error is counted by run()."""
+        import grpc
         st = self.gen.stats
-        async for ack in call:
-            sent = self.pending.pop(ack.seq, None)
-            if sent is None:
-                continue
-            now = time.time()
-            st.acked_total += 1
-            st.lat.append((sent[0], now - sent[0], now - sent[1]))
+        try:
+            async for ack in call:
+                sent = self.pending.pop(ack.seq, None)
+                if sent is None:
+                    continue
+                now = time.time()
+                st.acked_total += 1
+                st.lat.append((sent[0], now - sent[0], now - sent[1]))
+        except grpc.aio.AioRpcError as exc:
+            return exc.code().name
+        return "ended"
 
     async def run(self, start_at: float):
         import grpc
@@ -228,8 +246,8 @@ class SimAgent:
                     nxt = np.floor(time.time()) + self.phase + 1.0
                     while not self.gen.stopping:
                         if self.gen.send == "none" or self.gen.send == "one" and self.sent_once:
-                            await reader          # hold the streams open until the run ends
-                            raise RuntimeError("ack stream ended")
+                            await asyncio.shield(reader)     # hold the streams open until the run ends
+                            raise RuntimeError(f"ack stream ended: {reader.result()}")
                         await asyncio.sleep(max(0.0, nxt - time.time()))
                         tick = time.time()
                         msg = self.batch(tick)
@@ -237,10 +255,9 @@ class SimAgent:
                         st.sent_total += 1
                         await call.write(msg)
                         self.sent_once = True
-                        nxt += 1.0
+                        nxt += self.gen.flush_s
                         if reader.done():
-                            reader.result()
-                            raise RuntimeError("ack stream ended")
+                            raise RuntimeError(f"ack stream ended: {reader.result()}")
                 finally:
                     st.connected -= 1
             except asyncio.CancelledError:
@@ -248,7 +265,8 @@ class SimAgent:
             except grpc.aio.AioRpcError as exc:
                 st.stream_errors[exc.code().name] += 1
             except Exception as exc:  # noqa: BLE001 - a simulated agent reconnects on anything
-                st.stream_errors[type(exc).__name__] += 1
+                code = reader.result() if reader is not None and reader.done() and not reader.cancelled() else None
+                st.stream_errors[code if code not in (None, "ended") else type(exc).__name__] += 1
             finally:
                 if reader is not None:
                     reader.cancel()
@@ -259,9 +277,9 @@ class SimAgent:
 
 
 class LoadGen:
-    def __init__(self, target: str, tls_dir: str | None, send: str):
-        self.target, self.tls_dir, self.send = target, tls_dir, send
-        self.bodies = build_bodies()
+    def __init__(self, target: str, tls_dir: str | None, send: str, flush_s: int = 1):
+        self.target, self.tls_dir, self.send, self.flush_s = target, tls_dir, send, flush_s
+        self.bodies = build_bodies(flush_s)
         self.stats = Stats()
         self.agents: list[SimAgent] = []
         self.stopping = False
@@ -301,10 +319,10 @@ class LoadGen:
                 del self.stats.loop_lag[:50_000]
 
 
-def loadgen_main(conn, target: str, tls_dir: str | None, send: str):
+def loadgen_main(conn, target: str, tls_dir: str | None, send: str, flush_s: int = 1):
     async def run():
         import grpc  # noqa: F401
-        gen = LoadGen(target, tls_dir, send)
+        gen = LoadGen(target, tls_dir, send, flush_s)
         loop = asyncio.get_running_loop()
         lag = asyncio.ensure_future(gen.loop_lag())
         conn.send(("ready", len(gen.bodies)))
@@ -331,10 +349,10 @@ def loadgen_main(conn, target: str, tls_dir: str | None, send: str):
 
 
 class LoadGenProcess:
-    def __init__(self, target: str, tls_dir: str | None, send: str = "tick"):
+    def __init__(self, target: str, tls_dir: str | None, send: str = "tick", flush_s: int = 1):
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=loadgen_main, args=(child, target, tls_dir, send), daemon=True)
+        self.proc = ctx.Process(target=loadgen_main, args=(child, target, tls_dir, send, flush_s), daemon=True)
         self.proc.start()
         self.expect("ready", 120)
 
@@ -516,11 +534,15 @@ class Monitor:
             if est:     # end to end: newest sample the analysis has seen per GPU vs now (includes queueing)
                 out.update(last_sample_age_max_s=round(max(est), 2),
                            last_sample_age_p50_s=round(float(np.median([s[1]["lag_p50"] for s in st])), 2))
+            # analysis_lag_seconds counts only samples the analyzer has admitted; samples an
+            # agent could not send yet (backpressure) show in the age of each GPU's newest
+            # analysed sample. The lag judged is the larger of the two.
             if fld:
-                out.update(lag_source="GetStatus.analysis_lag_seconds", lag_max_s=round(max(fld), 2))
-            elif est:
-                out.update(lag_source="estimate: now - min(gpus[].last_sample)", lag_max_s=round(max(est), 2))
-            if "lag_max_s" in out:
+                out["analysis_lag_field_max_s"] = round(max(fld), 2)
+            lags = ([max(fld)] if fld else []) + ([max(est)] if est else [])
+            if lags:
+                out.update(lag_source=("max(GetStatus.analysis_lag_seconds, " if fld else "(")
+                           + "now - oldest gpus[].last_sample)", lag_max_s=round(max(lags), 2))
                 out["lag_windows"] = round(out["lag_max_s"] / window_s, 2)
         return out
 
@@ -690,8 +712,8 @@ def verdict(step: dict) -> list[str]:
 def ramp(ns, workdir: Path) -> dict:
     steps = [int(x) for x in ns.steps.split(",")]
     tls_dir = None
-    res: dict = dict(mode="tls" if ns.tls else "insecure", window_s=ns.window, hold_s=ns.hold, settle_s=ns.settle,
-                     steps=[])
+    res: dict = dict(mode=("tls" if ns.tls else "insecure") + (f"-flush{ns.flush}" if ns.flush != 1 else ""),
+                     window_s=ns.window, hold_s=ns.hold, settle_s=ns.settle, flush_s=ns.flush, steps=[])
     if ns.tls:
         tls_dir = str(workdir / "tls")
         res["certs"] = make_certs(Path(tls_dir), max(steps))
@@ -707,7 +729,7 @@ def ramp(ns, workdir: Path) -> dict:
                 res["notes"].append("the analyzer answered plain text with --tls-dir: TLS is not wired into "
                                     "`gpuscope analyzer` yet, so this run measured no TLS")
                 return res
-        gen = LoadGenProcess(an.target, tls_dir)
+        gen = LoadGenProcess(an.target, tls_dir, flush_s=ns.flush)
         mon = Monitor(an.target, tls_dir, an.proc.pid, gen.proc.pid)
         prev = 0
         for n in steps:
@@ -863,6 +885,18 @@ def print_table(res: dict):
             print(f"{k:28s} {res.get(k)}")
 
 
+def git_tree() -> str:
+    """HEAD and whether the working tree differed from it (others edit it meanwhile)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=ROOT, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return head + (" + uncommitted changes" if dirty else "")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", default="100,150,200,250,500,1000,2000,3000", help="agents per step (comma-separated)")
@@ -872,6 +906,8 @@ def main():
     ap.add_argument("--window", type=float, default=5.0)
     ap.add_argument("--max-streams", type=int, default=0,
                     help="analyzer --max-streams (default: 2 per agent of the largest step + 200)")
+    ap.add_argument("--flush", type=int, default=1, metavar="S",
+                    help="each agent sends one batch every S seconds holding S samples per GPU (default 1)")
     ap.add_argument("--tls", action="store_true", help="mutual TLS: `gpuscope certs`, one certificate per agent")
     ap.add_argument("--profile", action="store_true", help="py-spy the analyzer in every step")
     ap.add_argument("--connect-only", type=int, default=0, metavar="N", help="N agents connect, send one batch, idle")
@@ -890,7 +926,7 @@ def main():
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
     res = dict(date=time.strftime("%Y-%m-%d %H:%M"), machine=f"{platform.node()} {os.cpu_count()} cpu",
-               python=platform.python_version(), wall_s=round(time.time() - t0, 1), targets=dict(
+               python=platform.python_version(), wall_s=round(time.time() - t0, 1), tree=git_tree(), targets=dict(
                    ack_p99_s=5, rss_gib=1, query_p95_s=0.2, lag_windows=2), **res)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     out = Path(ns.out) if ns.out else OUT_DIR / f"fleet_grpc-{res['mode']}-{time.strftime('%Y%m%d-%H%M%S')}.json"
