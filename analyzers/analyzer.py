@@ -252,6 +252,7 @@ class Analyzer:
         if not results:
             return
         windows, changed, anomalies = [], {}, []
+        turned: list[dict] = []       # findings opened or closed by these windows
         for host, c, job in results:
             st = self._state(host, c.gpu)
             st.verdict, st.confidence, st.flags = c.verdict, c.confidence, tuple(c.flags)
@@ -262,19 +263,15 @@ class Analyzer:
             windows.append((host, c.gpu, c.start, c.end, c.verdict, c.confidence, json.dumps(c.flags), c.summary))
             for f in self.findings.observe(host, c, job):
                 changed[f["id"]] = f
-                if f["end"] is None and f["windows"] == 1:
-                    log.info("finding opened", host=host, gpu=c.gpu, verdict=c.verdict,
-                             confidence=c.confidence, summary=c.summary)
-                if f["end"] is not None:
-                    log.info("finding closed", host=host, gpu=c.gpu, verdict=f["verdict"], start=f["start"],
-                             end=f["end"], reason=f.get("ended_because", ""))
                 if f["end"] is not None or f["windows"] == 1:
+                    turned.append(f)
                     self.events.publish(dict(kind="finding", t=c.end, host=host, gpu=c.gpu, verdict=f["verdict"],
                                              record=f))
             open_f = self.findings.open.get((host, c.gpu))
             a = self.detector.observe(host, c, job, open_f["id"] if open_f else None)
             if a is not None:
                 anomalies.append(a)
+        self._log_findings(turned)
         store = self.store
         store.begin()
         try:
@@ -286,6 +283,22 @@ class Analyzer:
             raise
         if anomalies:
             self._act_on(anomalies)
+
+    def _log_findings(self, changed: list[dict]) -> None:
+        """A line per finding opened or closed; a fleet turning over at once
+        (a restart, a storm) gets one line with the counts instead."""
+        if len(changed) > 10:
+            closed = sum(f["end"] is not None for f in changed)
+            log.info("findings changed", opened=len(changed) - closed, closed=closed,
+                     hosts=len({f["host"] for f in changed}))
+            return
+        for f in changed:
+            if f["end"] is None:
+                log.info("finding opened", host=f["host"], gpu=f["gpu"], verdict=f["verdict"],
+                         confidence=f["confidence"], summary=f.get("summary"))
+            else:
+                log.info("finding closed", host=f["host"], gpu=f["gpu"], verdict=f["verdict"], start=f["start"],
+                         end=f["end"], reason=f.get("ended_because", ""))
 
     # -- anomalies -> decisions -> commands (writer thread) ---------------------------------
     def _act_on(self, anomalies: list[Anomaly]) -> None:
@@ -379,9 +392,8 @@ class Analyzer:
                     closed.append(self.findings.close(key, reason=self._silence(key, st, now)))
             if closed:
                 self.store.upsert_findings([finding_row(f) for f in closed])
+                self._log_findings(closed)
                 for f in closed:
-                    log.info("finding closed", host=f["host"], gpu=f["gpu"], verdict=f["verdict"],
-                             start=f["start"], end=f["end"], reason=f["ended_because"])
                     self.events.publish(dict(kind="finding", t=f["end"], host=f["host"], gpu=f["gpu"],
                                              verdict=f["verdict"], record=f))
             expired = self.policy.expire()

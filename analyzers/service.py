@@ -5,6 +5,7 @@ on-call queries run on a pool of their own so agents can never crowd them out.""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import importlib.metadata
 import json
 import os
@@ -32,6 +33,10 @@ try:
 except importlib.metadata.PackageNotFoundError:   # running from a source tree
     VERSION = "unknown"
 _ACK = {COMMITTED: pb.BatchAck.COMMITTED}
+# What a queued batch holds once decoded (Arrow tables, numpy arrays, proto
+# objects), measured at ~92 KB for an 8-GPU batch of 4 KB on the wire: the
+# byte budget counts this, or 64 MiB of wire bytes would be ~1.5 GB of RSS.
+DECODED_BATCH_BYTES = 96 << 10
 STREAM_QUEUE = 100          # commands or events waiting for one slow stream; more are dropped
 log = structlog.get_logger("gpuscope.service")
 
@@ -75,14 +80,14 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         self._captures = ThreadPoolExecutor(max_workers=2, thread_name_prefix="capture-report")
 
     async def _query(self, fn, *args, pool=None):
-        return await asyncio.get_running_loop().run_in_executor(pool or self._oncall, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(pool or self._oncall, _in_context(fn), *args)
 
     # -- agents -----------------------------------------------------------------------
     async def _admit(self, req: pb.SampleBatch, context):
         """Waits for room in the writer's budget, validates and queues one
         batch. Returns (future, error): error is a permanent refusal."""
         await _own_host(context, req.host, "host")
-        n = req.ByteSize()
+        n = req.ByteSize() + DECODED_BATCH_BYTES
         budget = self.analyzer.writer.budget
         await budget.acquire(n)
         try:
@@ -190,7 +195,12 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
 
     # -- on-call ----------------------------------------------------------------------
     async def GetStatus(self, request, context):
-        s = await self._query(self.analyzer.status)
+        # built on the on-call pool: a fleet's status is thousands of GPUs,
+        # and the event loop must keep serving agents meanwhile
+        return await self._query(self._status_pb)
+
+    def _status_pb(self) -> apb.AnalyzerStatus:
+        s = self.analyzer.status()
         out = apb.AnalyzerStatus(version=VERSION, started=s["started"], batches_committed=s["batches_committed"],
                                  batches_duplicate=s["batches_duplicate"], batches_rejected=s["batches_rejected"],
                                  samples_committed=s["samples_committed"], hosts=s["hosts"],
@@ -209,13 +219,19 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         return out
 
     async def ListFindings(self, request, context):
-        rows = await self._query(lambda: self.analyzer.store.findings(
-            host=request.host, gpu=request.gpu if request.HasField("gpu") else None,
-            verdicts=list(request.verdicts),
-            start=_finite(request.start, "start") if request.HasField("start") else None,
-            end=_finite(request.end, "end") if request.HasField("end") else None,
-            open_only=request.open_only, limit=_limit(request.limit, 1000)))
-        return apb.FindingsResponse(findings=[finding_pb(_for_caller(r)) for r in rows])
+        try:
+            start = _finite(request.start, "start") if request.HasField("start") else None
+            end = _finite(request.end, "end") if request.HasField("end") else None
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+        def build() -> apb.FindingsResponse:
+            rows = self.analyzer.store.findings(
+                host=request.host, gpu=request.gpu if request.HasField("gpu") else None,
+                verdicts=list(request.verdicts), start=start, end=end, open_only=request.open_only,
+                limit=_limit(request.limit, 1000))
+            return apb.FindingsResponse(findings=[finding_pb(_for_caller(r)) for r in rows])
+        return await self._query(build)
 
     async def QueryMetric(self, request, context):
         metric = cat.BY_NAME.get(request.metric)
@@ -299,6 +315,12 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
 
 
 MAX_POINTS = 100_000
+
+
+def _in_context(fn):
+    """fn to run on a pool thread with this call's context (its caller)."""
+    ctx = contextvars.copy_context()
+    return lambda *args: ctx.run(fn, *args)
 
 
 def _stream_queue(maxsize: int = STREAM_QUEUE):

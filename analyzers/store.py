@@ -169,7 +169,10 @@ class Store:
 
     def append(self, table: str, rows: pa.Table, replace: bool = False) -> None:
         """Columnar insert; replace=True upserts on the table's primary key.
-        (executemany costs ~100 us a row in DuckDB; an Arrow scan does not.)"""
+        (executemany costs ~100 us a row in DuckDB; an Arrow scan does not.
+        A table concatenated from many batches is combined first: DuckDB
+        scans 250 one-batch chunks ~18x slower than one.)"""
+        rows = rows.combine_chunks()
         self._con.register("_incoming", rows)
         try:
             cols = ", ".join(f'"{c}"' for c in rows.column_names)

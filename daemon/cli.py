@@ -86,8 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="gRPC address (default 127.0.0.1:9400: this host only; for the fleet use 0.0.0.0:9400 "
                          "with --tls-dir)")
     sp.add_argument("--threads", type=int, default=2, help="DuckDB threads (default 2)")
-    sp.add_argument("--max-streams", type=int, default=2500,
-                    help="concurrent gRPC calls; each agent holds two streams (ingest, commands) (default 2500)")
+    sp.add_argument("--max-streams", type=int, default=10_000,
+                    help="agents' streams at once, two per agent (ingest, commands); on-call calls are not "
+                         "counted (default 10000)")
     sp.add_argument("--duration", type=duration, default=None, help="stop after this long")
     analyzer_args(sp)
     add_server_flags(sp, "NAME is analyzer")

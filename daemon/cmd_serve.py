@@ -259,6 +259,10 @@ def cmd_analyzer(ns) -> int:
 
     parse_hostport(ns.listen, "--listen")
     security = _server_security(ns, "analyzer", ns.listen)
+    # Decode on the event loop gives up the GIL ~40 times a batch; with the
+    # default 5 ms switch interval each wait behind the busy writer thread
+    # turned a 0.8 ms decode into 25 ms (measured, docs/benchmarks.md).
+    sys.setswitchinterval(0.0005)
     Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
     analyzer = Analyzer(_analyzer_config(ns, dry_run=ns.dry_run))
     servicer = AnalyzerServicer(analyzer, max_agent_streams=ns.max_streams)
