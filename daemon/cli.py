@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="gRPC address (default 127.0.0.1:9400: this host only; for the fleet use 0.0.0.0:9400 "
                          "with --tls-dir)")
     sp.add_argument("--threads", type=int, default=2, help="DuckDB threads (default 2)")
+    sp.add_argument("--oncall-listen", default=None, metavar="HOST:PORT",
+                    help="a second TLS port where on-call callers authenticate with a bearer token alone "
+                         "(--tokens); the main port requires client certificates")
     sp.add_argument("--max-streams", type=int, default=10_000,
                     help="agents' streams at once, two per agent (ingest, commands); on-call calls are not "
                          "counted (default 10000)")

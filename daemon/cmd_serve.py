@@ -141,6 +141,8 @@ def _server_security(ns, name: str, listen: str) -> dict:
         if not is_loopback(listen):
             raise UsageError(f"--insecure: {listen} is not a loopback address; plain text is allowed on "
                              "127.0.0.1/::1 only (use --tls-dir for the fleet, see docs/security.md)")
+        if getattr(ns, "oncall_listen", None):
+            raise UsageError("--oncall-listen is a TLS port for bearer tokens; it cannot be used with --insecure")
         print(f"gpuscope: INSECURE: {listen} serves without TLS or authentication (--insecure, loopback only)",
               file=sys.stderr)
         return {}
@@ -152,7 +154,19 @@ def _server_security(ns, name: str, listen: str) -> dict:
         if method in OPERATOR_ACTIONS:
             audit(caller, method, outcome="denied" if denial else "allowed")
         return caller, denial
-    return dict(credentials=server_credentials(files, require_client_cert=True), authenticate=authenticate)
+    security = dict(credentials=server_credentials(files, require_client_cert=True), authenticate=authenticate)
+    oncall = getattr(ns, "oncall_listen", None)
+    if oncall:
+        parse_hostport(oncall, "--oncall-listen")
+        if tokens is None:
+            raise UsageError("--oncall-listen serves callers with bearer tokens: pass --tokens FILE too")
+        # grpc cannot ask for a client certificate and accept its absence, so
+        # token-only callers get a port of their own; the same roles apply
+        security["extra_ports"] = [(oncall, server_credentials(files, require_client_cert=False))]
+    elif tokens is not None:
+        print("gpuscope: tokens are accepted from callers that also present a certificate of this CA; "
+              "for token-only callers add --oncall-listen HOST:PORT", file=sys.stderr)
+    return security
 
 
 def _provision_local_pki(ns) -> None:
@@ -274,7 +288,10 @@ def cmd_analyzer(ns) -> int:
         raise
     analyzer.start()
     server.start()
-    print(f"gpuscope analyzer: listening on {ns.listen.rpartition(':')[0]}:{port}, db {ns.db}", file=sys.stderr)
+    oncall = f", on-call (tokens) on {ns.oncall_listen.rpartition(':')[0]}:{server.extra_ports[0]}" \
+        if server.extra_ports else ""
+    print(f"gpuscope analyzer: listening on {ns.listen.rpartition(':')[0]}:{port}{oncall}, db {ns.db}",
+          file=sys.stderr)
     stop = threading.Event()
     _install_signals(stop)
     try:

@@ -45,8 +45,11 @@ class Server:
 
     def __init__(self, listen: str, register: Iterable[tuple[Callable, object, str]], *,
                  credentials: grpc.ServerCredentials | None = None, authenticate: Authenticate | None = None,
-                 sync_workers: int = 8, max_concurrent_rpcs: int | None = None):
+                 sync_workers: int = 8, max_concurrent_rpcs: int | None = None,
+                 extra_ports: Iterable[tuple[str, grpc.ServerCredentials]] = ()):
         self.listen = listen
+        self._extra_ports = list(extra_ports)
+        self.extra_ports: list[int] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="grpc-aio", daemon=True)
         self._thread.start()
@@ -75,13 +78,19 @@ class Server:
             add(servicer, self._server)
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        port = self._bind(self.listen, credentials)
+        # e.g. the on-call port: TLS without client certificates, for bearer tokens
+        self.extra_ports = [self._bind(addr, creds) for addr, creds in self._extra_ports]
+        return port
+
+    def _bind(self, listen: str, credentials: grpc.ServerCredentials | None) -> int:
         try:
-            port = (self._server.add_secure_port(self.listen, credentials) if credentials is not None
-                    else self._server.add_insecure_port(self.listen))
+            port = (self._server.add_secure_port(listen, credentials) if credentials is not None
+                    else self._server.add_insecure_port(listen))
         except RuntimeError as exc:
-            raise ListenError(_busy_message(self.listen, str(exc))) from None
-        if port == 0 and not self.listen.endswith(":0"):
-            raise ListenError(_busy_message(self.listen, "bind failed"))
+            raise ListenError(_busy_message(listen, str(exc))) from None
+        if port == 0 and not listen.endswith(":0"):
+            raise ListenError(_busy_message(listen, "bind failed"))
         return port
 
     def start(self) -> None:
