@@ -70,10 +70,20 @@ def _new_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
+def _process_owner(pid: int, proc: str = "/proc") -> tuple[int, int] | None:
+    """(uid, gid) a process runs as, or None when it is gone."""
+    try:
+        st = os.stat(f"{proc}/{int(pid)}")
+    except OSError:
+        return None
+    return st.st_uid, st.st_gid
+
+
 class CaptureRunner:
     def __init__(self, config: CaptureConfig, host: str = socket.gethostname(),
                  client_factory: Callable[[str], XlaProfilerClient] = XlaProfilerClient,
-                 clock: Callable[[], float] = time.time, new_id: Callable[[], str] = _new_id):
+                 clock: Callable[[], float] = time.time, new_id: Callable[[], str] = _new_id,
+                 job_owner: Callable[[int], tuple[int, int] | None] | None = None):
         """Raises ValueError when the capture directory exists and is not
         safe to write in (fail fast); a missing one is made by the first capture."""
         self.config = config
@@ -81,6 +91,7 @@ class CaptureRunner:
         self._client_factory = client_factory
         self._clock = clock
         self._new_id = new_id
+        self._job_owner = job_owner or _process_owner
         self._lock = threading.Lock()
         self._running: set[str] = set()
         self.records: list[CaptureRecord] = []
@@ -118,6 +129,11 @@ class CaptureRunner:
                                     f"(budget {self.config.max_bytes >> 20} MiB, {free >> 20} MiB free on disk)"), b""
             where = str(self.config.directory)
             cap_fd = safe_files.make_private_dir(root_fd, rec.id, where)
+            owner = self._job_owner(pid) if pid is not None and os.geteuid() == 0 else None
+            if owner is not None and owner[0] != 0:
+                # JAX writes the trace itself, as the job's user: an agent running
+                # as root hands that user this capture's directory
+                safe_files.hand_to(root_fd, cap_fd, *owner)
             root = self.config.directory / rec.id
             try:
                 result = (client or self._client_factory(target)).capture(duration_ms, root, rec.id, self.host,

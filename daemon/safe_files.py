@@ -118,6 +118,19 @@ def make_private_dir(parent_fd: int, name: str, where: str = "") -> int:
         raise
 
 
+def hand_to(root_fd: int, dir_fd: int, uid: int, gid: int) -> None:
+    """Lets a job running as another user write its trace into its own
+    per-capture directory: the directory becomes the job's (still 0700), and
+    the root gains search permission for others (--x, never read or write),
+    so the job reaches its directory by name but can list or touch nothing
+    else. Everything the agent reads back there is read without following
+    links, so what the job plants in its own directory cannot redirect us."""
+    os.fchown(dir_fd, uid, gid)
+    mode = stat.S_IMODE(os.fstat(root_fd).st_mode)
+    if mode & 0o011 != 0o011:
+        os.fchmod(root_fd, mode | 0o011)
+
+
 def write_new(dir_fd: int, name: str, data: bytes, where: str = "") -> int:
     """Write `data` to a new file `name` (0600) in the directory `dir_fd`;
     never through a link, never over an existing file. Returns bytes written."""
