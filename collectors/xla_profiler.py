@@ -98,7 +98,9 @@ class XlaProfilerClient:
         if path is None:
             raise ProfilerError(f"{self.address}: the profiler returned no XSpace and wrote none under "
                                 f"{repository_root} (is that directory writable by the job?)")
-        return CaptureResult(path.read_bytes(), path, resp.empty_trace, seconds)
+        # only where it is: the job wrote it, so the caller reads it without
+        # following links and with a size cap (daemon.safe_files)
+        return CaptureResult(b"", path, resp.empty_trace, seconds)
 
 
 def _find_written(root: Path, session_id: str) -> Path | None:
