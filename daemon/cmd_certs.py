@@ -53,23 +53,24 @@ def cmd_certs_init(ns) -> int:
 def cmd_certs_agent(ns) -> int:
     issued = certs.issue_agent(ns.dir, ns.host, dns=ns.name or (), ips=ns.ip or (), days=ns.days,
                                force=ns.force, out=ns.out)
-    if ns.json:
-        print_json(dict(kind="agent", **issued.as_dict()))
-        return 0
-    _print_issued(f"agent {ns.host}", issued)
-    print(f"next: copy {issued.cert.parent} (ca.pem, agent.pem, agent.key) to {ns.host}, then "
-          f"`gpuscope agent --tls-dir DIR --analyzer ANALYZER:9400`")
-    return 0
+    return _report(ns, "agent", f"agent {ns.host}", issued,
+                   f"next: copy {issued.cert.parent} (ca.pem, agent.pem, agent.key) to {ns.host}, then "
+                   f"`gpuscope agent --tls-dir DIR --analyzer ANALYZER:9400`")
 
 
 def cmd_certs_client(ns) -> int:
     issued = certs.issue_client(ns.dir, ns.name, ns.role, days=ns.days, force=ns.force, out=ns.out)
+    return _report(ns, "client", f"{ns.role} {ns.name}", issued,
+                   f"next: `gpuscope status --server ANALYZER:9400 --tls-dir {issued.cert.parent}` "
+                   f"(or GPUSCOPE_TLS_DIR={issued.cert.parent})")
+
+
+def _report(ns, kind: str, title: str, issued, next_step: str) -> int:
     if ns.json:
-        print_json(dict(kind="client", **issued.as_dict()))
-        return 0
-    _print_issued(f"{ns.role} {ns.name}", issued)
-    print(f"next: `gpuscope status --server ANALYZER:9400 --tls-dir {issued.cert.parent}` "
-          f"(or GPUSCOPE_TLS_DIR={issued.cert.parent})")
+        print_json(dict(kind=kind, **issued.as_dict()))
+    else:
+        _print_issued(title, issued)
+        print(next_step)
     return 0
 
 

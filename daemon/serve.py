@@ -149,16 +149,17 @@ class _AuthInterceptor(grpc.aio.ServerInterceptor):
 
 
 def _guard(behavior, method: str, authenticate: Authenticate, streams_out: bool):
-    def check(context):
+    """The handler wrapped: authenticate, refuse, or run it with CALLER set.
+    One wrapper per handler kind, because gRPC tells them apart by kind."""
+    def enter(context):
         caller, denial = authenticate(method, context.auth_context(), tuple(context.invocation_metadata() or ()))
-        return caller, denial
+        return denial, (None if denial else CALLER.set(caller))
 
     if inspect.isasyncgenfunction(behavior):
         async def agen(request, context):
-            caller, denial = check(context)
+            denial, token = enter(context)
             if denial:
                 await context.abort(*denial)
-            token = CALLER.set(caller)
             try:
                 async for item in behavior(request, context):
                     yield item
@@ -167,21 +168,20 @@ def _guard(behavior, method: str, authenticate: Authenticate, streams_out: bool)
         return agen
     if inspect.iscoroutinefunction(behavior):
         async def coro(request, context):
-            caller, denial = check(context)
+            denial, token = enter(context)
             if denial:
                 await context.abort(*denial)
-            token = CALLER.set(caller)
             try:
                 return await behavior(request, context)
             finally:
                 CALLER.reset(token)
         return coro
-    if streams_out:          # a sync generator on the thread pool
+
+    if streams_out:                    # a sync generator on the thread pool
         def gen(request, context):
-            caller, denial = check(context)
+            denial, token = enter(context)
             if denial:
                 context.abort(*denial)
-            token = CALLER.set(caller)
             try:
                 yield from behavior(request, context)
             finally:
@@ -189,10 +189,9 @@ def _guard(behavior, method: str, authenticate: Authenticate, streams_out: bool)
         return gen
 
     def call(request, context):
-        caller, denial = check(context)
+        denial, token = enter(context)
         if denial:
             context.abort(*denial)
-        token = CALLER.set(caller)
         try:
             return behavior(request, context)
         finally:
