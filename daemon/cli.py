@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--speed", type=float, default=1.0, help="replay speed (default 1)")
         sp.add_argument("--interval", type=float, default=1.0, help="sampling interval in seconds, 0.1 to 60 (default 1)")
         sp.add_argument("--host", default=socket.gethostname(), help="host name reported (default: this host's)")
+        sp.add_argument("--flush-interval", type=float, default=1.0,
+                        help="seconds between batches to the analyzer, 0.1-60 (default 1; 5 lets one "
+                             "analyzer hold ~3x the agents, see docs/operations.md)")
         sp.add_argument("--buffer-samples", type=int, default=50_000,
                         help="samples kept while the analyzer is away (default 50000; oldest dropped first)")
         sp.add_argument("--duration", type=duration, default=None, help="stop after this long (default: run until Ctrl-C)")

@@ -106,10 +106,13 @@ def _start_commands(agent: Agent, target: str, host: str, links):
     return listener
 
 
-def _uplink_factory(host: str, target: str, buffer_samples: int, links):
+def _uplink_factory(ns, target: str, links):
+    if not 0.1 <= ns.flush_interval <= 60:
+        raise UsageError(f"--flush-interval: {ns.flush_interval:g} s, expected 0.1 to 60")
+
     def make(boot_id, devices):
-        return Uplink(UplinkConfig(target=target, buffer_samples=buffer_samples), host, boot_id, devices,
-                      security=links)
+        return Uplink(UplinkConfig(target=target, buffer_samples=ns.buffer_samples,
+                                   flush_interval_s=ns.flush_interval), ns.host, boot_id, devices, security=links)
     return make
 
 
@@ -214,7 +217,7 @@ def cmd_up(ns) -> int:
     server.start()
     target = _loopback(ns.listen, port)
     _setup_captures(agent, ns, target, links)
-    agent.start(_uplink_factory(ns.host, target, ns.buffer_samples, links))
+    agent.start(_uplink_factory(ns, target, links))
     listener = _start_commands(agent, target, ns.host, links)
     stop = threading.Event()
     _install_signals(stop)
@@ -244,7 +247,7 @@ def cmd_agent(ns) -> int:
     collector, source = make_source(ns.source, ns.speed, allow_fallback=False)
     links = agent_security(ns)
     security = _server_security(ns, "agent", ns.listen)
-    factory = _uplink_factory(ns.host, ns.analyzer, ns.buffer_samples, links) if ns.analyzer else None
+    factory = _uplink_factory(ns, ns.analyzer, links) if ns.analyzer else None
     agent = Agent(AgentConfig(host=ns.host, source=source, interval_s=ns.interval), collector, factory)
     _setup_captures(agent, ns, ns.analyzer or None, links)
     server, port, health = build_server(ns.listen, [
