@@ -19,6 +19,7 @@ from gpuscope.collectors import catalogue as cat
 from gpuscope.v1 import REJECTED_SEQ_KEY, analyzer_pb2 as apb, analyzer_pb2_grpc, samples_pb2 as pb
 
 from gpuscope.security.context import current_caller
+from gpuscope.security.redact import command_label
 
 from .analyzer import Analyzer
 from .events import Watch
@@ -373,17 +374,8 @@ def _for_caller(obj):
 
 def _hide_commands(obj):
     if isinstance(obj, dict):
-        return {k: (job_label(v) if k in ("job", "command") and isinstance(v, str) else _hide_commands(v))
+        return {k: (command_label(v) if k in ("job", "command") and isinstance(v, str) else _hide_commands(v))
                 for k, v in obj.items()}
     if isinstance(obj, list):
         return [_hide_commands(v) for v in obj]
     return obj
-
-
-def job_label(job: str) -> str:
-    """`pid:123 /usr/bin/python3 train.py --lr 3e-4` -> `pid:123 python3`."""
-    head, _, rest = job.partition(" ")
-    if not head.startswith("pid:"):
-        head, rest = "", job
-    exe = os.path.basename(rest.split(" ", 1)[0]) if rest else ""
-    return " ".join(p for p in (head, exe) if p)

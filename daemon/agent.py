@@ -17,6 +17,7 @@ import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from gpuscope.collectors.records import DeviceInfo, GpuSample, HealthRecord, Scrape
+from gpuscope.security.redact import redact_command
 
 from .captures import CaptureRecord, CaptureRunner
 from .uplink import Uplink
@@ -198,7 +199,7 @@ class Agent:
             client = TorchProfilerHttp(job.address, job.trace_dir)
         rec, data = self.captures.capture(
             job.address, duration_ms, pid=job.pid, gpus=job.gpus,
-            job=f"pid:{job.pid} {job.command}".strip() if job.pid else "", trigger=trigger,
+            job=redact_command(f"pid:{job.pid} {job.command}".strip()) if job.pid else "", trigger=trigger,
             kind=job.kind, client=client)
         if self.capture_reporter is not None:
             # The caller gets the trace now; the analyzer's summary and linking follow.

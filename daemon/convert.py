@@ -6,6 +6,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from gpuscope.security.redact import redact_command
+
 from gpuscope.collectors import catalogue as cat
 from gpuscope.collectors.records import DeviceInfo, GpuSample, HealthKind, HealthRecord
 from gpuscope.v1 import samples_pb2 as pb
@@ -55,9 +57,13 @@ def encode_batch(host: str, boot_id: str, seq: int, samples: Sequence[GpuSample]
             col.valid = np.packbits(~missing, bitorder="little").tobytes()
             vals[missing] = 0.0
         col.f64le = vals.tobytes()
+    redacted: dict[str, str] = {}        # a process repeats in every sample: redact each line once
     for i, s in enumerate(samples):
         for p in s.processes:
-            ps = batch.processes.add(sample=i, pid=p.pid, command=p.command)
+            command = redacted.get(p.command)
+            if command is None:
+                command = redacted[p.command] = redact_command(p.command)
+            ps = batch.processes.add(sample=i, pid=p.pid, command=command)
             if p.used_memory_bytes is not None:
                 ps.used_memory_bytes = int(p.used_memory_bytes)
             if p.cpu_cores is not None:

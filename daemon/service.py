@@ -7,10 +7,21 @@ from gpuscope.v1 import agent_pb2 as apb, agent_pb2_grpc
 
 import grpc
 
+from gpuscope.security.auth import sees_full_commands
+from gpuscope.security.context import current_caller
+from gpuscope.security.redact import command_label
+
 from .agent import Agent, TargetNotAllowed
 from .convert import capture_pb, device_pb, encode_batch
 
 DEFAULT_CAPTURE_MS = 2000
+
+
+def _reader_only() -> bool:
+    """Command lines (redacted already) are shown in full to operators, and
+    on an insecure loopback server, where there is no caller to tell apart."""
+    caller = current_caller()
+    return caller is not None and not sees_full_commands(caller)
 
 
 class AgentServicer(agent_pb2_grpc.AgentServicer):
@@ -34,7 +45,11 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
 
     def RecentSamples(self, request, context):
         samples = self.agent.recent(request.seconds, request.gpu if request.HasField("gpu") else None)
-        return encode_batch(self.agent.config.host, self.agent.boot_id, 0, samples, self.agent.devices())
+        batch = encode_batch(self.agent.config.host, self.agent.boot_id, 0, samples, self.agent.devices())
+        if _reader_only():
+            for p in batch.processes:
+                p.command = command_label(p.command)
+        return batch
 
     def Capture(self, request, context):
         target = request.WhichOneof("target")
@@ -54,7 +69,11 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
 
     def ListCaptures(self, request, context):
         runner = self.agent.captures
-        return apb.ListCapturesReply(captures=[capture_pb(r) for r in (runner.records if runner else [])])
+        replies = [capture_pb(r) for r in (runner.records if runner else [])]
+        if _reader_only():
+            for c in replies:
+                c.job = command_label(c.job)
+        return apb.ListCapturesReply(captures=replies)
 
     def ListJobs(self, request, context):
         return apb.ListJobsReply(jobs=[apb.Job(pid=j.pid or 0, address=j.address, gpus=j.gpus, command=j.command,

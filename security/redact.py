@@ -40,18 +40,34 @@ _VALUE = r"""(?:"[^"]*"|'[^']*'|\S+)"""
 _START = r"(?<![\w.-])"
 
 _FLAGS = re.IGNORECASE | re.ASCII     # names are ASCII; no KELVIN SIGN matching `k`
-# --hf-token=abc, -Dssl.keyStorePassword=abc, HF_TOKEN=abc
-_ASSIGNED = re.compile(rf"{_START}(-{{0,2}}{_NAME}=){_VALUE}", _FLAGS)
-# --hf-token abc, -token abc (Go's flags); a following flag is not a value.
-_SPACED = re.compile(rf"{_START}(-{{1,2}}{_NAME}\s+)(?!-){_VALUE}", _FLAGS)
+# Blanks, including those /proc shows for odd bytes (NUL, DEL, NBSP, zero
+# width, U+FFFD once cleaned): a separator an attacker of our redaction may pick.
+_SEP = "[\\s\x00\x7f\u00a0\u2000-\u200b\u3000\ufeff\ufffd]"
+# --hf-token=abc, --hf-token= abc, --hf-token:abc, -Dssl.keyStorePassword=abc, HF_TOKEN=abc
+_ASSIGNED = re.compile(rf"{_START}(-{{0,2}}{_NAME}{_SEP}*[=:\uff1a\uff1d]{_SEP}*){_VALUE}", _FLAGS)
+# --hf-token abc, -token abc (Go's flags); a following long flag is not a value,
+# a value that starts with one dash is redacted (when in doubt we redact).
+_SPACED = re.compile(rf"{_START}(-{{1,2}}{_NAME}{_SEP}+)(?!--){_VALUE}", _FLAGS)
+# JSON or Python literals: {"hf_token": "abc"}, {'api_key': abc}
+_KEYED = re.compile(rf"""(["']{_NAME}["']{_SEP}*[:=]{_SEP}*)(?:"[^"]*"|'[^']*'|[^\s,}}\]]+)""", _FLAGS)
 # https://user:pass@host; the password may hold ':' but never '/', '@' or blanks.
 _USERINFO = re.compile(r"(://[^\s/@:]*:)[^\s/@]+(?=@)")
 # curl -H "Authorization: Bearer abc"
 _BEARER = re.compile(r"(\bbearer\s+)[\w.~+/=-]+", _FLAGS)
-_PATTERNS = (_ASSIGNED, _SPACED, _USERINFO, _BEARER)
+_PATTERNS = (_KEYED, _ASSIGNED, _SPACED, _USERINFO, _BEARER)
 # Every pattern needs one of these (lower case): most command lines have
 # none, and str.find is ~50x cheaper than running the patterns.
 _CLUES = ("token", "key", "secret", "passw", "credential", "auth", "private", "://", "bearer")
+
+
+def command_label(job: str) -> str:
+    """What a reader (not an operator) is shown of a job: its pid and
+    executable, `pid:123 /usr/bin/python3 train.py --lr 3e-4` -> `pid:123 python3`."""
+    head, _, rest = job.partition(" ")
+    if not head.startswith("pid:"):
+        head, rest = "", job
+    exe = rest.split(" ", 1)[0].rsplit("/", 1)[-1] if rest else ""
+    return " ".join(p for p in (head, exe) if p)
 
 
 def redact_command(cmdline: str) -> str:

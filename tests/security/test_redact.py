@@ -1,7 +1,7 @@
 """Secrets on command lines: what is redacted, and what must stay readable."""
 import pytest
 
-from gpuscope.security.redact import REDACTED, redact_command
+from gpuscope.security.redact import REDACTED, command_label, redact_command
 
 R = REDACTED
 
@@ -71,3 +71,31 @@ def test_unicode_look_alikes_do_not_confuse_it():
     # KELVIN SIGN folds to `k` under Unicode case rules; flag names are ASCII
     assert redact_command("x --\u212aey=1") == "x --\u212aey=1"
     assert redact_command("x --tök=1 --token=ü") == f"x --tök=1 --token={R}"
+
+
+@pytest.mark.parametrize("line", [
+    '--config={"hf_token":"SECRET"}', "--hf-token= SECRET", "--hf-token -SECRET", "--hf-token:SECRET",
+    "--hf-token\uff1dSECRET", "--hf-token\x00SECRET", "--hf-token\u00a0SECRET", "--hf-token\u200bSECRET",
+    "--hf-token\x7fSECRET", "{'api_key': SECRET, 'x': 1}",
+])
+def test_separators_an_attacker_of_the_redaction_might_pick(line):
+    assert "SECRET" not in redact_command(line)
+
+
+def test_readers_see_the_process_and_its_executable():
+    assert command_label("pid:123 /usr/bin/python3 train.py --lr 3e-4") == "pid:123 python3"
+    assert command_label("python3 serve.py") == "python3"
+    assert command_label("pid:9") == "pid:9"
+
+
+def test_secrets_never_leave_the_agent():
+    """The agent redacts where records become protos, so neither the uplink
+    nor its own API ever carries the secret."""
+    import time
+
+    from gpuscope.collectors.records import DeviceInfo, GpuSample, ProcessRecord
+    from gpuscope.daemon.convert import encode_batch
+
+    p = ProcessRecord(pid=7, command="python3 train.py --hf-token=hf_SECRET --lr 3e-4")
+    b = encode_batch("h", "b", 1, [GpuSample(0, time.time(), {"power_watts": 1.0}, [p])], [DeviceInfo(gpu=0)])
+    assert [x.command for x in b.processes] == ["python3 train.py --hf-token=<redacted> --lr 3e-4"]
