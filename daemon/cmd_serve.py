@@ -17,7 +17,7 @@ from . import clients
 from .agent import Agent, AgentConfig
 from .cliutil import UsageError
 from .security_flags import agent_security, server_tls_dir, server_tls_files, server_tokens
-from .serve import build_server, parse_hostport, shutdown
+from .serve import build_server, ensure_free, parse_hostport, shutdown
 from .service import AgentServicer
 from .uplink import Uplink, UplinkConfig
 
@@ -199,6 +199,7 @@ def cmd_up(ns) -> int:
     from .view import LiveView
 
     parse_hostport(ns.listen, "--listen")
+    ensure_free(ns.listen)
     Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
     _provision_local_pki(ns)
     security = _server_security(ns, "analyzer", ns.listen)
@@ -275,6 +276,7 @@ def cmd_analyzer(ns) -> int:
     from gpuscope.analyzers.service import AnalyzerServicer
 
     parse_hostport(ns.listen, "--listen")
+    ensure_free(ns.listen)                     # before the DB is opened: fail fast, touch nothing
     security = _server_security(ns, "analyzer", ns.listen)
     # Decode on the event loop gives up the GIL ~40 times a batch; with the
     # default 5 ms switch interval each wait behind the busy writer thread

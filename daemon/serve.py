@@ -10,8 +10,10 @@ sets SO_REUSEPORT and two analyzers would split the agents between them.
 from __future__ import annotations
 
 import asyncio
+import errno
 import inspect
 import os
+import socket
 import threading
 from concurrent import futures
 from typing import Callable, Iterable
@@ -21,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from gpuscope.security.context import CALLER
+from gpuscope.security.redact import redact_command
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024   # a capture's XSpace travels in one message
 
@@ -84,6 +87,7 @@ class Server:
         return port
 
     def _bind(self, listen: str, credentials: grpc.ServerCredentials | None) -> int:
+        ensure_free(listen)
         try:
             port = (self._server.add_secure_port(listen, credentials) if credentials is not None
                     else self._server.add_insecure_port(listen))
@@ -201,12 +205,38 @@ def _guard(behavior, method: str, authenticate: Authenticate, streams_out: bool)
 
 # -- a busy port ---------------------------------------------------------------------------
 
+def ensure_free(listen: str) -> None:
+    """Raises ListenError when any address `listen` resolves to is taken.
+    grpc binds every address of a name (`localhost`: 127.0.0.1 and ::1) and
+    succeeds when one of them binds, so a second server could take ::1
+    while the first holds 127.0.0.1; checking first also keeps grpc's own
+    bind error off the terminal."""
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]") or None
+    if not port.isdigit() or int(port) == 0:
+        return
+    try:
+        addrs = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ListenError(f"cannot listen on {listen}: {exc.strerror}") from None
+    for family, kind, proto, _, addr in addrs:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)    # as grpc: TIME_WAIT is no holder
+            try:
+                s.bind(addr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise ListenError(_busy_message(listen, f"{addr[0]} in use")) from None
+                if exc.errno != errno.EADDRNOTAVAIL:     # e.g. no IPv6 here: grpc skips it too
+                    raise ListenError(f"cannot listen on {listen}: {exc.strerror}") from None
+
+
 def _busy_message(listen: str, detail: str) -> str:
     port = listen.rpartition(":")[2]
     holder = port_holder(int(port)) if port.isdigit() and int(port) else None
     who = f"; held by {holder}" if holder else ""
-    return (f"cannot listen on {listen}: the address is in use{who} "
-            f"(stop that process, or pass --listen with another port) [{detail}]")
+    return (f"cannot listen on {listen}: the address is in use ({detail}){who}; "
+            f"stop that process, or pass --listen with another port")
 
 
 def port_holder(port: int, proc: str = "/proc") -> str | None:
@@ -230,7 +260,7 @@ def port_holder(port: int, proc: str = "/proc") -> str | None:
         if _fd_links(os.path.join(proc, pid, "fd")) & wanted:
             try:
                 with open(os.path.join(proc, pid, "cmdline"), "rb") as f:
-                    cmd = f.read(300).replace(b"\0", b" ").decode(errors="replace").strip()
+                    cmd = redact_command(" ".join(f.read(300).replace(b"\0", b" ").decode(errors="replace").split()))
             except OSError:
                 cmd = "?"
             return f"pid {pid} ({cmd})"
