@@ -56,6 +56,20 @@ MAX_PCIE_WIDTH = 64              # lanes; x16 is usual, x32 the widest defined
 MAX_POWER_LIMIT_WATTS = 10_000.0  # a whole board; B200 is 1,200 W
 MAX_CAPTURE_DURATION_MS = 3_600_000  # an hour; the agent caps traces at 60 s. Fits INTEGER.
 RATIO_CEILING = 1.5              # GPM ratios may overshoot 1 a little; 1.5 is garbage
+# The most a gauge of each unit can be on any GPU there is, with room to
+# spare: a value past it is a unit or encoding bug (1e308 W), and it would
+# poison every mean it enters. Counters only must fit SQL's BIGINT.
+PLAUSIBLE_MAX = {"watts": 1e5, "hertz": 1e11, "celsius": 1e3, "bytes": 1e15, "bytes/s": 1e14,
+                 "cores": 1e5, "count": 1e9, "bitmask": 2.0 ** 64}
+COUNTER_MAX = 2.0 ** 63
+
+
+def _ceiling(m: cat.Metric) -> float:
+    if m.kind is cat.Kind.RATIO:
+        return RATIO_CEILING
+    if m.kind is cat.Kind.COUNTER:
+        return COUNTER_MAX
+    return PLAUSIBLE_MAX.get(m.unit, COUNTER_MAX)
 
 # -- strings (UTF-8 bytes) -----------------------------------------------------------
 MAX_HOST_BYTES = 253             # a DNS name; printable, no blanks
@@ -268,9 +282,9 @@ def _columns(batch: pb.SampleBatch, n: int) -> tuple[dict[str, pa.Array], dict[s
     for i, c in enumerate(cols):
         if c.valid:
             mask[i] = np.unpackbits(np.frombuffer(c.valid, np.uint8), count=n, bitorder="little").astype(bool)
-    ratio = np.array([cat.BY_NAME[c.metric].kind is cat.Kind.RATIO for c in cols], bool)
+    ceiling = np.array([_ceiling(cat.BY_NAME[c.metric]) for c in cols], float)
     with np.errstate(invalid="ignore"):
-        bad = (~np.isfinite(values) | (values < 0) | (ratio[:, None] & (values > RATIO_CEILING))) & mask
+        bad = (~np.isfinite(values) | (values < 0) | (values > ceiling[:, None])) & mask
     if bad.any():
         return _columns_one_by_one(batch, n)
     full = np.where(mask, values, np.nan)
@@ -307,6 +321,9 @@ def _column(base: str, col: pb.Column, n: int, seen: dict) -> tuple[pa.Array, np
               (values < 0, "negative value {v!r}")]
     if m.kind is cat.Kind.RATIO:
         checks.append((values > RATIO_CEILING, "{v!r} is not a ratio (0-1)"))
+    else:
+        checks.append((values > _ceiling(m), f"{{v!r}} {m.unit} is past any GPU's ({_ceiling(m):g}); "
+                                             "a unit or encoding bug"))
     for bad, problem in checks:
         bad &= mask                       # what `valid` marks missing may hold anything
         if bad.any():

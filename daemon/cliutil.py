@@ -22,6 +22,23 @@ def duration(value: str) -> float:
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
+def age(seconds: float) -> str:
+    """A duration for people: 45s, 12m, 5h, 3d."""
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f}h"
+    return f"{seconds / 86400:.0f}d"
+
+
+def seen(stale: bool, age_s: float | None) -> str:
+    """When a GPU was last heard from: `3s`, or `STALE 4m`."""
+    text = age(age_s) if age_s is not None else ("never" if stale else "-")
+    return f"STALE {text}" if stale else text
+
+
 def default_db() -> str:
     state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return os.path.join(state, "gpuscope", "gpuscope.duckdb")

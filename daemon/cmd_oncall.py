@@ -8,7 +8,7 @@ import time
 from gpuscope.collectors import catalogue as cat
 
 from . import clients
-from .cliutil import UsageError, print_json
+from .cliutil import UsageError, print_json, seen
 from .security_flags import client_security
 
 
@@ -32,12 +32,16 @@ def cmd_status(ns) -> int:
         for d in s.get("devices", []):
             print(f"  gpu{d.get('gpu', 0)} {d.get('name', '')} {'LOST' if d.get('lost') else ''}")
         return 0
-    print(f"analyzer {s['version']}: {s['hosts']} hosts, {s['samples_committed']} samples, "
-          f"{s['findings_open']} open findings, {s['anomalies']} anomalies, {s['captures_in_flight']} captures "
-          f"in flight, {s['agents_connected']} agents on the command stream, db {s['db_path']}")
+    stale = f" ({s.get('hosts_stale', 0)} stale)" if s.get("hosts_stale") else ""
+    print(f"analyzer {s['version']}: {s['hosts']} hosts{stale}, {s.get('samples_stored', 0)} samples stored "
+          f"({s['samples_committed']} since start), {s['findings_open']} open findings, "
+          f"{s['anomalies']} anomalies since start, {s['captures_in_flight']} captures in flight, "
+          f"{s['agents_connected']} agents on the command stream, analysis lag "
+          f"{s.get('analysis_lag_seconds', 0):.0f} s, db {s['db_path']}")
     for g in s.get("gpus", []):
+        last = seen(g.get("stale", False), g.get("last_seen_age_seconds"))
         print(f"  {g['host']}/gpu{g.get('gpu', 0)} {g.get('verdict') or '-':<20} {g.get('confidence', 0):.2f} "
-              f"{','.join(g.get('flags', []))}{' LOST' if g.get('lost') else ''}")
+              f"{last:<12} {','.join(g.get('flags', []))}{' LOST' if g.get('lost') else ''}")
     return 0
 
 

@@ -10,22 +10,11 @@ import sys
 import time
 from typing import TextIO
 
-
-def _age(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m"
-    if seconds < 172800:
-        return f"{seconds / 3600:.0f}h"
-    return f"{seconds / 86400:.0f}d"
+from .cliutil import age, seen
 
 
 def _seen(g: dict) -> str:
-    age = g.get("last_seen_age_s")
-    if g.get("stale"):
-        return "STALE " + (_age(age) if age is not None else "never")
-    return _age(age) if age is not None else "-"
+    return seen(g.get("stale", False), g.get("last_seen_age_s"))
 
 
 def render(status: dict, open_findings: list[dict], header: str, now: float | None = None) -> str:
@@ -44,7 +33,7 @@ def render(status: dict, open_findings: list[dict], header: str, now: float | No
                      f"{status.get('stale_after_seconds', 0):g}s; their verdicts are the last known")
     lines += ["", f"open findings: {len(open_findings)}"]
     for f in open_findings[:8]:
-        lines.append(f"  {f['host']}/gpu{f['gpu']} {f['verdict']} for {_age(now - f['start'])} "
+        lines.append(f"  {f['host']}/gpu{f['gpu']} {f['verdict']} for {age(now - f['start'])} "
                      f"(conf {f['confidence']:.2f}) {f['job'][:40]}")
         lines.append(f"      {f['summary']}")
     decisions = ", ".join(f"{k} {v}" for k, v in sorted(status.get("decisions", {}).items())) or "none"
@@ -76,9 +65,9 @@ class LiveView:
             key = (g["host"], g["gpu"])
             stale = bool(g.get("stale"))
             if stale != self._stale.get(key, False) and (stale or key in self._stale):
-                age = g.get("last_seen_age_s")
+                silent = g.get("last_seen_age_s")
                 self.out.write(f"{time.strftime('%H:%M:%S')} {g['host']}/gpu{g['gpu']}: "
-                               + (f"stale, no samples for {_age(age) if age is not None else 'ever'} "
+                               + (f"stale, no samples for {age(silent) if silent is not None else 'ever'} "
                                   f"(last verdict {g['verdict'] or 'none'})\n" if stale else "reporting again\n"))
                 self.out.flush()
             self._stale[key] = stale

@@ -293,3 +293,18 @@ def test_a_refused_batch_writes_nothing_and_the_next_good_one_lands(analyzer):
     assert analyzer.submit(good).result(timeout=30) == "committed"
     assert _one(analyzer, "SELECT count(*) FROM samples WHERE host = ?", good.host) == [(4,)]
     assert _one(analyzer, "SELECT count(*) FROM samples WHERE host = ?", bad.host) == [(0,)]
+
+
+def test_a_gauge_past_any_gpus_range_is_refused_naming_it():
+    import time as _time
+
+    from gpuscope.analyzers.ingest import BatchError, decode
+    from gpuscope.collectors.records import DeviceInfo, GpuSample
+    from gpuscope.daemon.convert import encode_batch
+
+    def one(metric, value):
+        return encode_batch("h", "b", 1, [GpuSample(0, _time.time() - 1, {metric: value})], [DeviceInfo(gpu=0)])
+    with pytest.raises(BatchError, match=r"power_watts\)\[0\]: 1e\+308 watts is past any GPU's"):
+        decode(one("power_watts", 1e308))
+    assert decode(one("power_watts", 700.0)).count == 1
+    assert decode(one("energy_joules_total", 1e15)).count == 1        # counters only need to fit BIGINT

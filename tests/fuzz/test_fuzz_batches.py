@@ -102,7 +102,7 @@ def good_batch(draw) -> pb.SampleBatch:
     used = draw(_largest(st.integers(0, 80 << 30), ingest.BIGINT_MAX))
     samples = []
     for i in range(n):
-        values = {m.name: float(rng.uniform(0, 1 if m.kind is cat.Kind.RATIO else 1e12))
+        values = {m.name: float(rng.uniform(0, 1 if m.kind is cat.Kind.RATIO else 900.0))   # below every unit's ceiling
                   for m in metrics if rng.random() < 0.8}            # some missing: a validity bitmap
         procs = tuple(ProcessRecord(max(pid - k, 1), used, float(rng.uniform(0, 64)), c)
                       for k, c in enumerate(jobs) if rng.random() < 0.7)
