@@ -19,6 +19,7 @@ from concurrent import futures
 from typing import Callable, Iterable
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
@@ -68,7 +69,7 @@ class Server:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     async def _build(self, credentials, authenticate, max_concurrent_rpcs) -> int:
-        interceptors = [_AuthInterceptor(authenticate)] if authenticate is not None else []
+        interceptors = ([_AuthInterceptor(authenticate)] if authenticate is not None else []) + [_WireErrors()]
         self._server = grpc.aio.server(
             migration_thread_pool=self._pool, interceptors=interceptors,
             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -128,6 +129,74 @@ def build_server(listen: str, register: Iterable[tuple[Callable, object, str]], 
 
 def shutdown(server: Server, _health=None, grace_s: float = 2.0) -> None:
     server.stop(grace_s)
+
+
+# -- requests that are not messages ---------------------------------------------------------
+
+class _Undecodable:
+    __slots__ = ("error",)
+
+    def __init__(self, error: str):
+        self.error = error
+
+
+class _WireErrors(grpc.aio.ServerInterceptor):
+    """Bytes that are not the method's message get INVALID_ARGUMENT naming
+    the method, not grpc's UNKNOWN "Unexpected DecodeError" (async handlers:
+    the analyzer's, which agents and anyone on the network reach)."""
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+            behavior = getattr(handler, k)
+            if behavior is not None and (inspect.iscoroutinefunction(behavior)
+                                         or inspect.isasyncgenfunction(behavior)):
+                return handler._replace(request_deserializer=_tolerant(handler.request_deserializer),
+                                        **{k: _checked(behavior, details.method, k.startswith("stream"))})
+        return handler
+
+
+def _tolerant(deserialize):
+    def parse(data: bytes):
+        try:
+            return deserialize(data)
+        except DecodeError as exc:
+            return _Undecodable(str(exc))
+    return parse
+
+
+def _checked(behavior, method: str, streams_in: bool):
+    async def refuse(context, bad: _Undecodable):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"{method}: the request is not a valid message ({bad.error})")
+
+    def requests(source, context):
+        async def gen():
+            async for item in source:
+                if isinstance(item, _Undecodable):
+                    await refuse(context, item)
+                yield item
+        return gen()
+
+    if inspect.isasyncgenfunction(behavior):
+        async def agen(request, context):
+            if streams_in:
+                request = requests(request, context)
+            elif isinstance(request, _Undecodable):
+                await refuse(context, request)
+            async for item in behavior(request, context):
+                yield item
+        return agen
+
+    async def coro(request, context):
+        if streams_in:
+            request = requests(request, context)
+        elif isinstance(request, _Undecodable):
+            await refuse(context, request)
+        return await behavior(request, context)
+    return coro
 
 
 # -- authentication ------------------------------------------------------------------------

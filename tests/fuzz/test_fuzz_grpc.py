@@ -87,3 +87,20 @@ def test_after_the_fuzzing_valid_data_lands(server, stub):
         pb.BatchAck.COMMITTED
     assert server.analyzer.store.reader().execute(
         "SELECT count(*) FROM samples WHERE host = 'after-grpc'").fetchone()[0] == 1
+
+
+@pytest.mark.parametrize("method", ["Push", "ReportCapture"])
+def test_bytes_that_are_no_message_are_invalid_argument(server, method):
+    with grpc.insecure_channel(server.target) as ch:
+        call = ch.unary_unary(f"/gpuscope.v1.Analyzer/{method}")     # raw bytes, no serializer
+        with pytest.raises(grpc.RpcError) as err:
+            call(b"\xff\xff\xff\xff garbage", timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and method in err.value.details()
+
+
+def test_garbage_on_an_ingest_stream_ends_it_as_invalid_argument(server):
+    with grpc.insecure_channel(server.target) as ch:
+        call = ch.stream_stream("/gpuscope.v1.Analyzer/Ingest")
+        with pytest.raises(grpc.RpcError) as err:
+            list(call(iter([b"\xff\xff\xff\xff garbage"]), timeout=10))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
