@@ -781,13 +781,8 @@ def ramp(ns, workdir: Path) -> dict:
         res["first_broken"] = next((dict(agents=s["agents"], why=s["broken"]) for s in res["steps"] if s["broken"]),
                                    None)
     finally:
-        if mon is not None:
-            mon.stop()
-        if gen is not None:
-            gen.stop()
-        res["analyzer_exit"] = an.stop()
+        _teardown(res, mon, gen, an)
         res["analyzer_log_tail"] = [ln[:300] for ln in an.log_tail(8)]
-        res["analyzer_log_warnings"] = count_log(an.log_path)
     return res
 
 
@@ -842,13 +837,18 @@ def connect_only(ns, workdir: Path) -> dict:
                    rss_last_30s_slope_mb_per_min=_slope([s for s in during if s[0] >= t_hold - 30]))
         res["analyzer"] = mon.window(t0, t_hold, ns.window)
     finally:
-        if mon is not None:
-            mon.stop()
-        if gen is not None:
-            gen.stop()
-        res["analyzer_exit"] = an.stop()
-        res["analyzer_log_warnings"] = count_log(an.log_path)
+        _teardown(res, mon, gen, an)
     return res
+
+
+def _teardown(res: dict, mon, gen, an) -> None:
+    """Stops the monitor, the load and the analyzer, whatever happened."""
+    if mon is not None:
+        mon.stop()
+    if gen is not None:
+        gen.stop()
+    res["analyzer_exit"] = an.stop()
+    res["analyzer_log_warnings"] = count_log(an.log_path)
 
 
 def _slope(smp) -> float | None:
