@@ -277,6 +277,9 @@ def explain_failure(exc: grpc.RpcError, target: str, security: ClientSecurity) -
         if security.insecure:
             return (f"the server at {target} requires authentication, which needs TLS: drop --insecure and pass "
                     f"--tls-dir DIR (a client certificate) or --token-file FILE ({details})")
+        if security.token:       # a token, when sent, decides the caller: this one matched nothing
+            return (f"the server at {target} refused the bearer token (unknown to it, or it was started "
+                    f"without --tokens): check --token-file / GPUSCOPE_TOKEN ({details})")
         return (f"the server at {target} requires a client certificate or token: pass --tls-dir DIR (with "
                 f"client.pem) or --cert/--key, or --token-file FILE / GPUSCOPE_TOKEN ({details})")
     if code == grpc.StatusCode.PERMISSION_DENIED:
