@@ -187,7 +187,7 @@ class Analyzer:
 
     def note_received(self, b: DecodedBatch) -> None:
         """The newest sample time received from the host, for analysis_lag_seconds
-        (call before queueing the batch; the writer notes it again on commit)."""
+        (submit() notes every batch it queues)."""
         if not b.count:
             return
         newest = float(b.t.max())
@@ -219,7 +219,6 @@ class Analyzer:
         results: list[tuple[str, Classification, str]] = []
         now = self._clock()
         for b in batches:
-            self.note_received(b)
             for d in b.devices:
                 self._names[(b.host, d.gpu)] = d.name
                 if d.lost:

@@ -24,7 +24,7 @@ from gpuscope.security.redact import command_label
 from .analyzer import Analyzer
 from .events import Watch
 from .report import build_report
-from .ingest import BatchError, decode, validate_capture_record
+from .ingest import BatchError, validate_capture_record
 from .store import AGGREGATES
 from .writer import COMMITTED, BatchRejected, StoreUnavailable
 
@@ -92,13 +92,10 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         budget = self.analyzer.writer.budget
         await budget.acquire(n)
         try:
-            decoded = decode(req)
+            fut = asyncio.wrap_future(self.analyzer.submit(req))     # counts and logs a refusal itself
         except BatchError as exc:
             budget.release(n)
-            self.analyzer.count_rejected(req, str(exc))
             return None, str(exc)
-        self.analyzer.note_received(decoded)
-        fut = asyncio.wrap_future(self.analyzer.writer.submit(decoded))
         fut.add_done_callback(lambda _f: budget.release(n))
         return fut, None
 

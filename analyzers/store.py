@@ -304,17 +304,23 @@ class Store:
                aggregate: str, step: float) -> list[dict]:
         if metric not in cat.BY_NAME:
             raise KeyError(metric)
-        if self._rolled_up_before(start):
-            return self._metric_with_rollup(metric, host, gpu, start, end, aggregate, step)
-        where, args = _where_host_gpu(["t BETWEEN ? AND ?", f'"{metric}" IS NOT NULL'], [start, end], host, gpu)
-        w = " AND ".join(where)
         col = f'"{metric}"'
-        if aggregate == "series":
-            sql = (f"SELECT host, gpu, floor(t / {step!r}) * {step!r} AS bucket, avg({col}) AS value, "
-                   f"count(*) AS n FROM samples WHERE {w} GROUP BY ALL ORDER BY host, gpu, bucket")
+        where, args = _where_host_gpu(["t BETWEEN ? AND ?", f"{col} IS NOT NULL"], [start, end], host, gpu)
+        w = " AND ".join(where)
+        source = f"SELECT host, gpu, t, {col} AS v, 1 AS n FROM samples WHERE {w}"
+        if self._rolled_up_before(start):
+            # minutes rolled up count with their sample counts as weights; min,
+            # max, quantiles and last of the old part are those of minute means
+            source += f" UNION ALL SELECT host, gpu, t, {col} AS v, samples AS n FROM samples_1m WHERE {w}"
+            args = args + args
+        if aggregate == "series":      # the step is a parameter: floats never become SQL text
+            sql = ("SELECT host, gpu, floor(t / ?) * ? AS bucket, sum(v * n) / sum(n) AS value, "
+                   f"CAST(sum(n) AS BIGINT) AS n FROM ({source}) GROUP BY ALL ORDER BY host, gpu, bucket")
+            args = [step, step] + args
         else:
-            sql = (f"SELECT host, gpu, {AGGREGATES[aggregate].format(m=col)} AS value, count(*) AS n "
-                   f"FROM samples WHERE {w} GROUP BY ALL ORDER BY host, gpu")
+            value = "sum(v * n) / sum(n)" if aggregate == "mean" else AGGREGATES[aggregate].format(m="v")
+            sql = (f"SELECT host, gpu, {value} AS value, CAST(sum(n) AS BIGINT) AS n "
+                   f"FROM ({source}) GROUP BY ALL ORDER BY host, gpu")
         return _dicts(self.reader().execute(sql, args))
 
     def count(self, table: str) -> int:
@@ -479,26 +485,6 @@ class Store:
             self._rollup_end_known = True
         end = self._rollup_end
         return end is not None and start < end
-
-    def _metric_with_rollup(self, metric: str, host: str, gpu: int | None, start: float, end: float,
-                            aggregate: str, step: float) -> list[dict]:
-        """`metric` over a range that reaches into rolled-up minutes: the raw
-        samples and the minute rows together, each minute weighted by its
-        sample count. A minute row counts if its start is in the range; min,
-        max, quantiles and last of the old part are those of minute means."""
-        col = f'"{metric}"'
-        where, args = _where_host_gpu(["t BETWEEN ? AND ?", f"{col} IS NOT NULL"], [start, end], host, gpu)
-        w = " AND ".join(where)
-        union = (f"SELECT host, gpu, t, {col} AS v, 1 AS n FROM samples WHERE {w} "
-                 f"UNION ALL SELECT host, gpu, t, {col} AS v, samples AS n FROM samples_1m WHERE {w}")
-        if aggregate == "series":
-            sql = (f"SELECT host, gpu, floor(t / {step!r}) * {step!r} AS bucket, sum(v * n) / sum(n) AS value, "
-                   f"CAST(sum(n) AS BIGINT) AS n FROM ({union}) GROUP BY ALL ORDER BY host, gpu, bucket")
-        else:
-            value = "sum(v * n) / sum(n)" if aggregate == "mean" else AGGREGATES[aggregate].format(m="v")
-            sql = (f"SELECT host, gpu, {value} AS value, CAST(sum(n) AS BIGINT) AS n "
-                   f"FROM ({union}) GROUP BY ALL ORDER BY host, gpu")
-        return _dicts(self.reader().execute(sql, args + args))
 
 
 def encode_ranges(seqs: SeqSet) -> str:

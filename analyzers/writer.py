@@ -208,9 +208,8 @@ class Writer:
             if s is None:
                 s = seqs[key] = self._seqs.get(key, SeqSet()).copy()
             s.add(b.seq)
-            floor = getattr(b, "min_unacked_seq", 0)
-            if floor:
-                s.close_below(floor)
+            if b.min_unacked_seq:
+                s.close_below(b.min_unacked_seq)
             merged = s.bound()
             if merged:
                 log.warning("too many missing batches for one agent boot; the oldest gaps are closed",
