@@ -423,7 +423,9 @@ class Analyzer:
                       breather: bool = True) -> PassResult:
         """One pass of retention: chunks on the writer thread until the store
         holds nothing older than the horizon (see analyzers/retention.py)."""
-        return self.retention.run_pass(self.writer.call, keep_going, max_chunks, breather)
+        result = self.retention.run_pass(self.writer.call, keep_going, max_chunks, breather)
+        self.writer.call(lambda _store: self.writer.reload_seqs())    # boots the pass pruned leave memory too
+        return result
 
     # -- queries ----------------------------------------------------------------------------
     def status(self) -> dict:

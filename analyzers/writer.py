@@ -83,6 +83,11 @@ class Writer:
         self._q.put((fn, fut))
         return fut
 
+    def reload_seqs(self) -> None:
+        """Writer thread only: the committed seqs as stored, after retention
+        pruned old agent boots (the store is exact: seqs commit with samples)."""
+        self._seqs = self._store.committed_seqs()
+
     def stop(self, timeout_s: float = 8.0) -> None:
         """Commits what is queued (bounded by the byte budget, so this is
         quick), then stops; whatever is still queued after timeout_s fails
