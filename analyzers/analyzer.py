@@ -10,6 +10,14 @@ all its GPUs are. After a restart the analyzer knows every GPU the store
 knows (name, last verdict, last seen = its host's last commit); findings left
 open are resumed, and those of GPUs not heard from within 3 windows of the
 start close at their last window's end.
+
+Findings are written when they open, close or change verdict; a finding
+that only absorbs another window (its count and running means) is written
+with the next snapshot, at most SNAPSHOT_EVERY_S later, and at shutdown:
+a fleet extends thousands of findings at every window boundary. Queries
+read open findings as they are in memory, never the lagging row; a kill -9
+costs at most SNAPSHOT_EVERY_S of an open finding's running means (its
+windows are stored with every commit).
 """
 from __future__ import annotations
 
@@ -37,7 +45,7 @@ from .findings import FindingsTracker
 from .ingest import DecodedBatch, clean_command, decode
 from .live import LiveWindows
 from .retention import PassResult, Retention, RetentionConfig
-from .store import Store, StoreConfig, finding_row
+from .store import FINDING_COLUMNS, Store, StoreConfig, finding_row
 from .trace_analysis import summarize
 from .trigger import Decision, TriggerConfig, TriggerPolicy
 from .windows import DEFAULT_WINDOW_S, check_window
@@ -46,7 +54,7 @@ from .writer import Writer
 log = structlog.get_logger("gpuscope.analyzer")
 
 STALE_AFTER_WINDOWS = 3      # silent this many windows (analyzer's clock): stale, finding closed
-SNAPSHOT_EVERY_S = 30.0      # the gpu_state table is this fresh
+SNAPSHOT_EVERY_S = 30.0      # the gpu_state table, and open findings' running means, are this fresh
 SNAPSHOT_MARGIN_S = 600.0    # a restart scans windows and samples from this long before it (clock skew)
 
 
@@ -94,6 +102,9 @@ class Analyzer:
         last_windows = self._restore_gpus()
         self.findings = FindingsTracker(self.window_s, max_gap_s=self.stale_after_s)
         self.findings.load(self.store.open_findings(), last_windows)
+        self._findings_dirty: dict[str, dict] = {}     # open findings extended since they were written
+        # what the store holds of each open finding: a change of these is written at once
+        self._findings_stored = {f["id"]: (f["verdict"], f["decided_by"]) for f in self.findings.open.values()}
         self._samples_at_start, _ = self.store.sample_rows()
         self._newest_seen: dict[str, float] = {}       # host -> newest sample time received
         self._first_window: dict[str, float] = {}      # host -> start of the first window received
@@ -152,7 +163,12 @@ class Analyzer:
     def _snapshot(self, now: float, force: bool = False) -> None:
         """Writes the state of the GPUs that changed (writer thread), at most
         every SNAPSHOT_EVERY_S: what a restart reads instead of scanning."""
-        if not self._dirty or (not force and now - self._snapshot_at < SNAPSHOT_EVERY_S):
+        if not force and now - self._snapshot_at < SNAPSHOT_EVERY_S:
+            return
+        if self._findings_dirty:
+            self._persist_findings(list(self._findings_dirty.values()))
+        if not self._dirty:
+            self._snapshot_at = now
             return
         rows = []
         for key in self._dirty:
@@ -216,20 +232,17 @@ class Analyzer:
 
     # -- writer thread ------------------------------------------------------------------
     def _analyse(self, batches: list[DecodedBatch]) -> None:
-        results: list[tuple[str, Classification, str]] = []
         now = self._clock()
         for b in batches:
             for d in b.devices:
                 self._names[(b.host, d.gpu)] = d.name
                 if d.lost:
                     self._lost.add((b.host, d.gpu))
-            if b.count:
-                for g in set(b.gpu.tolist()):
-                    st = self._state(b.host, g)
-                    st.last_sample = max(st.last_sample, float(b.t[b.gpu == g].max()))
-                    st.last_arrival = now
-                    self._dirty.add((b.host, g))
-            results.extend(self.live.add(b, now))
+            for g, newest in self.live.add(b, now).items():
+                st = self._state(b.host, g)
+                st.last_sample = max(st.last_sample, newest)
+                st.last_arrival = now
+                self._dirty.add((b.host, g))
             if b.count:
                 ws = math.floor(float(b.t.max()) / self.window_s) * self.window_s
                 with self._lock:
@@ -239,7 +252,7 @@ class Analyzer:
                       for host, gpu, t, kind, detail, _code in b.health if kind in ("xid", "ecc_uncorrected", "gpu_lost")]
             if health:
                 self._act_on(health)
-        self._record(results)
+        self._record(self.live.close_pending())
 
     def _state(self, host: str, gpu: int) -> GpuState:
         st = self.gpus.get((host, gpu))
@@ -250,17 +263,21 @@ class Analyzer:
     def _record(self, results: list[tuple[str, Classification, str]]) -> None:
         if not results:
             return
-        windows, changed, anomalies = [], {}, []
+        windows, changed, anomalies = [], {}, []       # changed: findings to write now
         turned: list[dict] = []       # findings opened or closed by these windows
+        judged: dict[str, float] = {}
         for host, c, job in results:
             st = self._state(host, c.gpu)
             st.verdict, st.confidence, st.flags = c.verdict, c.confidence, tuple(c.flags)
             st.last_window_end = max(st.last_window_end or c.end, c.end)
             self._dirty.add((host, c.gpu))
-            with self._lock:
-                self._judged_end[host] = max(self._judged_end.get(host, c.end), c.end)
-            windows.append((host, c.gpu, c.start, c.end, c.verdict, c.confidence, json.dumps(c.flags), c.summary))
+            judged[host] = max(judged.get(host, c.end), c.end)
+            windows.append((host, c.gpu, c.start, c.end, c.verdict, c.confidence,
+                            json.dumps(c.flags) if c.flags else "[]", c.summary))
             for f in self.findings.observe(host, c, job):
+                if f["end"] is None and self._findings_stored.get(f["id"]) == (f["verdict"], f["decided_by"]):
+                    self._findings_dirty[f["id"]] = f          # only extended: written with the snapshot
+                    continue
                 changed[f["id"]] = f
                 if f["end"] is not None or f["windows"] == 1:
                     turned.append(f)
@@ -270,18 +287,32 @@ class Analyzer:
             a = self.detector.observe(host, c, job, open_f["id"] if open_f else None)
             if a is not None:
                 anomalies.append(a)
+        with self._lock:
+            for host, end in judged.items():
+                self._judged_end[host] = max(self._judged_end.get(host, end), end)
         self._log_findings(turned)
         store = self.store
         store.begin()
         try:
             store.insert_windows(windows)
-            store.upsert_findings([finding_row(f) for f in changed.values()])
+            self._persist_findings(list(changed.values()))
             store.commit()
         except Exception:
             store.rollback()
             raise
         if anomalies:
             self._act_on(anomalies)
+
+    def _persist_findings(self, findings: list[dict]) -> None:
+        """Writer thread: upserts the findings as they are now."""
+        for f in findings:
+            self._findings_dirty.pop(f["id"], None)
+            self.findings.current(f)
+            if f["end"] is None:
+                self._findings_stored[f["id"]] = (f["verdict"], f["decided_by"])
+            else:
+                self._findings_stored.pop(f["id"], None)
+        self.store.upsert_findings([finding_row(f) for f in findings])
 
     def _log_findings(self, changed: list[dict]) -> None:
         """A line per finding opened or closed; a fleet turning over at once
@@ -363,7 +394,7 @@ class Analyzer:
                                              summary.get("summary", "") if summary else "")
             if f is not None:
                 row["finding_id"] = f["id"]
-                st.upsert_findings([finding_row(f)])
+                self._persist_findings([f])
             st.upsert_capture(row)
             d = self.policy.finished(record.trigger, record.id, record.status.startswith("ok"),
                                      f"{record.kind or 'capture'} {record.status}"
@@ -390,7 +421,7 @@ class Analyzer:
                 if heard < now - self.stale_after_s:
                     closed.append(self.findings.close(key, reason=self._silence(key, st, now)))
             if closed:
-                self.store.upsert_findings([finding_row(f) for f in closed])
+                self._persist_findings(closed)
                 self._log_findings(closed)
                 for f in closed:
                     self.events.publish(dict(kind="finding", t=f["end"], host=f["host"], gpu=f["gpu"],
@@ -452,6 +483,24 @@ class Analyzer:
                     decisions=dict(self.decisions_total), captures_in_flight=self.policy.in_flight,
                     agents_connected=len(self.commands.hosts), retention_seconds=self.config.retention_s)
 
+    def live_finding(self, row: dict) -> dict:
+        """A stored finding row as it is now: an open finding's running
+        numbers live in memory and reach the store with the next snapshot."""
+        if row.get("end") is not None:
+            return row
+        f = self.findings.open.get((row["host"], row["gpu"]))
+        if f is None or f["id"] != row["id"]:
+            return row
+        return {**row, **{k: f[k] for k in FINDING_COLUMNS if k in f}, "evidence": self.findings.evidence_of(f)}
+
+    def list_findings(self, **query) -> list[dict]:
+        """Store.findings(**query), open findings as they are now."""
+        return [self.live_finding(r) for r in self.store.findings(**query)]
+
+    def finding(self, finding_id: str) -> dict | None:
+        row = self.store.finding(finding_id)
+        return None if row is None else self.live_finding(row)
+
     def analysis_lag(self) -> float:
         """How far live analysis is behind the newest samples received: per
         host, the start of the window holding its newest sample minus the end
@@ -473,6 +522,7 @@ class Analyzer:
             self._scheduler.shutdown(wait=False)
         except Exception:  # not started
             pass
+        self.writer.call(lambda _store: self._snapshot(self._clock(), force=True))
         self.writer.stop(timeout_s)
 
     def close(self) -> None:

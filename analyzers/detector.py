@@ -28,8 +28,7 @@ import statistics
 import uuid
 from dataclasses import dataclass, field
 
-from .classify import Classification
-from .features import Window
+from .classify import Classification, FeatureSet
 from .rules.common import HOST, IDLE, LAUNCH, activity, starved
 
 BOTTLENECK, ACTIVITY_DROP, STARVED_RISE, THROTTLE = "bottleneck-changed", "activity-drop", "host-starved-rise", "throttle"
@@ -95,15 +94,18 @@ class Detector:
 
     def observe(self, host: str, c: Classification, job: str, finding_id: str | None = None) -> Anomaly | None:
         cfg = self.config
-        window = Window(c.gpu, c.start, c.end, int(c.evidence.get("samples", 0)),
-                        {k: v for k, v in c.evidence.items() if k != "samples"})
+        if c.starved is None:          # a classification made by hand: its signals from its evidence
+            f = FeatureSet.from_evidence(c.evidence)
+            act, starv = float(activity(f)[0]), float(starved(f)[0])
+            act = None if act != act else act
+        else:
+            act, starv = c.activity, c.starved
         st = self._gpus.get((host, c.gpu))
         job_key = job.split(" ")[0] if job else ""
         if st is None or (job_key and st.job and job_key != st.job):
             st = self._gpus[(host, c.gpu)] = _GpuState(cfg.baseline_windows)
         st.job = job_key or st.job
-        point = _Point(c.verdict, activity(window) if window else None, starved(window) if window else 0.0,
-                       tuple(c.flags))
+        point = _Point(c.verdict, act, starv, tuple(c.flags))
         anomaly = None
         if len(st.history) >= cfg.warmup_windows:
             anomaly = self._compare(host, c, st, point, job, finding_id)

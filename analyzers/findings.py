@@ -75,11 +75,13 @@ class FindingsTracker:
                 sums[k] = sums.get(k, 0.0) + v
             votes = self._votes.setdefault(cur["id"], collections.Counter())
             votes[c.verdict] += 1
-            majority = votes.most_common(1)[0][0]
+            majority = max(votes, key=votes.__getitem__)      # ties: the verdict seen first
+            # evidence (the means) is worked out when the finding is read or written: evidence_of()
             cur.update(windows=n, confidence=round((cur["confidence"] * (n - 1) + c.confidence) / n, 3),
-                       evidence={k: round(v / n, 6) for k, v in sums.items()},
-                       flags=sorted(set(cur["flags"]) | set(c.flags)), job=job or cur["job"],
-                       counters_verdict=majority, last_window_end=max(c.end, self.last_end(cur)))
+                       job=job or cur["job"], counters_verdict=majority,
+                       last_window_end=max(c.end, self.last_end(cur)))
+            if c.flags and not set(c.flags) <= set(cur["flags"]):
+                cur["flags"] = sorted(set(cur["flags"]) | set(c.flags))
             if cur["decided_by"] == "counters":
                 cur["verdict"] = majority
                 if majority != c.verdict or len(votes) > 1:
@@ -99,6 +101,22 @@ class FindingsTracker:
             changed.append(f)
         return changed
 
+    def evidence_of(self, f: dict) -> dict[str, float]:
+        """The finding's evidence now: the mean of its windows' numbers.
+        Safe from any thread (reads a copy of the running sums)."""
+        sums = self._sums.get(f["id"])
+        if sums is None:
+            return f["evidence"]
+        sums = dict(sums)
+        n = f["windows"]
+        return {k: round(v / n, 6) for k, v in sums.items()}
+
+    def current(self, f: dict) -> dict:
+        """Writer thread: brings the finding's evidence up to date, for
+        writing or publishing it."""
+        f["evidence"] = self.evidence_of(f)
+        return f
+
     def last_end(self, f: dict) -> float:
         """The end of the last window the finding absorbed."""
         end = f.get("last_window_end")
@@ -108,7 +126,7 @@ class FindingsTracker:
         """Closes the GPU's open finding at `end`, by default (and as it
         should be) the end of the last window it absorbed; `reason` is
         appended to its summary."""
-        f = self.open.pop(key)
+        f = self.current(self.open.pop(key))
         self._sums.pop(f["id"], None)
         self._votes.pop(f["id"], None)
         f["end"] = max(self.last_end(f) if end is None else end, f["start"])

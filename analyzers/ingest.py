@@ -104,10 +104,10 @@ class DecodedBatch:
     boot_id: str
     seq: int
     count: int
-    samples: pa.Table                     # host, gpu, t, and the catalogue metrics the batch carries
     t: np.ndarray
     gpu: np.ndarray
-    columns: dict[str, np.ndarray]        # metric -> float64, NaN = missing
+    names: tuple[str, ...]                # the catalogue metrics the batch carries, in catalogue order
+    values: np.ndarray                    # samples x names, float64, NaN = missing (valid values are finite)
     processes: pa.Table | None
     devices: list[pb.Device]
     health: list[tuple]                   # rows for the health table
@@ -210,21 +210,13 @@ def decode(batch: pb.SampleBatch, now: float | None = None) -> DecodedBatch:
         unknown = set(np.unique(gpu).tolist()) - known
         if unknown:
             raise BatchError(f"gpu_u32le: GPU {sorted(unknown)[0]} has samples but no entry in devices")
-    arrays, columns = _columns(batch, n)
-    _check_processes(batch, n)
+    names, values = _columns(batch, n)
+    procs = _process_columns(batch, n)
     _check_health(batch, known, now)
-
-    # Only the metrics the batch carries: the writer's concat fills the rest
-    # with nulls, and the store's INSERT names its columns.
-    names = ["host", "gpu", "t"] + [m for m in METRIC_NAMES if m in arrays]
-    cols = [pa.array([batch.host] * n, pa.string()), pa.array(gpu.astype(np.int32), pa.int32()),
-            pa.array(t, pa.float64())]
-    cols += [arrays[m] for m in names[3:]]
-    table = pa.Table.from_arrays(cols, names=names)
-    processes, job = _processes(batch, t, gpu)
+    processes, job = _processes(batch.host, procs, t, gpu)
     health = [(batch.host, h.gpu, h.t, _HEALTH_NAMES.get(h.kind, "unspecified"), h.detail,
                h.code if h.HasField("code") else None) for h in batch.health]
-    return DecodedBatch(batch.host, batch.boot_id, batch.seq, n, table, t, gpu, columns, processes,
+    return DecodedBatch(batch.host, batch.boot_id, batch.seq, n, t, gpu, names, values, processes,
                         list(batch.devices), health, batch.dropped_samples, job, batch.min_unacked_seq)
 
 
@@ -265,11 +257,12 @@ def _check_devices(batch: pb.SampleBatch) -> set[int]:
     return known
 
 
-def _columns(batch: pb.SampleBatch, n: int) -> tuple[dict[str, pa.Array], dict[str, np.ndarray]]:
-    """Every metric column checked in one pass over a (columns x samples)
-    matrix: the per-column path costs ~10 us a column, 33 columns a batch,
-    and batches arrive thousands a second. Only a batch with a fault takes
-    the per-column path, which names the field."""
+def _columns(batch: pb.SampleBatch, n: int) -> tuple[tuple[str, ...], np.ndarray]:
+    """The metric columns as (names in catalogue order, samples x names
+    matrix, NaN = missing), every column checked in one pass: the
+    per-column path costs ~10 us a column, 33 columns a batch, and batches
+    arrive thousands a second. Only a batch with a fault takes the
+    per-column path, which names the field."""
     cols = batch.columns
     seen: set[str] = set()
     for col in cols:
@@ -282,27 +275,45 @@ def _columns(batch: pb.SampleBatch, n: int) -> tuple[dict[str, pa.Array], dict[s
     for i, c in enumerate(cols):
         if c.valid:
             mask[i] = np.unpackbits(np.frombuffer(c.valid, np.uint8), count=n, bitorder="little").astype(bool)
-    ceiling = np.array([_ceiling(cat.BY_NAME[c.metric]) for c in cols], float)
+    metrics = tuple(c.metric for c in cols)
     with np.errstate(invalid="ignore"):
-        bad = (~np.isfinite(values) | (values < 0) | (values > ceiling[:, None])) & mask
+        bad = (~np.isfinite(values) | (values < 0) | (values > _ceilings(metrics)[:, None])) & mask
     if bad.any():
         return _columns_one_by_one(batch, n)
-    full = np.where(mask, values, np.nan)
-    arrays = {c.metric: pa.Array.from_buffers(pa.float64(), n, [pa.py_buffer(c.valid) if c.valid else None,
-                                                                pa.py_buffer(c.f64le)]) for c in cols}
-    return arrays, {c.metric: full[i] for i, c in enumerate(cols)}
+    return _in_catalogue_order(metrics, np.where(mask, values, np.nan).T)
 
 
-def _columns_one_by_one(batch: pb.SampleBatch, n: int) -> tuple[dict[str, pa.Array], dict[str, np.ndarray]]:
-    arrays: dict[str, pa.Array] = {}
-    columns: dict[str, np.ndarray] = {}
+def _ceilings(metrics: tuple[str, ...]) -> np.ndarray:
+    c = _CEILINGS.get(metrics)
+    if c is None:
+        c = np.array([_ceiling(cat.BY_NAME[m]) for m in metrics], float)
+        if len(_CEILINGS) < 64:          # agents send a handful of distinct column sets
+            _CEILINGS[metrics] = c
+    return c
+
+
+_CEILINGS: dict[tuple[str, ...], np.ndarray] = {}
+_ORDER = {m: i for i, m in enumerate(METRIC_NAMES)}
+
+
+def _in_catalogue_order(metrics: tuple[str, ...], values: np.ndarray) -> tuple[tuple[str, ...], np.ndarray]:
+    if all(_ORDER[a] < _ORDER[b] for a, b in zip(metrics, metrics[1:])):
+        return metrics, values
+    o = sorted(range(len(metrics)), key=lambda i: _ORDER[metrics[i]])
+    return tuple(metrics[i] for i in o), values[:, o]
+
+
+def _columns_one_by_one(batch: pb.SampleBatch, n: int) -> tuple[tuple[str, ...], np.ndarray]:
+    seen: dict[str, np.ndarray] = {}
     for ci, col in enumerate(batch.columns):
-        arrays[col.metric], columns[col.metric] = _column(f"columns[{ci}]", col, n, arrays)
-    return arrays, columns
+        seen[col.metric] = _column(f"columns[{ci}]", col, n, seen)
+    metrics = tuple(seen)
+    return _in_catalogue_order(metrics, np.column_stack([seen[m] for m in metrics]) if metrics
+                               else np.empty((n, 0)))
 
 
-def _column(base: str, col: pb.Column, n: int, seen: dict) -> tuple[pa.Array, np.ndarray]:
-    """One metric column: the Arrow array to store and the values, NaN where missing."""
+def _column(base: str, col: pb.Column, n: int, seen: dict) -> np.ndarray:
+    """One metric column checked: its values, NaN where missing."""
     m = cat.BY_NAME.get(col.metric)
     if m is None:
         raise BatchError(f"{base}.metric: unknown metric {_show(col.metric)} (see `gpuscope metrics`)")
@@ -310,12 +321,11 @@ def _column(base: str, col: pb.Column, n: int, seen: dict) -> tuple[pa.Array, np
         raise BatchError(f"{base}.metric: {col.metric!r} appears twice")
     where = f"{base}.f64le ({col.metric})"
     values = _array(where, col.f64le, 8, n, "<f8")
-    mask, valid_buf, full = np.ones(n, bool), None, values
+    mask, full = np.ones(n, bool), values
     if col.valid:
         if len(col.valid) != (n + 7) // 8:
             raise BatchError(f"{base}.valid ({col.metric}): {len(col.valid)} bytes, expected {(n + 7) // 8}")
         mask = np.unpackbits(np.frombuffer(col.valid, np.uint8), count=n, bitorder="little").astype(bool)
-        valid_buf = pa.py_buffer(col.valid)
         full = np.where(mask, values, np.nan)
     checks = [(~np.isfinite(values), "{v!r} is not a number (mark missing values in `valid`, never as NaN)"),
               (values < 0, "negative value {v!r}")]
@@ -329,10 +339,11 @@ def _column(base: str, col: pb.Column, n: int, seen: dict) -> tuple[pa.Array, np
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise BatchError(f"{where}[{i}]: " + problem.format(v=float(values[i])))
-    return pa.Array.from_buffers(pa.float64(), n, [valid_buf, pa.py_buffer(col.f64le)]), full
+    return full
 
 
 def _check_processes(batch: pb.SampleBatch, n: int) -> None:
+    """Raises BatchError naming the first process field out of range."""
     chars = sum(min(len(c), _CLEANED_CHARS) for c in {p.command for p in batch.processes})
     if chars > MAX_COMMAND_CHARS:
         raise BatchError(f"processes[].command: {chars} characters of distinct command lines, "
@@ -376,29 +387,55 @@ def clean_command(raw: str) -> str:
     return data[:keep].decode("utf-8", "ignore") + TRUNCATED
 
 
-def _processes(batch: pb.SampleBatch, t: np.ndarray, gpu: np.ndarray) -> tuple[pa.Table | None, dict[int, str]]:
-    if not batch.processes:
-        return None, {}
+def _process_columns(batch: pb.SampleBatch, n: int) -> tuple[list, ...] | None:
+    """The processes as columns (sample, pid, used_memory_bytes, cpu_cores,
+    command; None = not reported), read in one pass and checked as arrays:
+    a batch of 5 s of 8 GPUs carries 40 of them. A batch that fails the
+    check goes through _check_processes, which names the field."""
     rows = batch.processes
-    cleaned = {c: clean_command(c) for c in {p.command for p in rows}}   # a process repeats in every sample
-    commands = [cleaned[p.command] for p in rows]
+    if not rows:
+        return None
+    cols: tuple[list, ...] = ([], [], [], [], [])
+    sample, pid, mem, cpu, command = (c.append for c in cols)
+    for p in rows:
+        sample(p.sample)
+        pid(p.pid)
+        mem(p.used_memory_bytes if p.HasField("used_memory_bytes") else None)
+        cpu(p.cpu_cores if p.HasField("cpu_cores") else None)
+        command(p.command)
+    mems = [m for m in cols[2] if m is not None]
+    cpus = np.array([c for c in cols[3] if c is not None], float)
+    if (max(cols[0]) >= n or min(cols[1]) < 1 or max(cols[1]) > MAX_PID or (mems and max(mems) > BIGINT_MAX)
+            or not np.all(np.isfinite(cpus) & (cpus >= 0))
+            or sum(min(len(c), _CLEANED_CHARS) for c in set(cols[4])) > MAX_COMMAND_CHARS):
+        _check_processes(batch, n)
+    return cols
+
+
+def _processes(host: str, cols: tuple[list, ...] | None, t: np.ndarray,
+               gpu: np.ndarray) -> tuple[pa.Table | None, dict[int, str]]:
+    if cols is None:
+        return None, {}
+    sample, pid, mem, cpu, raw = cols
+    cleaned = {c: clean_command(c) for c in set(raw)}     # a process repeats in every sample
+    commands = [cleaned[c] for c in raw]
+    idx = np.array(sample, np.int64)
+    g_rows, t_rows = gpu[idx].astype(np.int32), t[idx]
     job: dict[int, tuple[float, int, str]] = {}
     # the job of a GPU: its process holding the most memory, at the latest sample
-    for p, command in zip(rows, commands):
-        g, ts = int(gpu[p.sample]), float(t[p.sample])
-        mem = p.used_memory_bytes if p.HasField("used_memory_bytes") else 0
+    for g, ts, m, p, command in zip(g_rows.tolist(), t_rows.tolist(), mem, pid, commands):
+        m = m or 0
         cur = job.get(g)
-        if cur is None or ts > cur[0] or (ts == cur[0] and mem > cur[1]):
-            job[g] = (ts, mem, f"pid:{p.pid}" + (f" {command}" if command else ""))
+        if cur is None or ts > cur[0] or (ts == cur[0] and m > cur[1]):
+            job[g] = (ts, m, f"pid:{p}" + (f" {command}" if command else ""))
     table = pa.table({
         # typed: an untyped pa.array tries (and fails) to import dateutil, per call
-        "host": pa.array([batch.host] * len(rows), pa.string()),
-        "gpu": pa.array([int(gpu[p.sample]) for p in rows], pa.int32()),
-        "t": pa.array([float(t[p.sample]) for p in rows], pa.float64()),
-        "pid": pa.array([p.pid for p in rows], pa.int64()),
-        "used_memory_bytes": pa.array([p.used_memory_bytes if p.HasField("used_memory_bytes") else None
-                                       for p in rows], pa.int64()),
-        "cpu_cores": pa.array([p.cpu_cores if p.HasField("cpu_cores") else None for p in rows], pa.float64()),
+        "host": pa.array([host] * len(pid), pa.string()),
+        "gpu": pa.array(g_rows, pa.int32()),
+        "t": pa.array(t_rows, pa.float64()),
+        "pid": pa.array(pid, pa.int64()),
+        "used_memory_bytes": pa.array(mem, pa.int64()),
+        "cpu_cores": pa.array(cpu, pa.float64()),
         "command": pa.array(commands, pa.string()),
     })
     return table, {g: v[2] for g, v in job.items()}

@@ -1,6 +1,10 @@
 """Live windows: accumulates each GPU's committed samples and classifies a
 window as soon as a sample of a later window arrives (or, for a host that
-went quiet, when the sweep finds it stale)."""
+went quiet, when the sweep finds it stale).
+
+Windows that close are held until `close_pending()`, which judges them all
+in one stacked pass: at a window boundary every GPU of the fleet closes one.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,10 +13,9 @@ import time
 
 import numpy as np
 
-from .classify import Classification, classify
-from .features import Columns, compute_window
+from .classify import Classification, classify_many
+from .features import Columns, compute_windows, feature_matrix, stack
 from .ingest import DecodedBatch
-from .windows import split
 
 
 @dataclass
@@ -28,68 +31,84 @@ class LiveWindows:
     def __init__(self, window_s: float):
         self.window_s = window_s
         self._acc: dict[tuple[str, int], _Acc] = {}
+        self._closing: list[tuple[tuple[str, int], _Acc]] = []
         self.devices: dict[tuple[str, int], dict] = {}
         self.late_samples = 0
 
-    def add(self, b: DecodedBatch, now: float | None = None) -> list[tuple[str, Classification, str]]:
+    def add(self, b: DecodedBatch, now: float | None = None) -> dict[int, float]:
+        """Takes a committed batch; windows it completes wait for
+        close_pending(). Returns each GPU's newest sample time in it."""
         for d in b.devices:
-            self.devices[(b.host, d.gpu)] = dict(
-                pcie_generation=d.pcie_generation if d.HasField("pcie_generation") else None,
-                pcie_width=d.pcie_width if d.HasField("pcie_width") else None,
-                power_limit_watts=d.power_limit_watts if d.HasField("power_limit_watts") else None)
-        out = []
+            facts = dict(pcie_generation=d.pcie_generation if d.HasField("pcie_generation") else None,
+                         pcie_width=d.pcie_width if d.HasField("pcie_width") else None,
+                         power_limit_watts=d.power_limit_watts if d.HasField("power_limit_watts") else None)
+            if self.devices.get((b.host, d.gpu)) != facts:
+                self.devices[(b.host, d.gpu)] = facts
+        newest: dict[int, float] = {}
         if not b.count:
-            return out
+            return newest
         now = time.time() if now is None else now
-        order = np.argsort(b.t, kind="stable")
+        order = np.lexsort((b.t, b.gpu))          # by GPU, then time
         t, gpu = b.t[order], b.gpu[order]
-        names = tuple(b.columns)
-        matrix = np.column_stack([b.columns[k] for k in names]) if names else np.empty((b.count, 0))
-        for g, start, idx in split(t, gpu, self.window_s):
+        bucket = np.floor(t / self.window_s)
+        cuts = np.flatnonzero((np.diff(gpu) != 0) | (np.diff(bucket) != 0)) + 1
+        bounds = [0, *cuts.tolist(), len(t)]
+        names, matrix = b.names, b.values[order]
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            g, start = int(gpu[lo]), float(bucket[lo] * self.window_s)
+            newest[g] = float(t[hi - 1])
             key = (b.host, g)
             acc = self._acc.get(key)
             if acc is not None and start < acc.start:
-                self.late_samples += len(idx)      # stored, but its window is already judged
+                self.late_samples += hi - lo      # stored, but its window is already judged
                 continue
             if acc is not None and start > acc.start:
-                c = self._close(key)
-                if c is not None:
-                    out.append((b.host, c, acc.job))
+                self._closing.append((key, self._acc.pop(key)))
                 acc = None
             if acc is None:
                 acc = self._acc[key] = _Acc(start)
-            rows = order[idx]
             acc.arrived = now
-            acc.t.append(b.t[rows])
-            acc.rows.append((names, matrix[rows]))
+            acc.t.append(t[lo:hi])
+            acc.rows.append((names, matrix[lo:hi]))
             if g in b.job:
                 acc.job = b.job[g]
-        return out
+        return newest
 
-    def _close(self, key: tuple[str, int]) -> Classification | None:
-        acc = self._acc.pop(key)
-        t = np.concatenate(acc.t)
-        w = compute_window(key[1], acc.start, acc.start + self.window_s, t, _merge(acc.rows),
-                           **self.devices.get(key, {}))
-        return classify(w) if w is not None else None
+    def close_pending(self) -> list[tuple[str, Classification, str]]:
+        """Judges every window completed since the last call: (host,
+        classification, job), in arrival order (time order per GPU)."""
+        closing, self._closing = self._closing, []
+        if not closing:
+            return []
+        parts = []
+        for (host, g), acc in closing:
+            t = np.concatenate(acc.t) if len(acc.t) > 1 else acc.t[0]
+            parts.append((g, acc.start, acc.start + self.window_s, t, _merge(acc.rows),
+                          self.devices.get((host, g), {})))
+        s = stack(parts)
+        matrix = feature_matrix(s)
+        judged = [(i, w) for i, w in enumerate(compute_windows(s, matrix)) if w is not None]
+        if not judged:
+            return []
+        rows = [i for i, _ in judged]
+        verdicts = classify_many([w for _, w in judged], matrix[rows])
+        return [(closing[i][0][0], c, closing[i][1].job) for i, c in zip(rows, verdicts)]
 
     def sweep(self, now: float, grace_windows: float = 2.0) -> list[tuple[str, Classification, str]]:
         """Close windows of GPUs that stopped sending (host down, GPU lost).
         Judged by when data last *arrived*, on the analyzer's clock, so an
         agent whose clock disagrees with ours, or a replay of old samples,
         is not mistaken for a silent host."""
-        out = []
         for key in [k for k, a in self._acc.items() if a.arrived + self.window_s * (1 + grace_windows) < now]:
-            job = self._acc[key].job
-            c = self._close(key)
-            if c is not None:
-                out.append((key[0], c, job))
-        return out
+            self._closing.append((key, self._acc.pop(key)))
+        return self.close_pending()
 
 
 def _merge(chunks: list[tuple[tuple[str, ...], np.ndarray]]) -> Columns:
     """One matrix from chunks whose metric sets may differ (fast and slow rows)."""
     first = chunks[0][0]
+    if len(chunks) == 1:
+        return Columns(first, chunks[0][1])
     if all(names == first for names, _ in chunks):
         return Columns(first, np.vstack([m for _, m in chunks]))
     union = tuple(dict.fromkeys(n for names, _ in chunks for n in names))

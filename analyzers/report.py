@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Callable
 
 from .store import Store
 
@@ -15,8 +16,11 @@ KEY_METRICS = ("util_gpu_ratio", "util_mem_ratio", "gpm_sm_util_ratio", "gpm_sm_
 MIN_CONTEXT_S, MAX_CONTEXT_S = 60.0, 1800.0
 
 
-def build_report(store: Store, finding_id: str, context_s: float = 0.0, now: float | None = None) -> dict | None:
-    f = store.finding(finding_id)
+def build_report(store: Store, finding_id: str, context_s: float = 0.0, now: float | None = None,
+                 lookup: Callable[[str], dict | None] | None = None) -> dict | None:
+    """`lookup` finds the finding (default: as stored; the analyzer's own
+    lookup adds an open finding's running numbers)."""
+    f = (lookup or store.finding)(finding_id)
     if f is None:
         return None
     now = time.time() if now is None else now

@@ -11,6 +11,7 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import grpc
 import structlog
@@ -224,7 +225,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
         def build() -> apb.FindingsResponse:
-            rows = self.analyzer.store.findings(
+            rows = self.analyzer.list_findings(
                 host=request.host, gpu=request.gpu if request.HasField("gpu") else None,
                 verdicts=list(request.verdicts), start=start, end=end, open_only=request.open_only,
                 limit=_limit(request.limit, 1000))
@@ -302,7 +303,8 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             ctx_s = _finite(request.context_seconds, "context_seconds")
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        report = await self._query(build_report, self.analyzer.store, request.finding_id, ctx_s)
+        report = await self._query(partial(build_report, lookup=self.analyzer.finding), self.analyzer.store,
+                                   request.finding_id, ctx_s)
         if report is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"finding_id: no finding {request.finding_id!r}")
         return apb.ReportResponse(json=json.dumps(_for_caller(report), default=str))

@@ -531,4 +531,10 @@ def _findings(cur: Any) -> list[dict]:
 
 
 def finding_row(f: dict) -> tuple:
-    return tuple(json.dumps(f.get(k, [])) if k in _JSON_FIELDS else f.get(k) for k in FINDING_COLUMNS)
+    return tuple(_json(f.get(k)) if k in _JSON_FIELDS else f.get(k) for k in FINDING_COLUMNS)
+
+
+def _json(v: Any) -> str:
+    if not v:              # most findings have no flags, alternatives or captures
+        return "{}" if isinstance(v, dict) else "[]"
+    return json.dumps(v)

@@ -20,11 +20,12 @@ from concurrent.futures import Future
 from typing import Callable
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import structlog
 
 from .flow import ByteBudget
-from .ingest import DecodedBatch
+from .ingest import METRIC_NAMES, DecodedBatch
 from .seqset import SeqSet
 from .store import Store, encode_ranges
 
@@ -37,6 +38,33 @@ _PERMANENT = (duckdb.DataError, duckdb.IntegrityError, duckdb.ProgrammingError,
               pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError, OverflowError)
 # Errors of the store: halving the group cannot help.
 _ENVIRONMENT = (duckdb.OperationalError, duckdb.FatalException, OSError)   # I/O, memory, WAL
+
+
+def samples_table(batches: list[DecodedBatch]) -> pa.Table:
+    """One Arrow table of a group's samples: host, gpu, t and the metrics
+    any of them carries (NULL where a batch lacks one or marked it missing;
+    a stored value is never NaN). Built once per group, not per batch."""
+    names = batches[0].names
+    if any(b.names != names for b in batches):
+        names = tuple(m for m in METRIC_NAMES if any(m in b.names for b in batches))
+        values = np.vstack([_widen(b, names) for b in batches])
+    else:
+        values = np.vstack([b.values for b in batches]) if len(batches) > 1 else batches[0].values
+    hosts = [h for b in batches for h in [b.host] * b.count]
+    cols = [pa.array(hosts, pa.string()),
+            pa.array(np.concatenate([b.gpu for b in batches]).astype(np.int32), pa.int32()),
+            pa.array(np.concatenate([b.t for b in batches]), pa.float64())]
+    for i in range(len(names)):
+        v = np.ascontiguousarray(values[:, i])
+        cols.append(pa.array(v, pa.float64(), mask=np.isnan(v)))
+    return pa.Table.from_arrays(cols, names=["host", "gpu", "t", *names])
+
+
+def _widen(b: DecodedBatch, names: tuple[str, ...]) -> np.ndarray:
+    out = np.full((b.count, len(names)), np.nan)
+    pos = {n: i for i, n in enumerate(names)}
+    out[:, [pos[n] for n in b.names]] = b.values
+    return out
 
 
 class BatchRejected(ValueError):
@@ -223,10 +251,9 @@ class Writer:
                 latest[key] = b
         store = self._store
         store.begin()
-        tables = [b.samples for b, _ in group if b.count]
-        if tables:
-            store.append("samples", pa.concat_tables(tables, promote_options="default")
-                         if len(tables) > 1 else tables[0])
+        sampled = [b for b, _ in group if b.count]
+        if sampled:
+            store.append("samples", samples_table(sampled))
         procs = [b.processes for b, _ in group if b.processes is not None]
         if procs:
             store.append("processes", pa.concat_tables(procs))

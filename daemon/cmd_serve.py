@@ -230,7 +230,7 @@ def cmd_up(ns) -> int:
 
     def tick():
         if not ns.no_view:
-            view.show(analyzer.status(), analyzer.store.findings(open_only=True, limit=8), header)
+            view.show(analyzer.status(), analyzer.list_findings(open_only=True, limit=8), header)
     try:
         _wait(stop, ns.duration, tick)
     finally:

@@ -32,7 +32,8 @@ def replay_findings(rec: Recording, window_s: float, batch_s: float = 1.0, host:
                              rec.processes[i]) for i in idx]
         seq += 1
         batch = encode_batch(host, "replay", seq, samples, devices)
-        for h, c, job in live.add(decode(batch, now=float(rec.t[idx[-1]]))):   # judged at the recording's own time
+        live.add(decode(batch, now=float(rec.t[idx[-1]])))       # judged at the recording's own time
+        for h, c, job in live.close_pending():
             for f in tracker.observe(h, c, job):
                 events.append(dict(f, seen_at=float(rec.t[idx[-1]])))
     return events

@@ -1,4 +1,5 @@
-"""One module per verdict, each `evaluate(window) -> RuleResult | None`.
+"""One module per verdict, each with VERDICT, ALTERNATIVES, `score(features)`
+(arrays over many windows) and `describe(window)` (the winner's words).
 
 Order matters only for exact ties: the first listed wins.
 """

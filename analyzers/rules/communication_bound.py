@@ -8,19 +8,23 @@ communication-bound even when the SMs are also busy (collectives run on SMs).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..features import Window
-from .common import COMMUNICATION, MIB, RuleResult, busy, ramp, traffic
+from .common import COMMUNICATION, MIB, Features, busy, known, ramp, traffic
+
+VERDICT, ALTERNATIVES = COMMUNICATION, ()
 
 
-def evaluate(w: Window) -> RuleResult | None:
-    rate = w.get("interconnect_bytes_per_second")
-    if rate is None:
-        return None
-    waiting = 1.0 - busy(w)
-    saturated = ramp(w.get("pcie_link_util_ratio"), 0.5, 0.8)
-    score = max(traffic(w) * waiting, saturated)
+def score(f: Features) -> np.ndarray:
+    waiting = 1.0 - busy(f)
+    saturated = ramp(f.get("pcie_link_util_ratio"), 0.5, 0.8)
+    s = np.maximum(traffic(f) * waiting, saturated)
+    return np.where(known(f.get("interconnect_bytes_per_second")), s, np.nan)
+
+
+def describe(w: Window) -> str:
     pcie, nvl = w.get("pcie_bytes_per_second"), w.get("nvlink_bytes_per_second")
     parts = [f"PCIe {pcie / MIB:,.0f} MiB/s" if pcie is not None else None,
              f"NVLink {nvl / MIB:,.0f} MiB/s" if nvl else None]
-    why = " + ".join(p for p in parts if p) + " moving while the GPU computes little"
-    return RuleResult(COMMUNICATION, score, why)
+    return " + ".join(p for p in parts if p) + " moving while the GPU computes little"

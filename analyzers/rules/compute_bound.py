@@ -10,54 +10,51 @@ written) well below util_gpu means kernels ran without keeping DRAM busy.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..features import Window
-from .common import COMPUTE, RuleResult, busy, pct, ramp
+from .common import COMPUTE, Features, busy, known, pct, ramp
+
+VERDICT, ALTERNATIVES = COMPUTE, ()
+PIPES = ("tensor_util_ratio", "fp16_util_ratio", "fp32_util_ratio")
 
 
-def pipe_share(w: Window) -> tuple[float, float] | None:
-    """(share of math pipes in pipe+DRAM utilisation, saturation of the busier
-    of the two), or None without GPM pipe metrics."""
-    pipes = [w.get(k) for k in ("tensor_util_ratio", "fp16_util_ratio", "fp32_util_ratio")]
-    pipes = [p for p in pipes if p is not None]
-    dram = w.get("dram_bw_util_ratio")
-    if not pipes or dram is None:
-        return None
-    pipe = max(pipes)
-    total = pipe + dram
-    return (0.5 if total <= 0 else pipe / total), max(pipe, dram)
+def pipe(f: Features) -> np.ndarray:
+    """The busiest math pipe, NaN without GPM pipe metrics."""
+    out = f.get(PIPES[0])
+    for name in PIPES[1:]:
+        out = np.fmax(out, f.get(name))
+    return out
 
 
-def memory_share_nvml(w: Window) -> float | None:
-    """util_mem / util_gpu: ~1 for streaming kernels, ~0.25 for GEMMs."""
-    g, m = w.get("util_gpu_ratio"), w.get("util_mem_ratio")
-    if g is None or m is None or g <= 0:
-        return None
-    return m / g
+def compute_side(f: Features) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(how far on the compute side of the ridge, certainty, basis is GPM);
+    NaN where neither GPM pipes with DRAM nor NVML utilisation tell.
+
+    GPM: the pipes' share of pipe + DRAM utilisation, trusted more the more
+    saturated the busier of the two is. NVML: util_mem / util_gpu, ~1 for
+    streaming kernels, ~0.25 for GEMMs."""
+    p, dram = pipe(f), f.get("dram_bw_util_ratio")
+    gpm = known(p) & known(dram)
+    total = p + dram
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(total <= 0, 0.5, p / total)
+        g, m = f.get("util_gpu_ratio"), f.get("util_mem_ratio")
+        nvml = np.where(g > 0, m / g, np.nan)
+    toward = np.where(gpm, ramp(share, 0.4, 0.55), np.where(known(nvml), 1.0 - ramp(nvml, 0.45, 0.65), np.nan))
+    certainty = np.where(gpm, 0.5 + 0.5 * ramp(np.fmax(p, dram), 0.2, 0.5), 0.85)
+    return toward, certainty, gpm
 
 
-def compute_side(w: Window) -> tuple[float, float, str] | None:
-    """(how far on the compute side of the ridge, certainty, basis)."""
-    ps = pipe_share(w)
-    if ps is not None:
-        share, saturation = ps
-        return ramp(share, 0.4, 0.55), 0.5 + 0.5 * ramp(saturation, 0.2, 0.5), "gpm"
-    ms = memory_share_nvml(w)
-    if ms is not None:
-        return 1.0 - ramp(ms, 0.45, 0.65), 0.85, "nvml"
-    return None
+def score(f: Features) -> np.ndarray:
+    toward, certainty, _ = compute_side(f)
+    return busy(f) * toward * certainty
 
 
-def evaluate(w: Window) -> RuleResult | None:
-    side = compute_side(w)
-    if side is None:
-        return None
-    toward_compute, certainty, basis = side
-    score = busy(w) * toward_compute * certainty
-    if basis == "gpm":
-        pipe = max(w.get(k) or 0.0 for k in ("tensor_util_ratio", "fp16_util_ratio", "fp32_util_ratio"))
-        why = (f"math pipes {pct(pipe)} active vs DRAM bandwidth {pct(w.get('dram_bw_util_ratio'))} "
-               f"of peak with {pct(w.get('sm_util_ratio'))} of SMs busy")
-    else:
-        why = (f"GPU busy {pct(w.get('util_gpu_ratio'))} of the time but memory only "
-               f"{pct(w.get('util_mem_ratio'))} (no GPM: NVML utilisation ratio)")
-    return RuleResult(COMPUTE, score, why)
+def describe(w: Window) -> str:
+    if w.get("dram_bw_util_ratio") is not None and any(w.get(k) is not None for k in PIPES):
+        top = max(w.get(k) or 0.0 for k in PIPES)
+        return (f"math pipes {pct(top)} active vs DRAM bandwidth {pct(w.get('dram_bw_util_ratio'))} "
+                f"of peak with {pct(w.get('sm_util_ratio'))} of SMs busy")
+    return (f"GPU busy {pct(w.get('util_gpu_ratio'))} of the time but memory only "
+            f"{pct(w.get('util_mem_ratio'))} (no GPM: NVML utilisation ratio)")

@@ -8,23 +8,20 @@ hardware thermal slowdown.
 """
 from __future__ import annotations
 
-from ..features import Window
-from .common import POWER_CAPPED, THERMAL_THROTTLED
+import numpy as np
+
+from .common import POWER_CAPPED, THERMAL_THROTTLED, Features, known
 
 
-def _held(w: Window, time_ratio: str, reason_ratio: str) -> bool:
-    t = w.get(time_ratio)
-    if t is not None:
-        return t >= 0.2
-    r = w.get(reason_ratio)
-    return r is not None and r >= 0.5
+def _held(f: Features, time_ratio: str, reason_ratio: str) -> np.ndarray:
+    t, r = f.get(time_ratio), f.get(reason_ratio)
+    with np.errstate(invalid="ignore"):
+        return np.where(known(t), t >= 0.2, known(r) & (r >= 0.5))
 
 
-def evaluate(w: Window) -> list[str]:
-    flags = []
-    near_limit = (w.get("power_limit_ratio") or 0.0) >= 0.97
-    if _held(w, "power_capped_time_ratio", "power_reason_sample_ratio") or near_limit:
-        flags.append(POWER_CAPPED)
-    if _held(w, "thermal_throttled_time_ratio", "thermal_reason_sample_ratio"):
-        flags.append(THERMAL_THROTTLED)
-    return flags
+def evaluate(f: Features) -> list[tuple[str, np.ndarray]]:
+    """(flag, whether each window has it)."""
+    with np.errstate(invalid="ignore"):
+        near_limit = np.nan_to_num(f.get("power_limit_ratio"), nan=0.0) >= 0.97
+    return [(POWER_CAPPED, _held(f, "power_capped_time_ratio", "power_reason_sample_ratio") | near_limit),
+            (THERMAL_THROTTLED, _held(f, "thermal_throttled_time_ratio", "thermal_reason_sample_ratio"))]

@@ -7,12 +7,18 @@ alternative counters cannot exclude; a trace decides.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..features import Window
-from .common import HOST, LAUNCH, RuleResult, starved
-from .launch_bound import describe, kernel_trickle
+from .common import HOST, LAUNCH, Features, starved
+from .launch_bound import kernel_trickle, starved_words
+
+VERDICT, ALTERNATIVES = HOST, (LAUNCH,)
 
 
-def evaluate(w: Window) -> RuleResult | None:
-    score = starved(w) * (1.0 - kernel_trickle(w))
-    return RuleResult(HOST, score, describe(w) + "; the GPU is nearly silent between the host's steps",
-                      alternatives=(LAUNCH,))
+def score(f: Features) -> np.ndarray:
+    return starved(f) * (1.0 - kernel_trickle(f))
+
+
+def describe(w: Window) -> str:
+    return starved_words(w) + "; the GPU is nearly silent between the host's steps"

@@ -5,14 +5,20 @@ are not busy on the host either: nobody is waiting on anybody.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..features import Window
-from .common import IDLE, RuleResult, host_feeding, pct, ramp, traffic
+from .common import IDLE, Features, host_feeding, pct, ramp, traffic
+
+VERDICT, ALTERNATIVES = IDLE, ()
 
 
-def evaluate(w: Window) -> RuleResult | None:
-    acts = [a for a in (w.get("util_gpu_ratio"), w.get("sm_util_ratio")) if a is not None]
-    quiet = 1.0 - ramp(max(acts), 0.10, 0.40)
-    score = quiet * (1.0 - host_feeding(w)) * (1.0 - traffic(w))
+def score(f: Features) -> np.ndarray:
+    quiet = 1.0 - ramp(np.fmax(f.get("util_gpu_ratio"), f.get("sm_util_ratio")), 0.10, 0.40)
+    return quiet * (1.0 - host_feeding(f)) * (1.0 - traffic(f))
+
+
+def describe(w: Window) -> str:
     procs = w.get("processes")
     held = f", {procs:.0f} process(es) hold it" if procs else ""
-    return RuleResult(IDLE, score, f"kernels run {pct(w.get('util_gpu_ratio'))} of the time{held}")
+    return f"kernels run {pct(w.get('util_gpu_ratio'))} of the time{held}"

@@ -8,25 +8,29 @@ host-bound as the alternative; a trace (launch rate, kernel durations) decides.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..features import Window
-from .common import HOST, LAUNCH, RuleResult, pct, ramp, starved
+from .common import HOST, LAUNCH, Features, known, pct, ramp, starved
+
+VERDICT, ALTERNATIVES = LAUNCH, (HOST,)
 
 
-def kernel_trickle(w: Window) -> float:
+def kernel_trickle(f: Features) -> np.ndarray:
     """1 when kernels run a few % of the time: a steady stream of short ones."""
-    return ramp(w.get("util_gpu_ratio"), 0.01, 0.03)
+    return ramp(f.get("util_gpu_ratio"), 0.01, 0.03)
 
 
-def describe(w: Window) -> str:
+def score(f: Features) -> np.ndarray:
+    return np.where(known(f.get("util_gpu_ratio")), starved(f) * kernel_trickle(f), np.nan)
+
+
+def starved_words(w: Window) -> str:
     cpu = w.get("host_cpu_cores")
     host = f"its processes use {cpu:.2f} host cores" if cpu is not None else "no per-process CPU recorded"
     return (f"GPU starved by the host: kernels run {pct(w.get('util_gpu_ratio'))} of the time, "
             f"{pct(w.get('sm_util_ratio'))} of SMs busy, {host}")
 
 
-def evaluate(w: Window) -> RuleResult | None:
-    if w.get("util_gpu_ratio") is None:
-        return None
-    score = starved(w) * kernel_trickle(w)
-    return RuleResult(LAUNCH, score, describe(w) + "; a steady trickle of short kernels points at launch overhead",
-                      alternatives=(HOST,))
+def describe(w: Window) -> str:
+    return starved_words(w) + "; a steady trickle of short kernels points at launch overhead"

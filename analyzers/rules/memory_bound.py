@@ -7,21 +7,23 @@ NVML only: util_mem close to util_gpu (memory busy whenever kernels run).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..features import Window
-from .common import MEMORY, RuleResult, busy, pct
-from .compute_bound import compute_side
+from .common import MEMORY, Features, busy, pct
+from .compute_bound import PIPES, compute_side
+
+VERDICT, ALTERNATIVES = MEMORY, ()
 
 
-def evaluate(w: Window) -> RuleResult | None:
-    side = compute_side(w)
-    if side is None:
-        return None
-    toward_compute, certainty, basis = side
-    score = busy(w) * (1.0 - toward_compute) * certainty
-    if basis == "gpm":
-        why = (f"DRAM bandwidth {pct(w.get('dram_bw_util_ratio'))} of peak while tensor pipes "
-               f"{pct(w.get('tensor_util_ratio'))} active, {pct(w.get('sm_util_ratio'))} of SMs busy")
-    else:
-        why = (f"memory busy {pct(w.get('util_mem_ratio'))} of the time, as often as kernels run "
-               f"({pct(w.get('util_gpu_ratio'))}) (no GPM: NVML utilisation ratio)")
-    return RuleResult(MEMORY, score, why)
+def score(f: Features) -> np.ndarray:
+    toward, certainty, _ = compute_side(f)
+    return busy(f) * (1.0 - toward) * certainty
+
+
+def describe(w: Window) -> str:
+    if w.get("dram_bw_util_ratio") is not None and any(w.get(k) is not None for k in PIPES):
+        return (f"DRAM bandwidth {pct(w.get('dram_bw_util_ratio'))} of peak while tensor pipes "
+                f"{pct(w.get('tensor_util_ratio'))} active, {pct(w.get('sm_util_ratio'))} of SMs busy")
+    return (f"memory busy {pct(w.get('util_mem_ratio'))} of the time, as often as kernels run "
+            f"({pct(w.get('util_gpu_ratio'))}) (no GPM: NVML utilisation ratio)")

@@ -26,7 +26,7 @@ def test_trace_refines_a_starved_finding(fixture_dir, tmp_path):
                                end=103.5, duration_ms=500, status="ok", trigger="on-call")
         row = a.report_capture(rec, _launch_trace())
         assert row["verdict"] == "launch-bound" and row["finding_id"]
-        f = a.store.findings(host="h1")[0]
+        f = a.list_findings(host="h1")[0]
         assert f["verdict"] == "launch-bound" and f["decided_by"] == "trace"
         assert f["counters_verdict"] == "host-bound" and f["trace_verdict"] == "launch-bound"
         assert f["captures"] == ["cap1"] and "launches/s" in f["summary"]
@@ -34,7 +34,7 @@ def test_trace_refines_a_starved_finding(fixture_dir, tmp_path):
         nxt = Classification(gpu=0, start=105.0, end=110.0, verdict="host-bound", confidence=0.7, summary="s",
                              evidence={"host_cpu_cores": 1.7})
         a.writer.call(lambda st: a._record([("h1", nxt, "pid:461")])).result()
-        f = a.store.findings(host="h1")[0]
+        f = a.list_findings(host="h1")[0]
         assert f["windows"] == 2 and f["verdict"] == "launch-bound" and f["end"] is None
         stored = a.store.captures("h1")[0]
         assert json.loads(stored["summary"])["verdict"] == "launch-bound"

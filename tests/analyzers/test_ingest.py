@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from gpuscope.analyzers.ingest import BatchError, decode
+from gpuscope.analyzers.writer import samples_table
 from gpuscope.collectors.records import DeviceInfo, GpuSample
 from gpuscope.daemon.convert import encode_batch
 
@@ -19,10 +20,21 @@ def batch(n=4, gpus=(0, 1), values=None, t0=None):
 def test_round_trip_keeps_missing_as_missing():
     samples = [GpuSample(0, time.time() - 2, {"util_gpu_ratio": 0.5}), GpuSample(0, time.time() - 1, {"power_watts": 100.0})]
     d = decode(encode_batch("h", "b", 1, samples, [DeviceInfo(gpu=0)]))
-    assert d.samples.column("util_gpu_ratio").to_pylist() == [0.5, None]
-    assert d.samples.column("power_watts").to_pylist() == [None, 100.0]
-    assert "temp_celsius" not in d.samples.column_names          # absent metrics are not sent as nulls
-    assert math.isnan(d.columns["util_gpu_ratio"][1])
+    table = samples_table([d])
+    assert table.column("util_gpu_ratio").to_pylist() == [0.5, None]
+    assert table.column("power_watts").to_pylist() == [None, 100.0]
+    assert "temp_celsius" not in table.column_names          # absent metrics are not sent as nulls
+    assert math.isnan(d.values[1, d.names.index("util_gpu_ratio")])
+
+
+def test_a_group_of_batches_with_different_metrics_stores_nulls_for_the_missing():
+    a = decode(encode_batch("h", "b", 1, [GpuSample(0, time.time() - 2, {"power_watts": 100.0})], [DeviceInfo(gpu=0)]))
+    b = decode(encode_batch("g", "b", 1, [GpuSample(1, time.time() - 1, {"util_gpu_ratio": 0.5, "power_watts": 90.0})],
+                            [DeviceInfo(gpu=1)]))
+    table = samples_table([a, b])
+    assert table.column("host").to_pylist() == ["h", "g"] and table.column("gpu").to_pylist() == [0, 1]
+    assert table.column("util_gpu_ratio").to_pylist() == [None, 0.5]
+    assert table.column("power_watts").to_pylist() == [100.0, 90.0]
 
 
 def _set(b, metric, i, value):

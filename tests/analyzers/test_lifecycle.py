@@ -50,7 +50,7 @@ def _feed(a: Analyzer, clock: Clock, host: str, gpus: dict[int, dict], start: fl
 
 
 def _findings(a: Analyzer, host: str, gpu: int) -> list[dict]:
-    return sorted(a.store.findings(host=host, gpu=gpu), key=lambda f: f["start"])
+    return sorted(a.list_findings(host=host, gpu=gpu), key=lambda f: f["start"])
 
 
 def _gpu(status: dict, host: str, gpu: int) -> dict:
@@ -251,3 +251,42 @@ def test_the_live_view_shows_stale_gpus_with_their_age(tmp_path):
         assert "host-a/gpu1: stale, no samples for 3m (last verdict compute-bound)" in out.getvalue()
     finally:
         a.close()
+
+
+def test_an_extended_finding_is_written_with_the_snapshot_and_read_live_meanwhile(tmp_path):
+    """Absorbing a window does not rewrite the finding (a fleet extends
+    thousands a window); queries see its running numbers from memory, the
+    store gets them with the next snapshot and at shutdown."""
+    clock = Clock(T0)
+    path = tmp_path / "f.duckdb"
+    a = _analyzer(path, clock)
+    try:
+        _feed(a, clock, "h", {0: MEMORY}, T0, 8)
+        [live] = _findings(a, "h", 0)
+        [stored] = a.store.findings(host="h", gpu=0)
+        assert live["id"] == stored["id"] and live["end"] is None
+        assert live["windows"] == 7 and stored["windows"] == 1        # the window of T0+7 is still open
+        assert a.finding(live["id"])["windows"] == 7
+        a.sweep().result(timeout=10)                                     # the first snapshot
+        _feed(a, clock, "h", {0: MEMORY}, T0 + 8, 32, seq0=9)            # past SNAPSHOT_EVERY_S
+        a.sweep().result(timeout=10)
+        [stored], [live] = a.store.findings(host="h", gpu=0), _findings(a, "h", 0)
+        assert stored["end"] is None and stored["windows"] == live["windows"] == 39
+        assert stored["evidence"] == live["evidence"]
+    finally:
+        a.close()
+
+
+def test_shutdown_writes_what_open_findings_absorbed(tmp_path):
+    clock = Clock(T0)
+    path = tmp_path / "g.duckdb"
+    a = _analyzer(path, clock)
+    _feed(a, clock, "h", {0: COMPUTE}, T0, 6)
+    n = _findings(a, "h", 0)[0]["windows"]
+    a.close()
+    b = _analyzer(path, clock)
+    try:
+        [f] = b.store.findings(host="h", gpu=0)
+        assert f["end"] is None and f["windows"] == n == 5
+    finally:
+        b.close()

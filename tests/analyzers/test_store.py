@@ -37,7 +37,7 @@ def test_open_findings_survive_an_analyzer_restart(tmp_path):
         c2 = Classification(gpu=0, start=105.0, end=110.0, verdict="memory-bound", confidence=0.7, summary="s",
                             evidence={"dram_bw_util_ratio": 0.6})
         srv.analyzer.writer.call(lambda store: srv.analyzer._record([("h", c2, "pid:1")])).result()
-        f = srv.analyzer.store.findings(host="h")[0]
+        f = srv.analyzer.list_findings(host="h")[0]
         assert f["windows"] == 2 and f["end"] is None and abs(f["evidence"]["dram_bw_util_ratio"] - 0.7) < 1e-9
     finally:
         srv.stop()

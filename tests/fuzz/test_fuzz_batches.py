@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from gpuscope.analyzers import ingest
 from gpuscope.analyzers.analyzer import Analyzer, AnalyzerConfig
 from gpuscope.analyzers.ingest import BatchError, decode
-from gpuscope.analyzers.writer import COMMITTED, DUPLICATE
+from gpuscope.analyzers.writer import COMMITTED, DUPLICATE, samples_table
 from gpuscope.collectors import catalogue as cat
 from gpuscope.collectors.records import DeviceInfo, GpuSample, HealthKind, HealthRecord, ProcessRecord
 from gpuscope.daemon.convert import encode_batch
@@ -265,8 +265,10 @@ def batches(draw) -> pb.SampleBatch:
 def _check_accepted(batch: pb.SampleBatch, d: ingest.DecodedBatch) -> None:
     """What decode hands on is what was sent (no silent wrap-around of a
     GPU index into INTEGER), in a form the store may take."""
-    assert d.samples.num_rows == d.count
-    assert d.samples.column("gpu").to_pylist() == np.frombuffer(batch.gpu_u32le, "<u4").tolist()
+    table = samples_table([d])
+    assert table.num_rows == d.count == len(d.values)
+    assert table.column("gpu").to_pylist() == np.frombuffer(batch.gpu_u32le, "<u4").tolist()
+    assert not np.isinf(d.values).any()          # missing is NaN (NULL when stored), a value is finite
     if d.processes is not None:
         for command in d.processes.column("command").to_pylist():
             assert SECRET not in command and len(command.encode()) <= ingest.MAX_COMMAND_BYTES

@@ -1,0 +1,90 @@
+"""Windows judged together (the live path at a window boundary) get exactly
+the features each gets alone: no reduction leaks across window edges."""
+import numpy as np
+import pytest
+
+from gpuscope.analyzers.features import Columns, compute_window, compute_windows, stack
+from gpuscope.collectors import catalogue as cat
+from gpuscope.collectors.counters import rate
+
+
+def _random_window(rng, gpu):
+    n = int(rng.integers(1, 12))
+    t = np.sort(rng.uniform(0, 5, n)) + 1.7e9
+    names = ["util_gpu_ratio", "gpm_sm_util_ratio", "util_mem_ratio", "power_watts", "procs_cpu_cores",
+             "pcie_tx_bytes_total", "pcie_rx_bytes_total", "throttle_sw_thermal_seconds_total",
+             "clock_event_reasons", "gpm_dram_bw_util_ratio", "gpm_tensor_util_ratio"]
+    names = [n for n in names if rng.random() < 0.8]
+    cols = {}
+    for name in names:
+        if name.endswith("_total"):
+            v = np.cumsum(rng.uniform(0, 3e9, n))
+            if "pcie" in name:
+                v = v % 2 ** 32                      # 32-bit counters wrap
+        elif name == "clock_event_reasons":
+            v = rng.choice([0, 4, 32, 64, 0x84], n).astype(float)
+        else:
+            v = rng.uniform(0, 1, n) * (700 if name == "power_watts" else 1)
+        v[rng.random(n) < 0.2] = np.nan
+        cols[name] = v
+    dev = dict(pcie_generation=int(rng.choice([0, 4, 5])) or None, pcie_width=16,
+               power_limit_watts=float(rng.choice([0, 700])) or None)
+    return gpu, float(t[0]), float(t[0]) + 5, t, Columns.from_dict(cols, n), dev
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_stacked_windows_equal_windows_alone(seed):
+    rng = np.random.default_rng(seed)
+    parts = [_random_window(rng, g) for g in range(int(rng.integers(1, 40)))]
+    together = compute_windows(stack(parts))
+    for part, w in zip(parts, together):
+        alone = compute_window(*part[:5], **part[5])
+        assert (w is None) == (alone is None)
+        if w is not None:
+            assert w.samples == alone.samples == len(part[3])
+            assert w.features.keys() == alone.features.keys()
+            for k, v in w.features.items():
+                assert v == pytest.approx(alone.features[k], rel=1e-12, abs=1e-12), k
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_counter_rates_follow_the_counter_rule(seed):
+    """The stacked rate is collectors.counters.rate, window by window."""
+    rng = np.random.default_rng(100 + seed)
+    parts = [_random_window(rng, g) for g in range(15)]
+    for part, w in zip(parts, compute_windows(stack(parts))):
+        if w is None:
+            continue
+        _, _, _, t, cols, _ = part
+        tx, rx = (cols.matrix[:, cols.names.index(n)] if n in cols.names else None
+                  for n in ("pcie_tx_bytes_total", "pcie_rx_bytes_total"))
+        rates = [rate(t, v, cat.BY_NAME["pcie_tx_bytes_total"].wrap_bits) for v in (tx, rx) if v is not None]
+        rates = [r for r in rates if r is not None]
+        if rates:
+            assert w.features["pcie_bytes_per_second"] == pytest.approx(sum(rates))
+        else:
+            assert "pcie_bytes_per_second" not in w.features
+
+
+def test_a_window_without_activity_readings_is_none_among_others():
+    t = np.arange(5.0) + 1.7e9
+    busy = Columns(("util_gpu_ratio",), np.full((5, 1), 0.9))
+    blind = Columns(("power_watts",), np.full((5, 1), 300.0))
+    out = compute_windows(stack([(0, t[0], t[0] + 5, t, busy, {}), (1, t[0], t[0] + 5, t, blind, {}),
+                                 (2, t[0], t[0] + 5, t, busy, {})]))
+    assert [w is None for w in out] == [False, True, False]
+    assert out[2].gpu == 2 and out[2].features["util_gpu_ratio"] == pytest.approx(0.9)
+    assert "power_watts" not in out[0].features      # NaN-filled for the window that lacked it
+
+
+def test_samples_out_of_order_in_a_window_are_put_in_time_order():
+    """A batch resent after a newer one lands its samples after later ones:
+    the window's counter rate is the same as if they had come in order."""
+    t = np.arange(6.0) + 1.7e9
+    tx = np.arange(6.0) * 1e9                       # 1 GB/s
+    cols = {"util_gpu_ratio": np.full(6, 0.5), "pcie_tx_bytes_total": tx, "pcie_rx_bytes_total": tx}
+    order = np.array([3, 4, 5, 0, 1, 2])
+    in_order = compute_window(0, t[0], t[0] + 6, t, Columns.from_dict(cols, 6))
+    shuffled = compute_window(0, t[0], t[0] + 6, t[order], Columns.from_dict({k: v[order] for k, v in cols.items()}, 6))
+    assert shuffled.features["pcie_bytes_per_second"] == pytest.approx(2e9)
+    assert shuffled.features == in_order.features
