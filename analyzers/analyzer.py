@@ -459,24 +459,39 @@ class Analyzer:
         return result
 
     # -- queries ----------------------------------------------------------------------------
-    def status(self) -> dict:
+    def status(self, host: str = "", gpu_limit: int | None = None) -> dict:
+        """Totals over the whole fleet; `gpus` lists the GPUs of `host` (all
+        when empty), ordered by host and index, at most `gpu_limit` (None:
+        all): a fleet's full list is thousands of entries, and this runs
+        beside ingest under one GIL."""
         now = self._clock()
-        gpus, host_fresh = [], {}
-        for key, st in sorted(list(self.gpus.items())):     # list(): the writer thread may add a GPU
+        horizon = now - self.stale_after_s
+        host_fresh: dict[str, bool] = {}
+        stale_n = 0
+        items = list(self.gpus.items())       # list(): the writer thread may add a GPU
+        for (h, _), st in items:
+            fresh = bool(st.last_arrival) and st.last_arrival >= horizon
+            stale_n += not fresh
+            host_fresh[h] = host_fresh.get(h, False) or fresh
+        keys = sorted(k for k, _ in items if not host or k[0] == host)
+        matching = len(keys)
+        if gpu_limit is not None:
+            keys = keys[:gpu_limit]
+        gpus = []
+        for key in keys:
+            st = self.gpus[key]
             f = self.findings.open.get(key)
             age = now - st.last_arrival if st.last_arrival else None
-            stale = age is None or age > self.stale_after_s
-            host_fresh[st.host] = host_fresh.get(st.host, False) or not stale
             gpus.append(dict(host=st.host, gpu=st.gpu, name=self._names.get(key, ""), verdict=st.verdict,
                              confidence=st.confidence, flags=list(st.flags), last_sample=st.last_sample,
                              open_finding=f["id"] if f else None, lost=key in self._lost,
-                             stale=stale, last_seen_age_s=age))
+                             stale=age is None or age > self.stale_after_s, last_seen_age_s=age))
         w = self.writer
         return dict(started=self.started, batches_committed=w.batches, batches_duplicate=w.duplicates,
                     batches_rejected=self.rejected, samples_committed=w.samples,
                     samples_stored=self._samples_at_start + w.samples - self.retention.samples_deleted,
                     hosts=len(host_fresh), hosts_stale=sum(1 for fresh in host_fresh.values() if not fresh),
-                    gpus=gpus, gpus_stale=sum(1 for g in gpus if g["stale"]),
+                    gpus=gpus, gpus_total=len(items), gpus_matching=matching, gpus_stale=stale_n,
                     stale_after_seconds=self.stale_after_s, analysis_lag_seconds=self.analysis_lag(),
                     findings_open=len(self.findings.open),
                     db_path=self.config.db_path, window_seconds=self.window_s, anomalies=self.anomalies_total,

@@ -34,11 +34,14 @@ try:
     VERSION = importlib.metadata.version("gpuscope")
 except importlib.metadata.PackageNotFoundError:   # running from a source tree
     VERSION = "unknown"
+DEFAULT_GPU_LIMIT = 1000      # GetStatus lists at most this many GPUs unless asked for more
 _ACK = {COMMITTED: pb.BatchAck.COMMITTED}
-# What a queued batch holds once decoded (Arrow tables, numpy arrays, proto
-# objects), measured at ~92 KB for an 8-GPU batch of 4 KB on the wire: the
-# byte budget counts this, or 64 MiB of wire bytes would be ~1.5 GB of RSS.
-DECODED_BATCH_BYTES = 96 << 10
+# What a queued batch holds once decoded beyond its wire bytes (a NaN-marked
+# matrix of its metrics, the processes' Arrow table, device protos): measured
+# 10 KiB for an 8-GPU 1 s batch and 19 KiB for a 5 s one (tracemalloc plus
+# Arrow's pool); the byte budget charges this with margin, so that 64 MiB of
+# budget bounds what the queue really holds.
+DECODED_BATCH_BYTES = 32 << 10
 STREAM_QUEUE = 100          # commands or events waiting for one slow stream; more are dropped
 log = structlog.get_logger("gpuscope.service")
 
@@ -196,10 +199,10 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
     async def GetStatus(self, request, context):
         # built on the on-call pool: a fleet's status is thousands of GPUs,
         # and the event loop must keep serving agents meanwhile
-        return await self._query(self._status_pb)
+        return await self._query(self._status_pb, request.host, request.gpu_limit or DEFAULT_GPU_LIMIT)
 
-    def _status_pb(self) -> apb.AnalyzerStatus:
-        s = self.analyzer.status()
+    def _status_pb(self, host: str, gpu_limit: int) -> apb.AnalyzerStatus:
+        s = self.analyzer.status(host, gpu_limit)
         out = apb.AnalyzerStatus(version=VERSION, started=s["started"], batches_committed=s["batches_committed"],
                                  batches_duplicate=s["batches_duplicate"], batches_rejected=s["batches_rejected"],
                                  samples_committed=s["samples_committed"], hosts=s["hosts"],
@@ -208,7 +211,8 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                                  decisions=s["decisions"], captures_in_flight=s["captures_in_flight"],
                                  agents_connected=s["agents_connected"], samples_stored=s["samples_stored"],
                                  gpus_stale=s["gpus_stale"], hosts_stale=s["hosts_stale"],
-                                 analysis_lag_seconds=s["analysis_lag_seconds"])
+                                 analysis_lag_seconds=s["analysis_lag_seconds"], gpus_total=s["gpus_total"],
+                                 gpus_matching=s["gpus_matching"])
         for g in s["gpus"]:
             m = out.gpus.add(host=g["host"], gpu=g["gpu"], name=g["name"] or "", verdict=g["verdict"],
                              confidence=g["confidence"], last_sample=g["last_sample"], flags=g["flags"],

@@ -17,7 +17,7 @@ from gpuscope.collectors.recording import RecordingError
 from gpuscope.collectors.xspace_reader import TraceError
 
 from . import clients, logs
-from .cliutil import VERDICTS, UsageError, default_db, duration
+from .cliutil import VERDICTS, UsageError, default_db, duration, positive_int
 from .cmd_certs import add_certs_parser
 from .cmd_offline import cmd_classify, cmd_metrics, cmd_trace_summarize
 from .cmd_oncall import (cmd_capture, cmd_captures, cmd_findings, cmd_jobs, cmd_query, cmd_records, cmd_report,
@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("status", help="analyzer or agent status")
     server_args(sp)
+    sp.add_argument("--host", default="", help="list only this host's GPUs (the totals stay fleet-wide)")
+    sp.add_argument("--limit", type=positive_int, default=1000, metavar="N",
+                    help="list at most N GPUs, by host and index (default 1000)")
     sp.set_defaults(fn=cmd_status)
 
     sp = sub.add_parser("findings", help="bottleneck episodes")

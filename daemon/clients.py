@@ -131,10 +131,11 @@ def report_capture(analyzer: str, record, xspace: bytes, *, security: ClientSecu
           security=security)
 
 
-def status(server: str, *, security: ClientSecurity = INSECURE) -> dict:
+def status(server: str, host: str = "", gpu_limit: int = 0, *, security: ClientSecurity = INSECURE) -> dict:
     def fn(ch, timeout):
         try:
-            s = analyzer_pb2_grpc.AnalyzerStub(ch).GetStatus(apb.StatusRequest(), timeout=timeout)
+            s = analyzer_pb2_grpc.AnalyzerStub(ch).GetStatus(apb.StatusRequest(host=host, gpu_limit=gpu_limit),
+                                                             timeout=timeout)
             return dict(kind="analyzer", **json_format.MessageToDict(
                 s, preserving_proto_field_name=True, always_print_fields_with_no_presence=True))
         except grpc.RpcError as exc:

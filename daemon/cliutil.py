@@ -22,6 +22,16 @@ def duration(value: str) -> float:
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
+def positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 2**31 - 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number from 1 to {2**31 - 1}")
+    return n
+
+
 def age(seconds: float) -> str:
     """A duration for people: 45s, 12m, 5h, 3d."""
     if seconds < 120:

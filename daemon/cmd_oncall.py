@@ -21,7 +21,7 @@ def _time_range(ns) -> tuple[float | None, float | None]:
 
 
 def cmd_status(ns) -> int:
-    s = clients.status(ns.server, security=client_security(ns))
+    s = clients.status(ns.server, ns.host, ns.limit, security=client_security(ns))
     if ns.json:
         print_json(s)
         return 0
@@ -42,6 +42,11 @@ def cmd_status(ns) -> int:
         last = seen(g.get("stale", False), g.get("last_seen_age_seconds"))
         print(f"  {g['host']}/gpu{g.get('gpu', 0)} {g.get('verdict') or '-':<20} {g.get('confidence', 0):.2f} "
               f"{last:<12} {','.join(g.get('flags', []))}{' LOST' if g.get('lost') else ''}")
+    shown, matching = len(s.get("gpus", [])), int(s.get("gpus_matching") or 0)
+    if ns.host and not matching:
+        print(f"  no GPUs of host {ns.host!r} (hosts are named as their agents send them)")
+    elif shown < matching:
+        print(f"  ... {shown} of {matching} GPUs shown; --host HOST for one host, --limit N for more")
     return 0
 
 

@@ -290,3 +290,21 @@ def test_shutdown_writes_what_open_findings_absorbed(tmp_path):
         assert f["end"] is None and f["windows"] == n == 5
     finally:
         b.close()
+
+
+def test_status_lists_the_gpus_asked_for_and_counts_the_whole_fleet(tmp_path):
+    clock = Clock(T0)
+    a = _analyzer(tmp_path / "st.duckdb", clock)
+    try:
+        for h in ("h-b", "h-a", "h-c"):
+            _feed(a, clock, h, {0: COMPUTE, 1: MEMORY}, T0, 2)
+        _feed(a, clock, "h-c", {0: COMPUTE, 1: MEMORY}, T0 + 2, 5, seq0=3)   # h-a and h-b go stale
+        st = a.status(gpu_limit=3)
+        assert [(g["host"], g["gpu"]) for g in st["gpus"]] == [("h-a", 0), ("h-a", 1), ("h-b", 0)]
+        assert (st["gpus_total"], st["gpus_matching"], st["gpus_stale"], st["hosts"], st["hosts_stale"]) == (6, 6, 4, 3, 2)
+        one = a.status(host="h-c")
+        assert [(g["host"], g["gpu"], g["stale"]) for g in one["gpus"]] == [("h-c", 0, False), ("h-c", 1, False)]
+        assert (one["gpus_total"], one["gpus_matching"], one["gpus_stale"]) == (6, 2, 4)
+        assert a.status(host="nope")["gpus"] == [] and len(a.status()["gpus"]) == 6
+    finally:
+        a.close()

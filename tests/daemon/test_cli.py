@@ -36,6 +36,7 @@ def test_classify_json_shape(fixture_dir):
     (["agent", "--source", "nvml", "--duration", "1s"], "replay:FILE"),
     (["findings", "--server", "127.0.0.1:1"], "cannot reach 127.0.0.1:1"),
     (["query", "--server", "127.0.0.1:1", "--metric", "nope"], "unknown 'nope'"),
+    (["status", "--limit", "0"], "'0' is not a whole number from 1"),
 ])
 def test_bad_input_gets_a_clear_message_and_nonzero_exit(fixture_dir, args, message, tmp_path):
     r = run(*args, "--db", str(tmp_path / "x.duckdb")) if args[0] == "up" else run(*args)
@@ -66,6 +67,9 @@ def test_up_replays_without_a_gpu_and_answers_on_call_queries(fixture_dir, tmp_p
         assert set(f) >= {"host", "gpu", "verdict", "start", "end", "confidence", "evidence"}
         st = json.loads(run("status", "--server", server, "--json", tls_dir=tls).stdout)
         assert st["kind"] == "analyzer" and st["gpus"][0]["name"].startswith("replay of h200-run1")
+        assert st["gpus_total"] == st["gpus_matching"] == len(st["gpus"])
+        other = run("status", "--server", server, "--host", "no-such-host", tls_dir=tls)
+        assert other.returncode == 0 and "no GPUs of host 'no-such-host'" in other.stdout, other.stderr
         q = json.loads(run("query", "--server", server, "--metric", "power_watts", "--since", "5m",
                            "--aggregate", "p95", "--json", tls_dir=tls).stdout)
         assert q["unit"] == "watts" and q["series"][0]["value"] > 100

@@ -179,8 +179,12 @@ class Finding(_message.Message):
     def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., gpu: _Optional[int] = ..., job: _Optional[str] = ..., verdict: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., confidence: _Optional[float] = ..., evidence: _Optional[_Union[Evidence, _Mapping]] = ..., windows: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("host", "gpu_limit")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    GPU_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    gpu_limit: int
+    def __init__(self, host: _Optional[str] = ..., gpu_limit: _Optional[int] = ...) -> None: ...
 
 class GpuState(_message.Message):
     __slots__ = ("host", "gpu", "name", "verdict", "confidence", "last_sample", "open_finding", "flags", "lost", "stale", "last_seen_age_seconds")
@@ -209,7 +213,7 @@ class GpuState(_message.Message):
     def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., name: _Optional[str] = ..., verdict: _Optional[str] = ..., confidence: _Optional[float] = ..., last_sample: _Optional[float] = ..., open_finding: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., lost: _Optional[bool] = ..., stale: _Optional[bool] = ..., last_seen_age_seconds: _Optional[float] = ...) -> None: ...
 
 class AnalyzerStatus(_message.Message):
-    __slots__ = ("version", "started", "batches_committed", "batches_duplicate", "batches_rejected", "samples_committed", "hosts", "gpus", "findings_open", "db_path", "window_seconds", "anomalies", "decisions", "captures_in_flight", "agents_connected", "gpus_stale", "hosts_stale", "analysis_lag_seconds", "samples_stored")
+    __slots__ = ("version", "started", "batches_committed", "batches_duplicate", "batches_rejected", "samples_committed", "hosts", "gpus", "findings_open", "db_path", "window_seconds", "anomalies", "decisions", "captures_in_flight", "agents_connected", "gpus_stale", "hosts_stale", "analysis_lag_seconds", "samples_stored", "gpus_total", "gpus_matching")
     class DecisionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -236,6 +240,8 @@ class AnalyzerStatus(_message.Message):
     HOSTS_STALE_FIELD_NUMBER: _ClassVar[int]
     ANALYSIS_LAG_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_STORED_FIELD_NUMBER: _ClassVar[int]
+    GPUS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    GPUS_MATCHING_FIELD_NUMBER: _ClassVar[int]
     version: str
     started: float
     batches_committed: int
@@ -255,7 +261,9 @@ class AnalyzerStatus(_message.Message):
     hosts_stale: int
     analysis_lag_seconds: float
     samples_stored: int
-    def __init__(self, version: _Optional[str] = ..., started: _Optional[float] = ..., batches_committed: _Optional[int] = ..., batches_duplicate: _Optional[int] = ..., batches_rejected: _Optional[int] = ..., samples_committed: _Optional[int] = ..., hosts: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ..., findings_open: _Optional[int] = ..., db_path: _Optional[str] = ..., window_seconds: _Optional[float] = ..., anomalies: _Optional[int] = ..., decisions: _Optional[_Mapping[str, int]] = ..., captures_in_flight: _Optional[int] = ..., agents_connected: _Optional[int] = ..., gpus_stale: _Optional[int] = ..., hosts_stale: _Optional[int] = ..., analysis_lag_seconds: _Optional[float] = ..., samples_stored: _Optional[int] = ...) -> None: ...
+    gpus_total: int
+    gpus_matching: int
+    def __init__(self, version: _Optional[str] = ..., started: _Optional[float] = ..., batches_committed: _Optional[int] = ..., batches_duplicate: _Optional[int] = ..., batches_rejected: _Optional[int] = ..., samples_committed: _Optional[int] = ..., hosts: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ..., findings_open: _Optional[int] = ..., db_path: _Optional[str] = ..., window_seconds: _Optional[float] = ..., anomalies: _Optional[int] = ..., decisions: _Optional[_Mapping[str, int]] = ..., captures_in_flight: _Optional[int] = ..., agents_connected: _Optional[int] = ..., gpus_stale: _Optional[int] = ..., hosts_stale: _Optional[int] = ..., analysis_lag_seconds: _Optional[float] = ..., samples_stored: _Optional[int] = ..., gpus_total: _Optional[int] = ..., gpus_matching: _Optional[int] = ...) -> None: ...
 
 class FindingsRequest(_message.Message):
     __slots__ = ("host", "gpu", "verdicts", "start", "end", "open_only", "limit")
