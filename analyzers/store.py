@@ -246,11 +246,19 @@ class Store:
         return rows[0] if rows else None
 
     def means(self, host: str, gpu: int, start: float, end: float, metrics: Sequence[str]) -> dict:
-        """Mean of each metric for one GPU over [start, end), and the sample count."""
-        cols = ", ".join(f'avg("{m}") AS "{m}"' for m in metrics if m in cat.BY_NAME)
-        row = self.reader().execute(
-            f"SELECT count(*) AS samples, {cols} FROM samples WHERE host = ? AND gpu = ? AND t >= ? AND t < ?",
-            [host, gpu, start, end])
+        """Mean of each metric for one GPU over [start, end), and the sample
+        count; minutes already rolled up count with their sample counts."""
+        ms = [m for m in metrics if m in cat.BY_NAME]
+        cols = ", ".join(f'"{m}"' for m in ms)
+        where = "host = ? AND gpu = ? AND t >= ? AND t < ?"
+        args: list = [host, gpu, start, end]
+        source = f"SELECT {cols}{', ' if ms else ''}1 AS n FROM samples WHERE {where}"
+        if self._rolled_up_before(start):
+            source += f" UNION ALL SELECT {cols}{', ' if ms else ''}samples AS n FROM samples_1m WHERE {where}"
+            args = args + args
+        means = "".join(f', sum("{m}" * n) / sum(CASE WHEN "{m}" IS NOT NULL THEN n END) AS "{m}"' for m in ms)
+        row = self.reader().execute(f"SELECT CAST(coalesce(sum(n), 0) AS BIGINT) AS samples{means} FROM ({source})",
+                                    args)
         return _dicts(row)[0]
 
     def captures(self, host: str = "", limit: int = 100) -> list[dict]:

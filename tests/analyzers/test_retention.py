@@ -189,6 +189,14 @@ def test_query_metric_over_old_ranges_reads_the_rollup(tmp_path):
         # a recent range does not touch the rollup
         recent = clients.query(srv.target, "util_gpu_ratio", "h", 0, NEW, NOW, "max", 0)
         assert recent["series"][0]["samples"] == new_gpu0.sum()
+        # what a report shows before/during/after a finding reads the rollup too
+        m = srv.analyzer.store.means("h", 0, OLD, end, ["util_gpu_ratio", "power_watts"])
+        assert m["samples"] == OLD_HOURS * 3600
+        assert m["util_gpu_ratio"] == pytest.approx(util[gpu0].mean(), rel=1e-9)
+        power = np.asarray(old["power_watts"].to_numpy(zero_copy_only=False), float)[gpu0]
+        assert m["power_watts"] == pytest.approx(np.nanmean(power), rel=1e-6)
+        assert srv.analyzer.store.means("h", 0, NOW + 10, NOW + 20, ["util_gpu_ratio"]) == {
+            "samples": 0, "util_gpu_ratio": None}
     finally:
         srv.stop()
 
