@@ -1,0 +1,117 @@
+"""What one batch costs the analyzer's Python, stage by stage, in process.
+
+    python bench/analysis_cost.py [--agents 500] [--seconds 60] [--flush 5]
+
+The same batches as bench/fleet_grpc.py (8 GPUs of the bundled H200
+recording, each agent at its own offset, `--flush` seconds of 1 Hz samples a
+batch), without gRPC and on one thread. Each is decoded (`ingest.decode`),
+then committed by the writer's own path (`Writer._commit`, groups of 256, as
+the writer thread forms them under load), which stores it and runs the live
+analysis. Reported: CPU per batch for decode, for storing, and for the live
+analysis. The analysis is also given per GPU-window, broken down by its
+parts (wall time of each, nested parts included in their parents).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import logging
+import os
+import random
+import sys
+import tempfile
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+import numpy as np
+import structlog
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+PARTS = [("analyzers.live", "LiveWindows", "add"), ("analyzers.live", "LiveWindows", "close_pending"),
+         ("analyzers.live", None, "feature_matrix"), ("analyzers.live", None, "compute_windows"),
+         ("analyzers.live", None, "classify_many"), ("analyzers.live", None, "stack"),
+         ("analyzers.analyzer", "Analyzer", "_record"), ("analyzers.analyzer", "Analyzer", "_persist_findings"),
+         ("analyzers.findings", "FindingsTracker", "observe"), ("analyzers.detector", "Detector", "observe"),
+         ("analyzers.store", "Store", "commit")]
+
+
+def _time_parts(totals: collections.Counter) -> None:
+    import importlib
+    for mod, cls, name in PARTS:
+        owner = importlib.import_module(f"gpuscope.{mod}")
+        owner = getattr(owner, cls) if cls else owner
+        f = getattr(owner, name)
+        label = f"{cls + '.' if cls else ''}{name}"
+
+        def timed(*a, _f=f, _label=label, **k):
+            c = time.perf_counter()
+            try:
+                return _f(*a, **k)
+            finally:
+                totals[_label] += time.perf_counter() - c
+        setattr(owner, name, timed)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--agents", type=int, default=500)
+    ap.add_argument("--seconds", type=int, default=60)
+    ap.add_argument("--flush", type=int, default=5)
+    ns = ap.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    parts: collections.Counter = collections.Counter()
+    _time_parts(parts)
+    import fleet_grpc
+    from gpuscope.analyzers.analyzer import Analyzer, AnalyzerConfig
+    from gpuscope.analyzers.ingest import decode
+    from gpuscope.v1 import samples_pb2 as pb
+
+    bodies = fleet_grpc.build_bodies(ns.flush)
+    a = Analyzer(AnalyzerConfig(os.path.join(tempfile.mkdtemp(), "cost.duckdb")))
+    random.seed(1)
+    t0 = np.floor(time.time() / 5) * 5 - ns.seconds - 20
+    agents = [dict(host=f"sim-{i:05d}", boot=os.urandom(8).hex(), seq=0, offset=random.randrange(len(bodies)),
+                   phase=random.random()) for i in range(ns.agents)]
+
+    def message(g: dict, t: float) -> pb.SampleBatch:
+        g["seq"] += 1
+        ts = (t - np.repeat(np.arange(ns.flush - 1, -1, -1.0), 8)) + np.tile(np.arange(8) * 1e-4, ns.flush)
+        head = pb.SampleBatch(host=g["host"], boot_id=g["boot"], seq=g["seq"], t_f64le=ts.astype("<f8").tobytes())
+        return pb.SampleBatch.FromString(head.SerializeToString()
+                                         + bodies[(g["offset"] + g["seq"] * ns.flush) % len(bodies)])
+
+    msgs = [message(g, t0 + s + g["phase"] + ns.flush) for s in range(0, ns.seconds, ns.flush) for g in agents]
+    c = time.process_time()
+    decoded = [decode(m) for m in msgs]
+    decode_s = time.process_time() - c
+    analysis = [0.0]
+    commit_analysis = a.writer._after_commit
+
+    def analyse(batches):
+        c0 = time.process_time()
+        commit_analysis(batches)
+        analysis[0] += time.process_time() - c0
+    a.writer._after_commit = analyse
+    c = time.process_time()
+    for i in range(0, len(decoded), 256):
+        a.writer._commit([(b, Future()) for b in decoded[i:i + 256]])
+    writer_s = time.process_time() - c
+    windows = a.store.count("windows")
+    n = len(decoded)
+    out = dict(date=time.strftime("%Y-%m-%d"), agents=ns.agents, seconds=ns.seconds, flush_s=ns.flush, batches=n,
+               gpu_windows=windows, decode_us_per_batch=round(decode_s / n * 1e6),
+               store_us_per_batch=round((writer_s - analysis[0]) / n * 1e6),
+               analysis_us_per_batch=round(analysis[0] / n * 1e6),
+               analysis_us_per_window=round(analysis[0] / max(windows, 1) * 1e6, 1),
+               parts_us_per_window={k: round(v / max(windows, 1) * 1e6, 1) for k, v in parts.most_common()})
+    print(json.dumps(out, indent=1))
+    a.close()
+
+
+if __name__ == "__main__":
+    main()
