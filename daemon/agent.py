@@ -179,7 +179,8 @@ class Agent:
         the analyzer's commands) the job on a GPU. Only targets the agent
         knows are captured: discovered jobs and configured addresses.
         Raises LookupError when no capturable job is found, TargetNotAllowed
-        for an address the agent does not know, ValueError for a bad duration."""
+        for an address the agent does not know or a pid on none of its GPUs,
+        ValueError for a bad duration."""
         if self.captures is None:
             raise LookupError("captures are off on this agent (no --capture-dir)")
         job = self._find_job(address, pid, gpu)
@@ -213,7 +214,13 @@ class Agent:
             return None
         pids = self.gpu_pids()
         if pid is not None:
-            return self.discovery.find(pid, pids.get(pid, []))
+            if pid not in pids:
+                # any other process on the host is none of this agent's business
+                raise TargetNotAllowed(
+                    f"pid {pid} is not a process on this host's GPUs (NVML lists "
+                    f"{', '.join(map(str, sorted(pids))) or 'none'}): the agent captures only the jobs on its "
+                    f"GPUs (`gpuscope jobs`) and the addresses it is configured with (--profiler, --serving)")
+            return self.discovery.find(pid, pids[pid])
         jobs = self.jobs()
         if address:
             found = next((j for j in jobs if j.address == address), None)
@@ -245,7 +252,7 @@ class Agent:
                     self.capture(cmd.duration_ms or 2000, pid=cmd.pid if cmd.HasField("pid") else None,
                                  trigger=cmd.id, gpu=cmd.gpu)
                     return
-                except LookupError as exc:
+                except (LookupError, TargetNotAllowed) as exc:      # e.g. the job left the GPU meanwhile
                     log.info("no profiler for the job: counter burst instead", gpu=cmd.gpu, reason=str(exc))
                     seconds = FALLBACK_BURST_S
             self.counter_burst(seconds, cmd.gpu, cmd.id)

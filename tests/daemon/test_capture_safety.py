@@ -381,6 +381,19 @@ def test_a_capture_of_an_address_the_agent_does_not_know_is_refused(agent_server
     assert not stub.ListCaptures(agent_pb2.ListCapturesRequest(), timeout=10).captures
 
 
+def test_a_capture_of_a_process_on_none_of_the_gpus_is_refused(agent_server):
+    """By pid, only a job on the agent's GPUs: this test process listens on
+    nothing the agent knows, and a pid is no way around that."""
+    stub, known, unknown, engine, caps = agent_server
+    for pid in (os.getpid(), 1):
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Capture(agent_pb2.CaptureRequest(pid=pid, duration_ms=100), timeout=10)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert f"pid {pid} is not a process on this host's GPUs" in err.value.details()
+    assert unknown.profiles == known.profiles == 0
+    assert not caps.exists() or not list(caps.iterdir())
+
+
 def test_configured_targets_are_captured(agent_server):
     stub, known, unknown, engine, caps = agent_server
     reply = stub.Capture(agent_pb2.CaptureRequest(jax_address=known.address, duration_ms=100), timeout=30)
