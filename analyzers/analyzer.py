@@ -396,6 +396,9 @@ class Analyzer:
                 row["finding_id"] = f["id"]
                 self._persist_findings([f])
             st.upsert_capture(row)
+            pair = self._verdict_pair(record, verdict, confidence, f)
+            if pair is not None:
+                st.upsert_verdict_pair(pair)
             d = self.policy.finished(record.trigger, record.id, record.status.startswith("ok"),
                                      f"{record.kind or 'capture'} {record.status}"
                                      + (f": {record.error}" if record.error else ""))
@@ -406,6 +409,27 @@ class Analyzer:
                                      verdict=verdict, record={k: v for k, v in row.items() if k != "summary"}))
             return row
         return self.writer.call(store).result(timeout=30)
+
+    def _verdict_pair(self, record, verdict: str | None, confidence: float, finding: dict | None) -> dict | None:
+        """What the counters said of the captured GPU when its trace landed,
+        beside what the trace said: the open finding's counters verdict, else
+        the GPU's latest window if it ended within the capture or just before
+        it. None without a trace verdict or a counters verdict to pair."""
+        if verdict is None or not record.gpus:
+            return None
+        gpu = finding["gpu"] if finding is not None else record.gpus[0]
+        if finding is not None:
+            said, sure = finding["counters_verdict"], finding["confidence"]
+        else:
+            st = self.gpus.get((record.host, gpu))
+            if st is None or not st.verdict or st.last_window_end is None or not (
+                    record.start - 2 * self.window_s <= st.last_window_end <= record.end + 2 * self.window_s):
+                return None
+            said, sure = st.verdict, st.confidence
+        return dict(capture_id=record.id, t=record.end or record.start, host=record.host, gpu=gpu,
+                    model=self._names.get((record.host, gpu), ""), counters_verdict=said, counters_confidence=sure,
+                    trace_verdict=verdict, trace_confidence=confidence,
+                    finding_id=finding["id"] if finding is not None else None)
 
     def sweep(self) -> Future:
         """Judge windows of GPUs that went quiet, and close their findings at

@@ -313,6 +313,18 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"finding_id: no finding {request.finding_id!r}")
         return apb.ReportResponse(json=json.dumps(_for_caller(report), default=str))
 
+    async def GetAccuracy(self, request, context):
+        try:
+            start = _finite(request.start, "start") if request.HasField("start") else None
+            end = _finite(request.end, "end") if request.HasField("end") else None
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+        def build() -> apb.AccuracyResponse:
+            rows = self.analyzer.store.verdict_pairs(start, end, request.host)
+            return apb.AccuracyResponse(pairs=[apb.VerdictPairs(**r) for r in rows])
+        return await self._query(build)
+
     def close(self) -> None:
         self._oncall.shutdown(wait=False, cancel_futures=True)
         self._captures.shutdown(wait=False, cancel_futures=True)

@@ -35,6 +35,8 @@ WINDOW_COLUMNS = ("host", "gpu", "start", "end", "verdict", "confidence", "flags
 FINDING_COLUMNS = ("id", "host", "gpu", "job", "verdict", "start", "end", "confidence",
                    "windows", "evidence", "flags", "summary", "alternatives", "decided_by",
                    "counters_verdict", "trace_verdict", "captures")
+VERDICT_PAIR_COLUMNS = ("capture_id", "t", "host", "gpu", "model", "counters_verdict", "counters_confidence",
+                        "trace_verdict", "trace_confidence", "finding_id")
 ANOMALY_COLUMNS = ("id", "t", "host", "gpu", "job", "kind", "kinds", "reason", "details", "finding_id")
 DECISION_COLUMNS = ("id", "t", "host", "gpu", "job", "anomaly_id", "action", "reason", "status", "capture_id", "updated")
 RECORD_TABLES = {"anomalies": ("kinds", "details"), "decisions": ()}
@@ -83,6 +85,11 @@ def _ddl() -> list[str]:
              gpus VARCHAR, job VARCHAR, start DOUBLE, "end" DOUBLE, duration_ms INTEGER, path VARCHAR,
              size_bytes UBIGINT, status VARCHAR, error VARCHAR, trigger VARCHAR, verdict VARCHAR,
              confidence DOUBLE, summary VARCHAR, finding_id VARCHAR, kind VARCHAR)""",
+        # Stated accuracy: what the counters said of a GPU when a trace of it landed, and what
+        # the trace said (analyzers/accuracy.py); one row per capture with a trace verdict.
+        """CREATE TABLE IF NOT EXISTS verdict_pairs (capture_id VARCHAR PRIMARY KEY, t DOUBLE, host VARCHAR,
+             gpu INTEGER, model VARCHAR, counters_verdict VARCHAR, counters_confidence DOUBLE,
+             trace_verdict VARCHAR, trace_confidence DOUBLE, finding_id VARCHAR)""",
         # Retention: samples older than the horizon, one row per GPU-minute (t: the minute's start).
         f"CREATE TABLE IF NOT EXISTS samples_1m (\n  host VARCHAR NOT NULL,\n  gpu INTEGER NOT NULL,\n"
         f"  t DOUBLE NOT NULL,\n  samples BIGINT NOT NULL,\n  {metric_cols}\n)",
@@ -438,14 +445,14 @@ class Store:
 
     def prune_history(self, horizon: float) -> dict:
         """The long horizon: per-minute rollups, closed findings, anomalies,
-        decisions and captures older than it."""
+        decisions, captures and verdict pairs older than it."""
         con = self._con
         out = {}
         self.begin()
         try:
             for table, where in (("samples_1m", "t < ?"), ("findings", '"end" IS NOT NULL AND "end" < ?'),
                                  ("anomalies", "t < ?"), ("decisions", "coalesce(updated, t) < ?"),
-                                 ("captures", 'coalesce("end", start) < ?')):
+                                 ("captures", 'coalesce("end", start) < ?'), ("verdict_pairs", "t < ?")):
                 out[f"{table}_deleted"] = int(con.execute(f"DELETE FROM {table} WHERE {where}",
                                                           [horizon]).fetchall()[0][0])
             self.commit()
@@ -453,6 +460,24 @@ class Store:
             self.rollback()
             raise
         return out
+
+    def upsert_verdict_pair(self, row: dict) -> None:
+        self._rows("verdict_pairs", VERDICT_PAIR_COLUMNS, [tuple(row.get(k) for k in VERDICT_PAIR_COLUMNS)],
+                   replace=True)
+
+    def verdict_pairs(self, start: float | None = None, end: float | None = None, host: str = "") -> list[dict]:
+        """(model, counters_verdict, trace_verdict, pairs) over [start, end]."""
+        where, args = _where_host_gpu([], [], host, None)
+        if start is not None:
+            where.append("t >= ?")
+            args.append(start)
+        if end is not None:
+            where.append("t <= ?")
+            args.append(end)
+        sql = ("SELECT coalesce(model, '') AS model, counters_verdict, trace_verdict, count(*) AS pairs "
+               "FROM verdict_pairs" + (" WHERE " + " AND ".join(where) if where else "")
+               + " GROUP BY ALL ORDER BY model, counters_verdict, trace_verdict")
+        return _dicts(self.reader().execute(sql, args))
 
     def upsert_gpu_state(self, rows: Sequence[tuple]) -> None:
         self._rows("gpu_state", self.GPU_STATE_COLUMNS, rows, replace=True)

@@ -18,6 +18,7 @@ from gpuscope.collectors.xspace_reader import TraceError
 
 from . import clients, logs
 from .cliutil import VERDICTS, UsageError, default_db, duration, positive_int
+from .cmd_accuracy import cmd_accuracy
 from .cmd_certs import add_certs_parser
 from .cmd_offline import cmd_classify, cmd_metrics, cmd_trace_summarize
 from .cmd_oncall import (cmd_capture, cmd_captures, cmd_findings, cmd_jobs, cmd_query, cmd_records, cmd_report,
@@ -177,6 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
     server_args(sp)
     sp.add_argument("--context", type=duration, default=None, help="before/after window (default: the episode's length)")
     sp.set_defaults(fn=cmd_report)
+
+    sp = sub.add_parser("accuracy", help="how often counters verdicts agreed with the traces taken at the time")
+    server_args(sp)
+    sp.add_argument("--host", default="", help="one host (default: the fleet)")
+    sp.add_argument("--since", type=duration, default=None, help="pairs from this long ago (default: all kept)")
+    sp.set_defaults(fn=cmd_accuracy)
 
     sp = sub.add_parser("jobs", help="JAX/XLA jobs on an agent's GPUs that expose a profiler server")
     server_args(sp)

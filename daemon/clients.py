@@ -147,6 +147,20 @@ def status(server: str, host: str = "", gpu_limit: int = 0, *, security: ClientS
     return _call(server, fn, security=security)
 
 
+def accuracy(server: str, start: float | None = None, end: float | None = None, host: str = "", *,
+             security: ClientSecurity = INSECURE) -> list[dict]:
+    """Verdict pairs counted by (model, counters_verdict, trace_verdict)."""
+    req = apb.AccuracyRequest(host=host)
+    if start is not None:
+        req.start = start
+    if end is not None:
+        req.end = end
+    resp = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).GetAccuracy(req, timeout=t),
+                 security=security)
+    return [dict(model=p.model, counters_verdict=p.counters_verdict, trace_verdict=p.trace_verdict,
+                 pairs=p.pairs) for p in resp.pairs]
+
+
 def findings(server: str, host: str = "", gpu: int | None = None, verdicts: list[str] | None = None,
              start: float | None = None, end: float | None = None, open_only: bool = False,
              limit: int = 1000, *, security: ClientSecurity = INSECURE) -> list[dict]:

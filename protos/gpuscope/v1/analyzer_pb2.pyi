@@ -77,6 +77,34 @@ class RecordsResponse(_message.Message):
     json: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, json: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class AccuracyRequest(_message.Message):
+    __slots__ = ("start", "end", "host")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    start: float
+    end: float
+    host: str
+    def __init__(self, start: _Optional[float] = ..., end: _Optional[float] = ..., host: _Optional[str] = ...) -> None: ...
+
+class VerdictPairs(_message.Message):
+    __slots__ = ("model", "counters_verdict", "trace_verdict", "pairs")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_VERDICT_FIELD_NUMBER: _ClassVar[int]
+    TRACE_VERDICT_FIELD_NUMBER: _ClassVar[int]
+    PAIRS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    counters_verdict: str
+    trace_verdict: str
+    pairs: int
+    def __init__(self, model: _Optional[str] = ..., counters_verdict: _Optional[str] = ..., trace_verdict: _Optional[str] = ..., pairs: _Optional[int] = ...) -> None: ...
+
+class AccuracyResponse(_message.Message):
+    __slots__ = ("pairs",)
+    PAIRS_FIELD_NUMBER: _ClassVar[int]
+    pairs: _containers.RepeatedCompositeFieldContainer[VerdictPairs]
+    def __init__(self, pairs: _Optional[_Iterable[_Union[VerdictPairs, _Mapping]]] = ...) -> None: ...
+
 class ReportRequest(_message.Message):
     __slots__ = ("finding_id", "context_seconds")
     FINDING_ID_FIELD_NUMBER: _ClassVar[int]

@@ -91,6 +91,11 @@ class AnalyzerStub:
                 request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.ReportRequest.SerializeToString,
                 response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.ReportResponse.FromString,
                 _registered_method=True)
+        self.GetAccuracy = channel.unary_unary(
+                '/gpuscope.v1.Analyzer/GetAccuracy',
+                request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.AccuracyRequest.SerializeToString,
+                response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.AccuracyResponse.FromString,
+                _registered_method=True)
 
 
 class AnalyzerServicer:
@@ -171,6 +176,13 @@ class AnalyzerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetAccuracy(self, request, context):
+        """Stated accuracy: counters verdicts against the verdicts of traces taken at the time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AnalyzerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -228,6 +240,11 @@ def add_AnalyzerServicer_to_server(servicer, server):
                     servicer.Report,
                     request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.ReportRequest.FromString,
                     response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.ReportResponse.SerializeToString,
+            ),
+            'GetAccuracy': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAccuracy,
+                    request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.AccuracyRequest.FromString,
+                    response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.AccuracyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -528,6 +545,33 @@ class Analyzer:
             '/gpuscope.v1.Analyzer/Report',
             gpuscope_dot_v1_dot_analyzer__pb2.ReportRequest.SerializeToString,
             gpuscope_dot_v1_dot_analyzer__pb2.ReportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAccuracy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuscope.v1.Analyzer/GetAccuracy',
+            gpuscope_dot_v1_dot_analyzer__pb2.AccuracyRequest.SerializeToString,
+            gpuscope_dot_v1_dot_analyzer__pb2.AccuracyResponse.FromString,
             options,
             channel_credentials,
             insecure,
