@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+from gpuscope.analyzers.accuracy import summarize
 from gpuscope.collectors import catalogue as cat
 
 from . import clients
@@ -54,6 +55,10 @@ def cmd_findings(ns) -> int:
     start, end = _time_range(ns)
     rows = clients.findings(ns.server, ns.host or "", ns.gpu, ns.verdict, start, end, ns.open, ns.limit,
                            security=client_security(ns))
+    measured = _measured_precision(ns, rows)
+    for f in rows:
+        if f["counters_verdict"] in measured:
+            f["counters_precision"] = measured[f["counters_verdict"]]
     if ns.json:
         print_json({"findings": rows})
         return 0
@@ -61,10 +66,26 @@ def cmd_findings(ns) -> int:
         print("no findings")
     for f in rows:
         end_s = "open" if f["end"] is None else time.strftime("%H:%M:%S", time.localtime(f["end"]))
+        p = f.get("counters_precision")
+        trust = f" (counters' {f['counters_verdict']} measured right {100 * p['precision']:.0f} % of " \
+                f"{p['pairs']} traces)" if p else ""
         print(f"{f['id']} {f['host']}/gpu{f['gpu']} {f['verdict']:<20} "
               f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(f['start']))} -> {end_s} "
-              f"conf {f['confidence']:.2f} {','.join(f['flags'])}\n    {f['summary']}")
+              f"conf {f['confidence']:.2f}{trust} {','.join(f['flags'])}\n    {f['summary']}")
     return 0
+
+
+def _measured_precision(ns, rows: list[dict]) -> dict[str, dict]:
+    """Each counters verdict's precision against traces, where enough pairs
+    exist (gpuscope accuracy); {} from an analyzer that does not keep them."""
+    if not rows:
+        return {}
+    try:
+        pairs = clients.accuracy(ns.server, host=ns.host or "", security=client_security(ns))
+    except clients.ClientError:        # an older analyzer, or a caller without the role: findings alone
+        return {}
+    return {v: dict(precision=b["precision"], pairs=b["pairs"])
+            for v, b in summarize(pairs)["per_verdict"].items() if b["enough"]}
 
 
 def cmd_query(ns) -> int:

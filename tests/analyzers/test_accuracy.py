@@ -67,3 +67,22 @@ def test_precision_is_stated_only_with_enough_pairs():
                       dict(model="m", counters_verdict="memory-bound", trace_verdict="compute-bound", pairs=MIN_PAIRS)])
     assert many["per_verdict"]["memory-bound"]["precision"] == 0.5 and many["per_verdict"]["memory-bound"]["enough"]
     assert many["matrix"] == {"memory-bound": {"memory-bound": MIN_PAIRS, "compute-bound": MIN_PAIRS}}
+
+
+def test_findings_show_the_measured_precision_of_their_counters_verdict(fixture_dir, tmp_path):
+    srv = AnalyzerServer(tmp_path / "prec.duckdb")
+    try:
+        a = srv.analyzer
+        a.writer.call(lambda st: a._record([("h1", _window(0, "compute-bound"), "pid:1 a")])).result()
+        for i in range(MIN_PAIRS):          # ten traces of compute-bound GPUs, eight of them agree
+            a.store.upsert_verdict_pair(dict(capture_id=f"p{i}", t=100.0 + i, host="h1", gpu=0, model="NVIDIA H200",
+                                             counters_verdict="compute-bound", counters_confidence=0.9,
+                                             trace_verdict="compute-bound" if i < 8 else "memory-bound",
+                                             trace_confidence=0.9, finding_id=None))
+        cli = [sys.executable, "-m", "gpuscope.daemon.cli", "findings", "--server", srv.target, "--insecure"]
+        out = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+        assert "(counters' compute-bound measured right 80 % of 10 traces)" in out.stdout, out.stdout + out.stderr
+        js = json.loads(subprocess.run(cli + ["--json"], capture_output=True, text=True, timeout=60).stdout)
+        assert js["findings"][0]["counters_precision"] == {"precision": 0.8, "pairs": 10}
+    finally:
+        srv.stop()
