@@ -75,7 +75,7 @@ def classify_many(windows: Sequence[Window], matrix: np.ndarray | None = None) -
     runner = np.nan_to_num(second, nan=0.0)
     with np.errstate(invalid="ignore", divide="ignore"):
         confidence = np.where(best > 0, best * (1.0 - 0.5 * runner / best), 0.0)
-    confidence = np.round(np.clip(confidence, 0.0, 1.0), 3).tolist()
+    confidence = [round(c, 3) for c in np.clip(confidence, 0.0, 1.0).tolist()]   # Python's: correctly rounded
     has_runner = (np.nan_to_num(second, nan=0.0) > 0).tolist()
     flagged = [(name, on.tolist()) for name, on in flags.evaluate(f)]
     act = activity(f).tolist()

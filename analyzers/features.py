@@ -37,7 +37,7 @@ class Window:
     end: float
     samples: int
     features: dict[str, float]          # only the ones that could be computed
-    evidence: dict[str, float] | None = None   # the features rounded for display; None: round on demand
+    evidence: dict[str, float] | None = None   # as shown; compute_windows' features are already rounded
 
     def get(self, name: str) -> float | None:
         return self.features.get(name)
@@ -157,7 +157,11 @@ def _first_known(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def feature_matrix(s: Stack) -> np.ndarray:
-    """(K windows x FEATURES), NaN = not computable."""
+    """(K windows x FEATURES), NaN = not computable, rounded to
+    EVIDENCE_DECIMALS: rules judge exactly the numbers the evidence shows,
+    and a mean's last bit, which depends on the order of the additions
+    (per window or stacked, samples in or out of order), can never move a
+    window across a rule's threshold (a whole-percent util of 0.40 is 0.40)."""
     x = _Stacked(s)
     f: dict[str, np.ndarray] = {}
     f["util_gpu_ratio"] = x.mean("util_gpu_ratio")
@@ -190,7 +194,8 @@ def feature_matrix(s: Stack) -> np.ndarray:
     f["thermal_throttled_time_ratio"] = np.minimum(therm, 1.0)
     f["power_reason_sample_ratio"] = x.bits_fraction(POWER_REASONS)
     f["thermal_reason_sample_ratio"] = x.bits_fraction(THERMAL_REASONS)
-    return np.column_stack([f[n] for n in FEATURES]) if x.k else np.empty((0, len(FEATURES)))
+    m = np.column_stack([f[n] for n in FEATURES]) if x.k else np.empty((0, len(FEATURES)))
+    return np.round(m, EVIDENCE_DECIMALS)
 
 
 def compute_windows(s: Stack, matrix: np.ndarray | None = None) -> list[Window | None]:
@@ -198,16 +203,14 @@ def compute_windows(s: Stack, matrix: np.ndarray | None = None) -> list[Window |
     caller has it); None for one without an activity reading (neither
     util_gpu nor GPM SM activity)."""
     m = feature_matrix(s) if matrix is None else matrix
-    rounded = np.round(m, EVIDENCE_DECIMALS)
     counts = np.diff(np.append(s.offsets, len(s.t))).tolist()
     out: list[Window | None] = []
-    for k, (row, rrow) in enumerate(zip(m.tolist(), rounded.tolist())):
+    for k, row in enumerate(m.tolist()):
         if row[0] != row[0] and row[2] != row[2]:       # util_gpu_ratio, sm_util_ratio
             out.append(None)
             continue
-        out.append(Window(int(s.gpu[k]), float(s.start[k]), float(s.end[k]), counts[k],
-                          {n: v for n, v in zip(FEATURES, row) if v == v},
-                          {n: v for n, v in zip(FEATURES, rrow) if v == v}))
+        features = {n: v for n, v in zip(FEATURES, row) if v == v}
+        out.append(Window(int(s.gpu[k]), float(s.start[k]), float(s.end[k]), counts[k], features, features))
     return out
 
 

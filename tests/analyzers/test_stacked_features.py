@@ -88,3 +88,21 @@ def test_samples_out_of_order_in_a_window_are_put_in_time_order():
     shuffled = compute_window(0, t[0], t[0] + 6, t[order], Columns.from_dict({k: v[order] for k, v in cols.items()}, 6))
     assert shuffled.features["pcie_bytes_per_second"] == pytest.approx(2e9)
     assert shuffled.features == in_order.features
+
+
+def test_the_order_of_a_windows_samples_cannot_move_its_verdict():
+    """A mean's last bit depends on the order of the additions; rules judge
+    the rounded features, so whole-percent readings at a threshold (0.25,
+    0.04, 0.91 average to 0.40, idle's ramp edge) judge the same in any order."""
+    import itertools
+
+    from gpuscope.analyzers.classify import classify
+    t = np.arange(3.0) + 1.7e9
+    util = np.array([0.25, 0.04, 0.91])
+    seen = set()
+    for order in itertools.permutations(range(3)):
+        o = list(order)
+        w = compute_window(0, t[0], t[0] + 5, t, Columns.from_dict({"util_gpu_ratio": util[o]}, 3))
+        c = classify(w)
+        seen.add((w.features["util_gpu_ratio"], c.verdict, c.confidence, c.summary))
+    assert len(seen) == 1 and next(iter(seen))[0] == 0.4
