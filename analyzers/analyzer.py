@@ -101,7 +101,7 @@ class Analyzer:
         self._snapshot_at = -math.inf
         last_windows = self._restore_gpus()
         self.findings = FindingsTracker(self.window_s, max_gap_s=self.stale_after_s)
-        self.findings.load(self.store.open_findings(), last_windows)
+        self.findings.load(self._recounted(self.store.open_findings()), last_windows)
         self._findings_dirty: dict[str, dict] = {}     # open findings extended since they were written
         # what the store holds of each open finding: a change of these is written at once
         self._findings_stored = {f["id"]: (f["verdict"], f["decided_by"]) for f in self.findings.open.values()}
@@ -159,6 +159,18 @@ class Analyzer:
             st.last_arrival = (host_seen.get(key[0]) or (d or {}).get("last_seen")
                                or (snap or {}).get("last_arrival") or 0.0)
         return ends
+
+    def _recounted(self, findings: list[dict]) -> list[dict]:
+        """Open findings with the windows stored after their row was last
+        written counted in (their confidence too; the evidence means stay as
+        written): a kill -9 loses no window from an episode's count."""
+        extra = self.store.windows_after(findings)
+        for f in findings:
+            n, conf = extra.get(f["id"], (0, 0.0))
+            if n:
+                f["confidence"] = round((f["confidence"] * f["windows"] + conf) / (f["windows"] + n), 3)
+                f["windows"] += n
+        return findings
 
     def _snapshot(self, now: float, force: bool = False) -> None:
         """Writes the state of the GPUs that changed (writer thread), at most
@@ -530,7 +542,8 @@ class Analyzer:
         f = self.findings.open.get((row["host"], row["gpu"]))
         if f is None or f["id"] != row["id"]:
             return row
-        return {**row, **{k: f[k] for k in FINDING_COLUMNS if k in f}, "evidence": self.findings.evidence_of(f)}
+        return {**row, **{k: f[k] for k in FINDING_COLUMNS if k in f}, "evidence": self.findings.evidence_of(f),
+                "absorbed_until": f.get("last_window_end")}
 
     def list_findings(self, **query) -> list[dict]:
         """Store.findings(**query), open findings as they are now."""

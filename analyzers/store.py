@@ -19,9 +19,10 @@ from gpuscope.collectors import catalogue as cat
 
 from .seqset import SeqSet
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Columns added after a table first shipped: files created earlier gain them on open.
-ADDED_COLUMNS = {"findings": ("counters_verdict", "trace_verdict", "captures"),   # 2: captures refine findings
+ADDED_COLUMNS = {"findings": ("counters_verdict", "trace_verdict", "captures",     # 2: captures refine findings
+                              "absorbed_until DOUBLE"),       # 5: the last window end the row's numbers hold
                  "captures": ("kind",),                                          # 3: capture kinds
                  "agents": ("committed",)}                                       # 4: exact committed seqs
 AGGREGATES = {"mean": "avg({m})", "min": "min({m})", "max": "max({m})",
@@ -34,7 +35,7 @@ HEALTH_COLUMNS = ("host", "gpu", "t", "kind", "detail", "code")
 WINDOW_COLUMNS = ("host", "gpu", "start", "end", "verdict", "confidence", "flags", "summary")
 FINDING_COLUMNS = ("id", "host", "gpu", "job", "verdict", "start", "end", "confidence",
                    "windows", "evidence", "flags", "summary", "alternatives", "decided_by",
-                   "counters_verdict", "trace_verdict", "captures")
+                   "counters_verdict", "trace_verdict", "captures", "absorbed_until")
 VERDICT_PAIR_COLUMNS = ("capture_id", "t", "host", "gpu", "model", "counters_verdict", "counters_confidence",
                         "trace_verdict", "trace_confidence", "finding_id")
 ANOMALY_COLUMNS = ("id", "t", "host", "gpu", "job", "kind", "kinds", "reason", "details", "finding_id")
@@ -147,8 +148,9 @@ class Store:
             have = {r[0] for r in con.execute(
                 "SELECT column_name FROM information_schema.columns WHERE table_name = ?", [table]).fetchall()}
             for col in cols:
-                if col not in have:
-                    con.execute(f"ALTER TABLE {table} ADD COLUMN {col} VARCHAR")
+                name, _, kind = col.partition(" ")
+                if name not in have:
+                    con.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind or 'VARCHAR'}")
         con.execute("DELETE FROM metrics")
         con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?)",
                         [(m.name, m.unit, m.kind.value, m.help) for m in cat.METRICS])
@@ -254,14 +256,19 @@ class Store:
 
     def means(self, host: str, gpu: int, start: float, end: float, metrics: Sequence[str]) -> dict:
         """Mean of each metric for one GPU over [start, end), and the sample
-        count; minutes already rolled up count with their sample counts."""
+        count; minutes already rolled up count with their sample counts (a
+        minute's mean weighs as many samples as the minute had, whether or
+        not a slow metric was read in each)."""
         ms = [m for m in metrics if m in cat.BY_NAME]
         cols = ", ".join(f'"{m}"' for m in ms)
         where = "host = ? AND gpu = ? AND t >= ? AND t < ?"
         args: list = [host, gpu, start, end]
         source = f"SELECT {cols}{', ' if ms else ''}1 AS n FROM samples WHERE {where}"
         if self._rolled_up_before(start):
-            source += f" UNION ALL SELECT {cols}{', ' if ms else ''}samples AS n FROM samples_1m WHERE {where}"
+            # a minute counts where its middle falls: a row's t is its minute's start,
+            # and a finding of 12:00:10-12:00:40 must not see its minute as "before"
+            source += (f" UNION ALL SELECT {cols}{', ' if ms else ''}samples AS n FROM samples_1m "
+                       "WHERE host = ? AND gpu = ? AND t + 30 >= ? AND t + 30 < ?")
             args = args + args
         means = "".join(f', sum("{m}" * n) / sum(CASE WHEN "{m}" IS NOT NULL THEN n END) AS "{m}"' for m in ms)
         row = self.reader().execute(f"SELECT CAST(coalesce(sum(n), 0) AS BIGINT) AS samples{means} FROM ({source})",
@@ -275,6 +282,26 @@ class Store:
 
     def open_findings(self) -> list[dict]:
         return _findings(self._con.execute('SELECT * FROM findings WHERE "end" IS NULL'))
+
+    def windows_after(self, findings: list[dict]) -> dict[str, tuple[int, float]]:
+        """For open findings written before their latest windows (an extended
+        finding is written every 30 s, a kill -9 comes at any time): the
+        windows of each one's GPU that started at or after `absorbed_until`,
+        as (count, sum of confidences), by finding id."""
+        marks = [(f["id"], f["host"], f["gpu"], f["absorbed_until"]) for f in findings
+                 if f.get("absorbed_until") is not None]
+        if not marks:
+            return {}
+        self._con.register("_marks", pa.table(dict(zip(("id", "host", "gpu", "absorbed_until"), zip(*marks)))))
+        try:
+            rows = self._con.execute(
+                # the constant lower bound lets DuckDB skip the older row groups of windows
+                "SELECT m.id, count(*), sum(w.confidence) FROM windows w JOIN _marks m "
+                "ON w.host = m.host AND w.gpu = m.gpu AND w.start >= m.absorbed_until "
+                "WHERE w.start >= ? GROUP BY m.id", [min(m[3] for m in marks)]).fetchall()
+        finally:
+            self._con.unregister("_marks")
+        return {r[0]: (int(r[1]), float(r[2] or 0.0)) for r in rows}
 
     def devices(self) -> list[dict]:
         return _dicts(self._con.execute("SELECT * FROM devices"))
@@ -564,7 +591,9 @@ def _findings(cur: Any) -> list[dict]:
 
 
 def finding_row(f: dict) -> tuple:
-    return tuple(_json(f.get(k)) if k in _JSON_FIELDS else f.get(k) for k in FINDING_COLUMNS)
+    """The stored row; `absorbed_until` is the last window the numbers hold."""
+    return tuple(_json(f.get(k)) if k in _JSON_FIELDS else
+                 f.get("last_window_end") if k == "absorbed_until" else f.get(k) for k in FINDING_COLUMNS)
 
 
 def _json(v: Any) -> str:

@@ -308,3 +308,40 @@ def test_status_lists_the_gpus_asked_for_and_counts_the_whole_fleet(tmp_path):
         assert a.status(host="nope")["gpus"] == [] and len(a.status()["gpus"]) == 6
     finally:
         a.close()
+
+
+KILLED = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+from tests.analyzers.test_lifecycle import Clock, _analyzer, _feed, _findings, MEMORY, T0
+clock = Clock(T0)
+a = _analyzer({path!r}, clock)
+_feed(a, clock, "h", {{0: MEMORY}}, T0, 4)
+a.sweep().result(timeout=10)                      # a snapshot: the row holds 3 windows
+_feed(a, clock, "h", {{0: MEMORY}}, T0 + 4, 8, seq0=5)
+print(_findings(a, "h", 0)[0]["windows"], flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_after_a_kill_the_resumed_finding_counts_every_stored_window(tmp_path):
+    """Extended findings reach the store every 30 s; a kill -9 in between
+    must not lose windows from the episode's count once it resumes."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    path = tmp_path / "k.duckdb"
+    root = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.run([sys.executable, "-c", KILLED.format(root=root, path=str(path))],
+                          capture_output=True, text=True, timeout=120, cwd=root)
+    assert proc.returncode == -9, proc.stderr
+    live = int(proc.stdout.split()[-1])
+    clock = Clock(T0 + 13)
+    b = _analyzer(path, clock)
+    try:
+        [stored] = b.store.findings(host="h", gpu=0)
+        assert stored["windows"] < live == 11                   # the row lagged when the process died
+        [f] = _findings(b, "h", 0)
+        assert f["windows"] == live and f["end"] is None        # every stored window counted again
+    finally:
+        b.close()
