@@ -3,6 +3,7 @@ one line and an exit status. Only `main` exits."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import socket
 import sys
@@ -201,9 +202,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+SERVERS = ("analyzer", "agent", "up")
+_served = False          # main() ran a server: run() skips the interpreter's teardown
+
+
+def run() -> None:
+    """The `gpuscope` command. A server that has stopped cleanly (batches
+    committed, streams answered, logs written) leaves without the
+    interpreter's teardown: there, gRPC's asyncio threads are killed inside
+    native code and can abort the process ("terminate called after throwing
+    an instance of ''", grpc/grpc#38679), which would make a clean stop look
+    like a crash to systemd."""
+    rc = main()
+    if _served:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    sys.exit(rc)
+
+
 def main(argv: list[str] | None = None) -> int:
+    global _served
     ns = build_parser().parse_args(argv)
     logs.configure(ns.log_level, ns.json_logs)
+    _served = ns.command in SERVERS
     try:
         return ns.fn(ns)
     except (UsageError, ValueError, RecordingError, TraceError, SourceUnavailable, ListenError,
@@ -218,4 +241,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
