@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from .features import FEATURE_INDEX, FEATURES, Window
-from .rules import RULES, flags
+from .rules import RULES, flags, transitional
 from .rules.common import activity, starved
 
 
@@ -75,9 +75,12 @@ def classify_many(windows: Sequence[Window], matrix: np.ndarray | None = None) -
     runner = np.nan_to_num(second, nan=0.0)
     with np.errstate(invalid="ignore", divide="ignore"):
         confidence = np.where(best > 0, best * (1.0 - 0.5 * runner / best), 0.0)
+    mixed = transitional.evaluate(f)
+    confidence = np.where(mixed, np.minimum(confidence, transitional.CONFIDENCE), confidence)
     confidence = [round(c, 3) for c in np.clip(confidence, 0.0, 1.0).tolist()]   # Python's: correctly rounded
+    mixed = mixed.tolist()
     has_runner = (np.nan_to_num(second, nan=0.0) > 0).tolist()
-    flagged = [(name, on.tolist()) for name, on in flags.evaluate(f)]
+    flagged = [(name, on.tolist()) for name, on in flags.evaluate(f)] + [(transitional.TRANSITIONAL, mixed)]
     act = activity(f).tolist()
     starv = starved(f).tolist()
     out = []
@@ -87,7 +90,12 @@ def classify_many(windows: Sequence[Window], matrix: np.ndarray | None = None) -
         evidence["samples"] = float(w.samples)
         out.append(Classification(
             gpu=w.gpu, start=w.start, end=w.end, verdict=rule.VERDICT, confidence=confidence[k],
-            summary=rule.describe(w), evidence=evidence, flags=[name for name, on in flagged if on[k]],
+            summary=rule.describe(w) + (_shift_words(w) if mixed[k] else ""), evidence=evidence, flags=[name for name, on in flagged if on[k]],
             alternatives=rule.ALTERNATIVES, runner_up=runner_rule.VERDICT if has_runner[k] else None,
             activity=None if act[k] != act[k] else act[k], starved=starv[k]))
     return out
+
+
+def _shift_words(w: Window) -> str:
+    return (f"; transitional: GPU activity moved {100 * (w.get('activity_shift_ratio') or 0):.0f} points "
+            "inside the window, which straddles a change of regime")

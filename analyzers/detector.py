@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from .classify import Classification, FeatureSet
 from .rules.common import HOST, IDLE, LAUNCH, activity, starved
+from .rules.transitional import TRANSITIONAL
 
 BOTTLENECK, ACTIVITY_DROP, STARVED_RISE, THROTTLE = "bottleneck-changed", "activity-drop", "host-starved-rise", "throttle"
 DEEP_KINDS = (BOTTLENECK, ACTIVITY_DROP, STARVED_RISE)
@@ -93,6 +94,10 @@ class Detector:
         self._gpus: dict[tuple[str, int], _GpuState] = {}
 
     def observe(self, host: str, c: Classification, job: str, finding_id: str | None = None) -> Anomaly | None:
+        """A transitional window is neither compared nor remembered: its
+        means describe neither regime."""
+        if TRANSITIONAL in c.flags:
+            return None
         cfg = self.config
         if c.starved is None:          # a classification made by hand: its signals from its evidence
             f = FeatureSet.from_evidence(c.evidence)

@@ -28,6 +28,7 @@ THERMAL_REASONS = SW_THERMAL | HW_THERMAL | HW_SLOWDOWN
 _LANE = np.zeros(max(PCIE_LANE_BYTES_PER_S) + 1)
 _LANE[list(PCIE_LANE_BYTES_PER_S)] = list(PCIE_LANE_BYTES_PER_S.values())
 EVIDENCE_DECIMALS = 6
+MIN_SIDE = 0.2             # a regime inside a window: at least this share of its samples on each side
 
 
 @dataclass
@@ -84,7 +85,7 @@ FEATURES = ("util_gpu_ratio", "util_mem_ratio", "sm_util_ratio", "sm_occupancy_r
             "pcie_bytes_per_second", "nvlink_bytes_per_second", "interconnect_bytes_per_second",
             "pcie_link_util_ratio", "power_watts", "power_limit_ratio", "sm_clock_hertz",
             "power_capped_time_ratio", "thermal_throttled_time_ratio", "power_reason_sample_ratio",
-            "thermal_reason_sample_ratio")
+            "thermal_reason_sample_ratio", "activity_shift_ratio")
 FEATURE_INDEX = {n: i for i, n in enumerate(FEATURES)}
 
 
@@ -132,6 +133,44 @@ class _Stacked:
         span = np.bincount(pair_seg, weights=dt[good], minlength=self.k)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(span > 0, total / span, np.nan)
+
+    def activity_shift(self) -> np.ndarray:
+        """How far the GPU's activity moved inside each window: the two
+        means of the best split of its samples into a before and an after
+        (the split that explains most of their variance, each side at least
+        MIN_SIDE of the samples and 2 of them), as |after - before|; NaN
+        with too few samples. A job that steps from idle to busy mid-window
+        shifts by ~0.9; a bursty job whose busy and idle samples interleave
+        does not shift, whatever its spread."""
+        sm, util = self.column("gpm_sm_util_ratio"), self.column("util_gpu_ratio")
+        a = sm if sm is not None else util
+        if a is None:
+            return self.none
+        if sm is not None and util is not None:
+            a = np.where(np.isnan(sm), util, sm)
+        ok = np.flatnonzero(~np.isnan(a))
+        if not len(ok):
+            return self.none
+        v, seg = a[ok], self.seg[ok]
+        n = np.bincount(seg, minlength=self.k)
+        first = np.concatenate(([0], np.cumsum(n)[:-1]))          # each window's first valid row
+        csum = np.cumsum(v)
+        before_seg = np.concatenate(([0.0], csum))[first][seg]     # sum of earlier windows' rows
+        left_sum = csum - before_seg
+        left_n = np.arange(len(v)) - first[seg] + 1
+        n_row = n[seg]
+        right_n = n_row - left_n
+        side = np.maximum(2, np.ceil(MIN_SIDE * n_row))
+        total = (np.bincount(seg, weights=v, minlength=self.k))[seg]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            diff = (total - left_sum) / right_n - left_sum / left_n
+            explained = np.where((left_n >= side) & (right_n >= side), left_n * right_n / n_row * diff * diff, -1.0)
+        best = np.full(self.k, -1.0)
+        np.maximum.at(best, seg, explained)
+        pick = (explained == best[seg]) & (explained >= 0)
+        out = np.full(self.k, np.nan)
+        out[seg[pick]] = np.abs(diff[pick])
+        return out
 
     def bits_fraction(self, mask: int) -> np.ndarray:
         v = self.column("clock_event_reasons")
@@ -194,6 +233,7 @@ def feature_matrix(s: Stack) -> np.ndarray:
     f["thermal_throttled_time_ratio"] = np.minimum(therm, 1.0)
     f["power_reason_sample_ratio"] = x.bits_fraction(POWER_REASONS)
     f["thermal_reason_sample_ratio"] = x.bits_fraction(THERMAL_REASONS)
+    f["activity_shift_ratio"] = x.activity_shift()
     m = np.column_stack([f[n] for n in FEATURES]) if x.k else np.empty((0, len(FEATURES)))
     return np.round(m, EVIDENCE_DECIMALS)
 

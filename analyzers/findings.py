@@ -29,6 +29,7 @@ import uuid
 from .classify import Classification
 from .detector import family
 from .rules.common import IDLE
+from .rules.transitional import TRANSITIONAL
 
 TRACE_DECIDES_AT = 0.5      # a trace verdict below this confidence is recorded, not adopted
 
@@ -58,7 +59,11 @@ class FindingsTracker:
             self._votes[f["id"]] = collections.Counter({f["counters_verdict"]: f["windows"]})
 
     def observe(self, host: str, c: Classification, job: str) -> list[dict]:
-        """Returns the findings that changed (closed, opened or extended)."""
+        """Returns the findings that changed (closed, opened or extended).
+        A transitional window (rules/transitional.py) changes none: the
+        windows on either side of the change say what each regime is."""
+        if TRANSITIONAL in c.flags:
+            return []
         key = (host, c.gpu)
         cur = self.open.get(key)
         changed = []

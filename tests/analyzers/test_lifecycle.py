@@ -345,3 +345,20 @@ def test_after_a_kill_the_resumed_finding_counts_every_stored_window(tmp_path):
         assert f["windows"] == live and f["end"] is None        # every stored window counted again
     finally:
         b.close()
+
+
+def test_a_transitional_window_neither_opens_nor_closes_a_finding():
+    """Seen in a trial: a launch-bound finding at confidence 1.00 opened on
+    the window of an idle -> matmul boundary. That window is transitional now,
+    and only the windows on either side of the change move findings."""
+    tracker = FindingsTracker(window_s=5.0, max_gap_s=15.0)
+    w = lambda start, verdict, flags=(): Classification(gpu=0, start=start, end=start + 5, verdict=verdict,  # noqa: E731
+                                                        confidence=0.9, summary=verdict, evidence={"x": 1.0},
+                                                        flags=list(flags))
+    assert tracker.observe("h", w(100.0, "idle"), "") == []
+    assert tracker.observe("h", w(105.0, "launch-bound", ["transitional"]), "") == []
+    [opened] = tracker.observe("h", w(110.0, "compute-bound"), "")
+    assert opened["verdict"] == "compute-bound" and opened["start"] == 110.0
+    assert tracker.observe("h", w(115.0, "memory-bound", ["transitional"]), "") == []
+    [extended] = tracker.observe("h", w(120.0, "compute-bound"), "")
+    assert extended["windows"] == 2 and extended["end"] is None

@@ -1,5 +1,6 @@
 """Rules on hand-made windows: the reasoning holds beyond the one recording."""
 import numpy as np
+import pytest
 
 from gpuscope.analyzers.classify import classify
 from gpuscope.analyzers.features import Columns, compute_window
@@ -59,3 +60,26 @@ def test_window_without_activity_readings_is_not_classified():
 def test_every_catalogue_unit_is_declared():
     assert all(m.unit and m.kind in cat.Kind for m in cat.METRICS)
     assert len(cat.NAMES) == len(set(cat.NAMES))
+
+
+def test_a_window_straddling_idle_to_busy_is_transitional_not_starved():
+    """One idle second then busy ones average into "starved by the host";
+    the window is marked transitional, with low confidence, instead."""
+    util = [0.0, 0.0, 0.0, 0.0, 0.95, 0.96, 0.95, 0.97, 0.96, 0.95]
+    sm = [0.0, 0.0, 0.0, 0.0, 0.9, 0.91, 0.9, 0.92, 0.9, 0.91]
+    c = classify(window(util_gpu_ratio=util, gpm_sm_util_ratio=sm, procs_cpu_cores=1.0))
+    assert "transitional" in c.flags and c.confidence <= 0.3
+    assert c.evidence["activity_shift_ratio"] == pytest.approx(0.907, abs=1e-3)
+    assert "straddles a change of regime" in c.summary
+
+
+def test_a_bursty_job_whose_busy_and_idle_samples_interleave_is_not_transitional():
+    util = [0.0, 0.95] * 5
+    c = classify(window(util_gpu_ratio=util, gpm_sm_util_ratio=util, procs_cpu_cores=1.0))
+    assert "transitional" not in c.flags
+    assert c.evidence["activity_shift_ratio"] < 0.35
+
+
+def test_too_few_samples_to_split_say_nothing_of_a_shift():
+    c = classify(window(n=3, util_gpu_ratio=[0.0, 0.9, 0.9]))
+    assert "activity_shift_ratio" not in c.evidence and "transitional" not in c.flags
