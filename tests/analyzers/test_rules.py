@@ -25,7 +25,9 @@ def test_pcie_link_near_peak_is_communication_bound_even_with_busy_sms():
     # gen4 x16 ~ 31.5 GB/s per direction; 50 GB/s both ways is ~80 %
     w = window(util_gpu_ratio=0.9, gpm_sm_util_ratio=0.8, gpm_tensor_util_ratio=0.2, gpm_dram_bw_util_ratio=0.3,
                gpm_pcie_tx_bytes_per_second=25e9, gpm_pcie_rx_bytes_per_second=25e9)
-    assert classify(w).verdict == "communication-bound"
+    c = classify(w)
+    assert c.verdict == "communication-bound"
+    assert "PCIe 47,684 MiB/s = 79% of the link's peak per direction" in c.summary
 
 
 def test_idle_gpu_held_by_a_sleeping_process():
