@@ -41,6 +41,7 @@ class FindingsTracker:
         self.open: dict[tuple[str, int], dict] = {}
         self._sums: dict[str, dict[str, float]] = {}
         self._votes: dict[str, collections.Counter] = {}
+        self._first_summary: dict[str, str] = {}      # the opening window's words, under any split prefix
 
     def load(self, rows: list[dict], last_window_ends: dict[tuple[str, int], float] | None = None) -> None:
         """Resume the findings left open by a previous run of the analyzer.
@@ -57,6 +58,7 @@ class FindingsTracker:
             self.open[key] = f
             self._sums[f["id"]] = {k: v * f["windows"] for k, v in f["evidence"].items()}
             self._votes[f["id"]] = collections.Counter({f["counters_verdict"]: f["windows"]})
+            self._first_summary[f["id"]] = f["summary"] or ""
 
     def observe(self, host: str, c: Classification, job: str) -> list[dict]:
         """Returns the findings that changed (closed, opened or extended).
@@ -91,6 +93,7 @@ class FindingsTracker:
                 cur["verdict"] = majority
                 if majority != c.verdict or len(votes) > 1:
                     cur["alternatives"] = sorted(set(votes) - {majority}) or cur["alternatives"]
+                cur["summary"] = _split_words(votes, n) + self._first_summary.get(cur["id"], "")
             return [cur]
         if cur is not None:
             changed.append(self.close(key, reason="GPU went idle" if c.verdict == IDLE else f"became {c.verdict}"))
@@ -101,6 +104,7 @@ class FindingsTracker:
                      alternatives=list(c.alternatives), decided_by="counters", counters_verdict=c.verdict,
                      trace_verdict=None, captures=[], last_window_end=c.end)
             self.open[key] = f
+            self._first_summary[f["id"]] = c.summary
             self._sums[f["id"]] = dict(c.evidence)
             self._votes[f["id"]] = collections.Counter({c.verdict: 1})
             changed.append(f)
@@ -114,7 +118,11 @@ class FindingsTracker:
             return f["evidence"]
         sums = dict(sums)
         n = f["windows"]
-        return {k: round(v / n, 6) for k, v in sums.items()}
+        out = {k: round(v / n, 6) for k, v in sums.items()}
+        votes = self._votes.get(f["id"])
+        if votes:
+            out["verdict_share"] = round(votes[f["counters_verdict"]] / max(sum(votes.values()), 1), 3)
+        return out
 
     def current(self, f: dict) -> dict:
         """Writer thread: brings the finding's evidence up to date, for
@@ -134,6 +142,7 @@ class FindingsTracker:
         f = self.current(self.open.pop(key))
         self._sums.pop(f["id"], None)
         self._votes.pop(f["id"], None)
+        self._first_summary.pop(f["id"], None)
         f["end"] = max(self.last_end(f) if end is None else end, f["start"])
         if reason:
             f["ended_because"] = reason
@@ -158,3 +167,20 @@ class FindingsTracker:
                     f["alternatives"] = []
             return f
         return None
+
+
+SPLIT_SHARE = 0.3      # a minority this large within the starved family: counters cannot tell which
+
+
+def _split_words(votes: collections.Counter, n: int) -> str:
+    """How the episode's windows voted, when launch- and host-bound split it:
+    the counters cannot separate the two (each names the other as its
+    alternative), so the finding says so rather than pick one."""
+    if len(votes) < 2 or n < 3:
+        return ""
+    ranked = votes.most_common()
+    if ranked[1][1] / n < SPLIT_SHARE:
+        return ""
+    names = " or ".join(v.replace("-bound", "") for v, _ in ranked[:2])
+    counts = ", ".join(f"{v} in {k} of {n} windows" for v, k in ranked)
+    return f"{names}-bound ({counts}): counters cannot tell them apart, a capture decides; "

@@ -362,3 +362,23 @@ def test_a_transitional_window_neither_opens_nor_closes_a_finding():
     assert tracker.observe("h", w(115.0, "memory-bound", ["transitional"]), "") == []
     [extended] = tracker.observe("h", w(120.0, "compute-bound"), "")
     assert extended["windows"] == 2 and extended["end"] is None
+
+
+def test_a_starved_episode_split_between_launch_and_host_bound_says_so():
+    """Counters cannot separate launch- from host-bound: an episode whose
+    windows split says both, with the count of each, and its verdict share."""
+    tracker = FindingsTracker(window_s=5.0, max_gap_s=15.0)
+    w = lambda start, verdict: Classification(gpu=0, start=start, end=start + 5, verdict=verdict,  # noqa: E731
+                                              confidence=0.6, summary="GPU starved by the host", evidence={"x": 1.0})
+    verdicts = ["host-bound", "launch-bound", "launch-bound", "host-bound", "launch-bound", "launch-bound",
+                "launch-bound", "host-bound"]
+    for i, v in enumerate(verdicts):
+        [f] = tracker.observe("h", w(100.0 + 5 * i, v), "")
+    assert f["verdict"] == "launch-bound" and f["alternatives"] == ["host-bound"] and f["windows"] == 8
+    assert f["summary"].startswith("launch or host-bound (launch-bound in 5 of 8 windows, host-bound in 3 of 8 "
+                                   "windows): counters cannot tell them apart, a capture decides; GPU starved")
+    assert tracker.evidence_of(f)["verdict_share"] == 0.625
+    # a clear majority is not called a split
+    for i in range(8, 20):
+        [f] = tracker.observe("h", w(100.0 + 5 * i, "launch-bound"), "")
+    assert f["summary"] == "GPU starved by the host" and tracker.evidence_of(f)["verdict_share"] == 0.85
