@@ -39,3 +39,17 @@ def summarize(rows: list[dict]) -> dict:
         bucket["precision"] = round(bucket["agreed"] / bucket["pairs"], 3) if bucket["pairs"] else None
         bucket["enough"] = bucket["pairs"] >= MIN_PAIRS
     return dict(overall=total, per_verdict=per_verdict, per_model=per_model, matrix=matrix, min_pairs=MIN_PAIRS)
+
+
+def measured(rows: list[dict]) -> dict[str, dict]:
+    """Each counters verdict's measured precision, where enough pairs exist:
+    verdict -> {precision, pairs}."""
+    return {v: dict(precision=b["precision"], pairs=b["pairs"])
+            for v, b in summarize(rows)["per_verdict"].items() if b["enough"]}
+
+
+def trust_words(verdict: str, known: dict[str, dict]) -> str:
+    """' (counters' memory-bound measured right 92 % of 37 traces)', or ''."""
+    p = known.get(verdict)
+    return (f" (counters' {verdict} measured right {100 * p['precision']:.0f} % of {p['pairs']} traces)"
+            if p else "")

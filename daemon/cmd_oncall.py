@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import time
 
-from gpuscope.analyzers.accuracy import summarize
+from gpuscope.analyzers import accuracy
+from gpuscope.analyzers.accuracy import trust_words
 from gpuscope.collectors import catalogue as cat
 
 from . import clients
@@ -66,9 +67,7 @@ def cmd_findings(ns) -> int:
         print("no findings")
     for f in rows:
         end_s = "open" if f["end"] is None else time.strftime("%H:%M:%S", time.localtime(f["end"]))
-        p = f.get("counters_precision")
-        trust = f" (counters' {f['counters_verdict']} measured right {100 * p['precision']:.0f} % of " \
-                f"{p['pairs']} traces)" if p else ""
+        trust = trust_words(f["counters_verdict"], measured)
         print(f"{f['id']} {f['host']}/gpu{f['gpu']} {f['verdict']:<20} "
               f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(f['start']))} -> {end_s} "
               f"conf {f['confidence']:.2f}{trust} {','.join(f['flags'])}\n    {f['summary']}")
@@ -81,11 +80,9 @@ def _measured_precision(ns, rows: list[dict]) -> dict[str, dict]:
     if not rows:
         return {}
     try:
-        pairs = clients.accuracy(ns.server, host=ns.host or "", security=client_security(ns))
+        return accuracy.measured(clients.accuracy(ns.server, host=ns.host or "", security=client_security(ns)))
     except clients.ClientError:        # an older analyzer, or a caller without the role: findings alone
         return {}
-    return {v: dict(precision=b["precision"], pairs=b["pairs"])
-            for v, b in summarize(pairs)["per_verdict"].items() if b["enough"]}
 
 
 def cmd_query(ns) -> int:

@@ -194,6 +194,7 @@ def _loopback(listen: str, port: int) -> str:
 
 
 def cmd_up(ns) -> int:
+    from gpuscope.analyzers import accuracy
     from gpuscope.analyzers.analyzer import Analyzer
     from gpuscope.analyzers.service import AnalyzerServicer
     from .view import LiveView
@@ -230,7 +231,8 @@ def cmd_up(ns) -> int:
 
     def tick():
         if not ns.no_view:
-            view.show(analyzer.status(), analyzer.list_findings(open_only=True, limit=8), header)
+            view.show(analyzer.status(), analyzer.list_findings(open_only=True, limit=8), header,
+                      accuracy.measured(analyzer.store.verdict_pairs()))
     try:
         _wait(stop, ns.duration, tick)
     finally:

@@ -10,6 +10,8 @@ import sys
 import time
 from typing import TextIO
 
+from gpuscope.analyzers.accuracy import trust_words
+
 from .cliutil import age, seen
 
 
@@ -17,7 +19,10 @@ def _seen(g: dict) -> str:
     return seen(g.get("stale", False), g.get("last_seen_age_s"))
 
 
-def render(status: dict, open_findings: list[dict], header: str, now: float | None = None) -> str:
+def render(status: dict, open_findings: list[dict], header: str, now: float | None = None,
+           measured: dict[str, dict] | None = None) -> str:
+    """`measured`: each counters verdict's precision against traces
+    (analyzers.accuracy.measured), shown beside findings that have one."""
     now = time.time() if now is None else now
     lines = [header, "",
              f"{'HOST':<16} {'GPU':>3}  {'NAME':<24} {'VERDICT':<20} {'CONF':>5}  {'SEEN':<10} FLAGS"]
@@ -34,7 +39,8 @@ def render(status: dict, open_findings: list[dict], header: str, now: float | No
     lines += ["", f"open findings: {len(open_findings)}"]
     for f in open_findings[:8]:
         lines.append(f"  {f['host']}/gpu{f['gpu']} {f['verdict']} for {age(now - f['start'])} "
-                     f"(conf {f['confidence']:.2f}) {f['job'][:40]}")
+                     f"(conf {f['confidence']:.2f}{trust_words(f.get('counters_verdict') or f['verdict'], measured or {})})"
+                     f" {f['job'][:40]}")
         lines.append(f"      {f['summary']}")
     decisions = ", ".join(f"{k} {v}" for k, v in sorted(status.get("decisions", {}).items())) or "none"
     stored = status.get("samples_stored")
@@ -56,9 +62,10 @@ class LiveView:
         self._last: dict[tuple[str, int], str] = {}
         self._stale: dict[tuple[str, int], bool] = {}
 
-    def show(self, status: dict, open_findings: list[dict], header: str) -> None:
+    def show(self, status: dict, open_findings: list[dict], header: str,
+             measured: dict[str, dict] | None = None) -> None:
         if self.tty:
-            self.out.write("\x1b[H\x1b[2J" + render(status, open_findings, header) + "\n")
+            self.out.write("\x1b[H\x1b[2J" + render(status, open_findings, header, measured=measured) + "\n")
             self.out.flush()
             return
         for g in status["gpus"]:
