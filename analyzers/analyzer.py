@@ -44,6 +44,7 @@ from .events import EventBus
 from .findings import FindingsTracker
 from .ingest import DecodedBatch, clean_command, decode
 from .live import LiveWindows
+from .report import build_report
 from .retention import PassResult, Retention, RetentionConfig
 from .store import FINDING_COLUMNS, Store, StoreConfig, finding_row
 from .trace_analysis import summarize
@@ -552,6 +553,10 @@ class Analyzer:
     def finding(self, finding_id: str) -> dict | None:
         row = self.store.finding(finding_id)
         return None if row is None else self.live_finding(row)
+
+    def report(self, finding_id: str, context_s: float = 0.0) -> dict | None:
+        """The story of one finding (analyzers/report.py), open ones as they are now."""
+        return build_report(self.store, finding_id, context_s, lookup=self.finding)
 
     def analysis_lag(self) -> float:
         """How far live analysis is behind the newest samples received: per

@@ -11,7 +11,6 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 
 import grpc
 import structlog
@@ -24,7 +23,6 @@ from gpuscope.security.redact import command_label
 
 from .analyzer import Analyzer
 from .events import Watch
-from .report import build_report
 from .ingest import BatchError, validate_capture_record
 from .store import AGGREGATES
 from .writer import COMMITTED, BatchRejected, StoreUnavailable
@@ -307,8 +305,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             ctx_s = _finite(request.context_seconds, "context_seconds")
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        report = await self._query(partial(build_report, lookup=self.analyzer.finding), self.analyzer.store,
-                                   request.finding_id, ctx_s)
+        report = await self._query(self.analyzer.report, request.finding_id, ctx_s)
         if report is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"finding_id: no finding {request.finding_id!r}")
         return apb.ReportResponse(json=json.dumps(_for_caller(report), default=str))

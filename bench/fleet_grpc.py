@@ -79,8 +79,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def proc_cpu(pid: int, tid: int | None = None) -> float | None:
-    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+def tree(pid: int) -> list[int]:
+    """pid and its descendants: the analyzer's analysis process counts as the analyzer."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for t in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _cpu(path: str) -> float | None:
     try:
         with open(path) as f:
             fields = f.read().rpartition(")")[2].split()
@@ -89,27 +103,42 @@ def proc_cpu(pid: int, tid: int | None = None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def proc_cpu(pid: int, tid: int | None = None) -> float | None:
+    """CPU seconds of a thread, or of a process with its descendants."""
+    if tid is not None:
+        return _cpu(f"/proc/{pid}/task/{tid}/stat")
+    parts = [c for c in (_cpu(f"/proc/{p}/stat") for p in tree(pid)) if c is not None]
+    return sum(parts) if parts else None
+
+
 def proc_rss(pid: int) -> tuple[int, int] | None:
-    """(VmRSS, VmHWM) in bytes."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            txt = f.read()
-    except OSError:
-        return None
-    get = lambda k: int(re.search(rf"^{k}:\s+(\d+) kB", txt, re.M).group(1)) * 1024  # noqa: E731
-    return get("VmRSS"), get("VmHWM")
+    """(VmRSS, VmHWM) in bytes, of the process and its descendants (their
+    peaks summed: an upper bound of the tree's peak)."""
+    total = None
+    for p in tree(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                txt = f.read()
+        except OSError:
+            continue
+        get = lambda k: int(re.search(rf"^{k}:\s+(\d+) kB", txt, re.M).group(1)) * 1024  # noqa: E731
+        total = (get("VmRSS"), get("VmHWM")) if total is None else (total[0] + get("VmRSS"),
+                                                                      total[1] + get("VmHWM"))
+    return total
 
 
 def threads_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds of every thread of the process and its descendants, by tid."""
     out = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for t in tids:
-        c = proc_cpu(pid, int(t))
-        if c is not None:
-            out[int(t)] = c
+    for p in tree(pid):
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tids:
+            c = proc_cpu(p, int(t))
+            if c is not None:
+                out[int(t)] = c
     return out
 
 

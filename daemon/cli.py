@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="agents' streams at once, two per agent (ingest, commands); on-call calls are not "
                          "counted (default 10000)")
     sp.add_argument("--duration", type=duration, default=None, help="stop after this long")
+    sp.add_argument("--engine", choices=("process", "thread"), default="process",
+                    help="process (default): store and live analysis in a process of their own, so a fleet's "
+                         "analysis and its gRPC traffic use two cores; thread: all in this process")
     analyzer_args(sp)
     add_server_flags(sp, "NAME is analyzer")
     sp.set_defaults(fn=cmd_analyzer)

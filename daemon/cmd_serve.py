@@ -13,7 +13,7 @@ from gpuscope.collectors.recording import default_recording, read_recording
 from gpuscope.collectors.replay import ReplayCollector
 from gpuscope.v1 import agent_pb2_grpc, analyzer_pb2_grpc
 
-from . import clients
+from . import clients, logs
 from .agent import Agent, AgentConfig
 from .cliutil import UsageError
 from .security_flags import agent_security, server_tls_dir, server_tls_files, server_tokens
@@ -231,8 +231,9 @@ def cmd_up(ns) -> int:
 
     def tick():
         if not ns.no_view:
+            known = accuracy.measured(analyzer.store.verdict_pairs())
             view.show(analyzer.status(), analyzer.list_findings(open_only=True, limit=8), header,
-                      accuracy.measured(analyzer.store.verdict_pairs()))
+                      lambda verdict: accuracy.trust_words(verdict, known))
     try:
         _wait(stop, ns.duration, tick)
     finally:
@@ -275,6 +276,7 @@ def cmd_agent(ns) -> int:
 
 def cmd_analyzer(ns) -> int:
     from gpuscope.analyzers.analyzer import Analyzer
+    from gpuscope.analyzers.engine import EngineClient
     from gpuscope.analyzers.service import AnalyzerServicer
 
     parse_hostport(ns.listen, "--listen")
@@ -285,7 +287,12 @@ def cmd_analyzer(ns) -> int:
     # turned a 0.8 ms decode into 25 ms (measured, docs/benchmarks.md).
     sys.setswitchinterval(0.0005)
     Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
-    analyzer = Analyzer(_analyzer_config(ns, dry_run=ns.dry_run))
+    config = _analyzer_config(ns, dry_run=ns.dry_run)
+    if ns.engine == "process":
+        analyzer = EngineClient(config, init=logs.configure, init_args=(ns.log_level, ns.json_logs))
+        analyzer.start()                       # the store opens in the child; its errors end start-up here
+    else:
+        analyzer = Analyzer(config)
     servicer = AnalyzerServicer(analyzer, max_agent_streams=ns.max_streams)
     try:
         server, port, health = build_server(ns.listen, [
@@ -293,7 +300,8 @@ def cmd_analyzer(ns) -> int:
     except BaseException:
         analyzer.close()
         raise
-    analyzer.start()
+    if ns.engine == "thread":
+        analyzer.start()
     server.start()
     oncall = f", on-call (tokens) on {ns.oncall_listen.rpartition(':')[0]}:{server.extra_ports[0]}" \
         if server.extra_ports else ""

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import TextIO
 
-from gpuscope.analyzers.accuracy import trust_words
+from typing import Callable
 
 from .cliutil import age, seen
 
@@ -20,9 +20,9 @@ def _seen(g: dict) -> str:
 
 
 def render(status: dict, open_findings: list[dict], header: str, now: float | None = None,
-           measured: dict[str, dict] | None = None) -> str:
-    """`measured`: each counters verdict's precision against traces
-    (analyzers.accuracy.measured), shown beside findings that have one."""
+           trust: Callable[[str], str] = lambda verdict: "") -> str:
+    """`trust(verdict)`: the words on a counters verdict's measured precision
+    against traces (analyzers.accuracy.trust_words), '' where none is known."""
     now = time.time() if now is None else now
     lines = [header, "",
              f"{'HOST':<16} {'GPU':>3}  {'NAME':<24} {'VERDICT':<20} {'CONF':>5}  {'SEEN':<10} FLAGS"]
@@ -39,7 +39,7 @@ def render(status: dict, open_findings: list[dict], header: str, now: float | No
     lines += ["", f"open findings: {len(open_findings)}"]
     for f in open_findings[:8]:
         lines.append(f"  {f['host']}/gpu{f['gpu']} {f['verdict']} for {age(now - f['start'])} "
-                     f"(conf {f['confidence']:.2f}{trust_words(f.get('counters_verdict') or f['verdict'], measured or {})})"
+                     f"(conf {f['confidence']:.2f}{trust(f.get('counters_verdict') or f['verdict'])})"
                      f" {f['job'][:40]}")
         lines.append(f"      {f['summary']}")
     decisions = ", ".join(f"{k} {v}" for k, v in sorted(status.get("decisions", {}).items())) or "none"
@@ -63,9 +63,9 @@ class LiveView:
         self._stale: dict[tuple[str, int], bool] = {}
 
     def show(self, status: dict, open_findings: list[dict], header: str,
-             measured: dict[str, dict] | None = None) -> None:
+             trust: Callable[[str], str] = lambda verdict: "") -> None:
         if self.tty:
-            self.out.write("\x1b[H\x1b[2J" + render(status, open_findings, header, measured=measured) + "\n")
+            self.out.write("\x1b[H\x1b[2J" + render(status, open_findings, header, trust=trust) + "\n")
             self.out.flush()
             return
         for g in status["gpus"]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from gpuscope.analyzers.analyzer import Analyzer, AnalyzerConfig
+from gpuscope.analyzers.engine import EngineClient
 from gpuscope.analyzers.service import AnalyzerServicer
 from gpuscope.collectors.nvml import NvmlCollector
 from gpuscope.daemon.agent import Agent, AgentConfig
@@ -14,12 +15,19 @@ from gpuscope.v1 import analyzer_pb2_grpc
 
 
 class AnalyzerServer:
-    def __init__(self, db: str, port: int = 0, window_s: float = 1.0, **config):
-        self.analyzer = Analyzer(AnalyzerConfig(str(db), window_s=window_s, memory_limit="256MB", **config))
+    """An analyzer on loopback; engine=True runs its store and analysis in a
+    child process, as `gpuscope analyzer` does by default."""
+
+    def __init__(self, db: str, port: int = 0, window_s: float = 1.0, engine: bool = False, **config):
+        cfg = AnalyzerConfig(str(db), window_s=window_s, memory_limit="256MB", **config)
+        self.analyzer = EngineClient(cfg) if engine else Analyzer(cfg)
+        if engine:
+            self.analyzer.start()
         self.server, self.port, self.health = build_server(f"127.0.0.1:{port}", [
             (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, AnalyzerServicer(self.analyzer),
              "gpuscope.v1.Analyzer")], max_workers=64)
-        self.analyzer.start()
+        if not engine:
+            self.analyzer.start()
         self.server.start()
         self.target = f"127.0.0.1:{self.port}"
 

@@ -105,3 +105,52 @@ def test_a_second_analyzer_on_a_busy_port_exits_naming_the_holder(tmp_path):
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=20)
+
+
+def _analysis_child(pid: int) -> int:
+    """The analyzer's analysis process (multiprocessing's spawn child)."""
+    from pathlib import Path
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        if b"spawn_main" in cmdline:
+            return int(child)
+    raise AssertionError(f"no analysis process under pid {pid}")
+
+
+def test_kill_9_of_the_analysis_process_loses_no_acked_batch_and_the_analyzer_carries_on(tmp_path):
+    """The store and live analysis run in a child process (--engine process):
+    when it dies, batches in flight are refused UNAVAILABLE, the agent
+    resends, a new child opens the same store, and every acknowledged batch
+    is there once."""
+    import os
+    db, port = tmp_path / "c.duckdb", free_port()
+    up = Uplink(UplinkConfig(target=f"127.0.0.1:{port}", flush_interval_s=0.02, max_batch_samples=20,
+                             buffer_samples=1_000_000, backoff_initial_s=0.05, backoff_max_s=0.3),
+                "child", "boot-1", lambda: [DeviceInfo(gpu=g, name="NVIDIA H200") for g in range(8)])
+    up.start()
+    t0 = time.time() - 1800
+    total = 8 * 1000
+    for i in range(1000):
+        up.submit([GpuSample(g, t0 + i, {"power_watts": 100.0 + g, "util_gpu_ratio": 0.5}) for g in range(8)])
+    up.flush()
+    proc = _analyzer(db, port)
+    try:
+        _ready(port)
+        wait_for(lambda: up.stats()["batches_acked"] >= 60, timeout=60, step=0.005)
+        first = _analysis_child(proc.pid)
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: up.stats()["unacked_samples"] == 0, timeout=120)
+        assert proc.poll() is None                         # the analyzer itself never went down
+        assert _analysis_child(proc.pid) != first
+    finally:
+        up.stop()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err[-2000:]
+    assert "analysis process died" in err and "analysis process restarted" in err
+    con = duckdb.connect(str(db), read_only=True)
+    rows, distinct = con.execute("SELECT count(*), count(DISTINCT (gpu, t)) FROM samples WHERE host = 'child'"
+                                 ).fetchone()
+    con.close()
+    assert (rows, distinct) == (total, total)
+    assert up.stats()["dropped_samples"] == 0

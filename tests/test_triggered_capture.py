@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gpuscope.analyzers.detector import DetectorConfig
 from gpuscope.analyzers.trigger import TriggerConfig
 from gpuscope.collectors.jobs import JobDiscovery
@@ -47,12 +49,13 @@ def _set(gpu, spec):
         setattr(gpu, k, dict(v) if isinstance(v, dict) else v)
 
 
-def test_anomalies_trigger_jax_and_http_captures_end_to_end(tmp_path):
+@pytest.mark.parametrize("separate", [False, True], ids=["thread", "process"])
+def test_anomalies_trigger_jax_and_http_captures_end_to_end(tmp_path, separate):
     jport, hport = free_port(), free_port()
     trace_dir = tmp_path / "engine-traces"
     jax_job = _start([str(JOBS / "jax_job.py"), "--port", str(jport), "--seconds", "120"])
     engine = _start([str(JOBS / "profile_http_server.py"), "--port", str(hport), "--trace-dir", str(trace_dir)])
-    srv = AnalyzerServer(tmp_path / "t.duckdb", window_s=1.0,
+    srv = AnalyzerServer(tmp_path / "t.duckdb", window_s=1.0, engine=separate,
                          detector=DetectorConfig(baseline_windows=5, warmup_windows=3),
                          trigger=TriggerConfig(host_cooldown_s=0, fleet_fraction=1.0, capture_duration_ms=500))
     a = _agent(srv, "host-jax", jax_job.pid, tmp_path)

@@ -3,6 +3,8 @@ one incident."""
 import threading
 import time
 
+import pytest
+
 from gpuscope.analyzers.detector import DetectorConfig
 from gpuscope.daemon import clients
 from gpuscope.daemon.cmd_oncall import render_report
@@ -20,8 +22,10 @@ def _set(gpu, spec):
         setattr(gpu, k, dict(v) if isinstance(v, dict) else v)
 
 
-def test_watch_streams_findings_anomalies_and_decisions_and_report_tells_the_story(tmp_path):
-    srv = AnalyzerServer(tmp_path / "w.duckdb", detector=DetectorConfig(baseline_windows=5, warmup_windows=3))
+@pytest.mark.parametrize("engine", [False, True], ids=["thread", "process"])
+def test_watch_streams_findings_anomalies_and_decisions_and_report_tells_the_story(tmp_path, engine):
+    srv = AnalyzerServer(tmp_path / "w.duckdb", detector=DetectorConfig(baseline_windows=5, warmup_windows=3),
+                         engine=engine)
     fake = FakeNvml([h200(**BUSY), h200(**BUSY)])
     agent = fake_agent(fake, srv.target)
     events, stop = [], threading.Event()

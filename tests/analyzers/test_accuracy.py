@@ -89,13 +89,14 @@ def test_findings_show_the_measured_precision_of_their_counters_verdict(fixture_
 
 
 def test_the_live_view_shows_the_measured_precision_beside_a_finding():
-    from gpuscope.analyzers.accuracy import measured
+    from gpuscope.analyzers.accuracy import measured, trust_words
     from gpuscope.daemon.view import render
     rows = [dict(model="m", counters_verdict="memory-bound", trace_verdict="memory-bound", pairs=9),
             dict(model="m", counters_verdict="memory-bound", trace_verdict="compute-bound", pairs=3)]
     status = dict(gpus=[], samples_committed=0, batches_committed=0, batches_rejected=0, window_seconds=5.0)
     f = dict(host="h", gpu=0, verdict="memory-bound", counters_verdict="memory-bound", start=0.0, confidence=0.9,
              job="pid:1 x", summary="s")
-    text = render(status, [f], "hdr", now=60.0, measured=measured(rows))
+    known = measured(rows)
+    text = render(status, [f], "hdr", now=60.0, trust=lambda verdict: trust_words(verdict, known))
     assert "(conf 0.90 (counters' memory-bound measured right 75 % of 12 traces))" in text
     assert "measured right" not in render(status, [f], "hdr", now=60.0)

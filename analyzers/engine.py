@@ -1,0 +1,414 @@
+"""The analyzer in a process of its own: its writer, store, live analysis,
+findings, detector and policy (the whole Analyzer) run in a child process;
+the gRPC servers, validation and decoding stay in the parent.
+
+Why: one Python process holds one GIL. The writer with the live analysis
+needs most of a core at a fleet's load, and the event loop that serves the
+agents and on-call tools needs the rest. Under one GIL every handoff between
+them waits, and the loop's latency grows with the writer's work
+(docs/benchmarks.md, part 4). Two processes use both cores.
+
+The parent's EngineClient stands in for Analyzer where the servicer uses it:
+- `submit` decodes (a refusal is raised at once, naming the field) and sends
+  the decoded batch; its future resolves with the child's commit outcome.
+  The byte budget stays in the parent, so flow control is unchanged.
+- queries (`status`, `list_findings`, `finding`, `report`, `report_capture`,
+  `store.*`) are calls answered by the child's own pool of threads.
+- the agents' command streams and the on-call watchers live in the parent:
+  the child learns which hosts are connected and sends their commands up;
+  it forwards events only while someone watches.
+
+If the child dies, nothing acknowledged is lost (an ack is sent only after
+its commit): every batch in flight fails as StoreUnavailable (the agents
+resend), queries fail, and the parent starts a new child on the same file.
+"""
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import threading
+import time
+import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
+import structlog
+
+from gpuscope.v1 import analyzer_pb2 as apb, samples_pb2 as pb
+
+from .commands import CommandHub
+from .events import EventBus, Watch
+from .flow import ByteBudget
+from .ingest import decode
+from .writer import DEFAULT_QUEUE_BYTES, StoreUnavailable
+
+log = structlog.get_logger("gpuscope.engine")
+
+START_TIMEOUT_S = 300.0       # opening a large store (a first gpu_state scan) takes a while
+CALL_TIMEOUT_S = 120.0
+RESTART_DELAY_S = 2.0
+LOCK_WAIT_S = 20.0            # how long a new child waits for the store's lock held by a dying one
+# What the parent may call in the child, by name: nothing else crosses.
+CALLS = {"status", "list_findings", "finding", "report", "report_capture",
+         "store.captures", "store.metric", "store.records", "store.verdict_pairs", "store.count"}
+
+
+class EngineUnavailable(StoreUnavailable):
+    """The analysis process is down or restarting; try again shortly."""
+
+
+# -- the child ---------------------------------------------------------------------------
+def _child_main(conn, config, init: Callable | None, init_args: tuple) -> None:
+    if init is not None:
+        init(*init_args)
+    from .analyzer import Analyzer
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            analyzer = Analyzer(config)
+            break
+        except Exception as exc:  # reported to the parent, which says it and exits
+            # a predecessor that lost its parent to a kill -9 closes the file on its way out
+            if "lock" in str(exc).lower() and time.monotonic() < deadline:
+                time.sleep(0.25)
+                continue
+            conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+            return
+    analyzer.start()
+    _Child(conn, analyzer).serve()
+
+
+class _Child:
+    def __init__(self, conn, analyzer) -> None:
+        self.conn, self.a = conn, analyzer
+        self._send_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="engine-call")
+        self._forwards: dict[str, Callable] = {}
+        self._watch: int | None = None
+
+    def send(self, msg: tuple) -> None:
+        with self._send_lock:
+            self.conn.send(msg)
+
+    def serve(self) -> None:
+        self.send(("ready", None))
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):          # the parent is gone: stop as cleanly as we can
+                self.a.close()
+                return
+            kind = msg[0]
+            if kind == "batch":
+                self._batch(msg[1], msg[2])
+            elif kind == "call":
+                self._pool.submit(self._call, *msg[1:])
+            elif kind == "connected":
+                self._connected(msg[1], msg[2])
+            elif kind == "watch":
+                self._watching(msg[1])
+            elif kind == "undelivered":
+                self._undelivered(msg[1])
+            elif kind == "rejected":
+                self.a.count_rejected(pb.SampleBatch(host=msg[1], seq=msg[2]) if msg[1] else None, msg[3])
+            elif kind == "drain":
+                self.a.drain(msg[1])
+                self.send(("drained", None))
+            elif kind == "close":
+                self.a.close()
+                self.send(("closed", None))
+                return
+
+    def _batch(self, rid: int, decoded) -> None:
+        self.a.note_received(decoded)
+        fut = self.a.writer.submit(decoded)
+        fut.add_done_callback(lambda f: self._answer(rid, f))
+
+    def _answer(self, rid: int, f: Future) -> None:
+        exc = f.exception()
+        self.send(("result", rid, exc is None, f.result() if exc is None else exc))
+
+    def _call(self, rid: int, name: str, args: tuple, kwargs: dict) -> None:
+        try:
+            owner, _, attr = name.rpartition(".")
+            fn = getattr(self.a.store if owner == "store" else self.a, attr)
+            value, ok = fn(*args, **kwargs), True
+        except Exception as exc:  # raised again in the parent, where the caller handles it
+            value, ok = _portable(exc), False
+        self.send(("result", rid, ok, value))
+
+    def _connected(self, host: str, up: bool) -> None:
+        hub = self.a.commands
+        if up:
+            def forward(cmd, host=host) -> bool:
+                self.send(("command", host, cmd.SerializeToString()))
+                return True
+            self._forwards[host] = forward
+            hub.subscribe(host, forward)
+        elif host in self._forwards:
+            hub.unsubscribe(host, self._forwards.pop(host))
+
+    def _watching(self, on: bool) -> None:
+        if on and self._watch is None:
+            self._watch = self.a.events.subscribe(Watch(deliver=lambda e: self.send(("event", e)) or True))
+        elif not on and self._watch is not None:
+            self.a.events.unsubscribe(self._watch)
+            self._watch = None
+
+    def _undelivered(self, command_id: str) -> None:
+        def run(_store) -> None:
+            d = self.a.policy.finished(command_id, "", False, "the command could not be delivered")
+            if d is not None:
+                self.a._decided([d])
+        self.a.writer.call(run)
+
+
+def _portable(exc: Exception) -> Exception:
+    """An exception the parent can unpickle: our own and the builtins travel
+    as they are; anything else as a RuntimeError that keeps its text."""
+    import pickle
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
+
+
+# -- the parent --------------------------------------------------------------------------
+class _Hub(CommandHub):
+    """The parent's command streams; the child learns who is connected."""
+
+    def __init__(self, notify: Callable[[str, bool], None]) -> None:
+        super().__init__()
+        self._notify = notify
+
+    def subscribe(self, host: str, deliver) -> None:
+        super().subscribe(host, deliver)
+        self._notify(host, True)
+
+    def unsubscribe(self, host: str, deliver) -> None:
+        super().unsubscribe(host, deliver)
+        if not self.connected(host):
+            self._notify(host, False)
+
+
+class _Bus(EventBus):
+    """The parent's watchers; the child forwards events while there are any."""
+
+    def __init__(self, notify: Callable[[bool], None]) -> None:
+        super().__init__()
+        self._notify = notify
+
+    def subscribe(self, w: Watch) -> int:
+        wid = super().subscribe(w)
+        self._notify(True)
+        return wid
+
+    def unsubscribe(self, wid: int) -> None:
+        super().unsubscribe(wid)
+        with self._lock:
+            idle = not self._watches
+        if idle:
+            self._notify(False)
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.budget = ByteBudget(DEFAULT_QUEUE_BYTES)
+
+
+class _Store:
+    def __init__(self, client: "EngineClient") -> None:
+        self._client = client
+
+    def __getattr__(self, name: str):
+        if f"store.{name}" not in CALLS:
+            raise AttributeError(name)
+        return lambda *args, **kwargs: self._client.call(f"store.{name}", *args, **kwargs)
+
+
+class EngineClient:
+    """Analyzer's face for the servicer, with the Analyzer in a child process."""
+
+    def __init__(self, config, init: Callable | None = None, init_args: tuple = ()) -> None:
+        self.config = config
+        self._init, self._init_args = init, init_args
+        self._ctx = mp.get_context("spawn")
+        self._ids = itertools.count(1)
+        self._pending: dict[int, Future] = {}
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._conn = None
+        self._proc = None
+        self._up = False
+        self._closing = False
+        self.restarts = 0
+        self.commands = _Hub(lambda host, up: self._tell(("connected", host, up)))
+        self.events = _Bus(lambda on: self._tell(("watch", on)))
+        self.writer = _Writer()
+        self.store = _Store(self)
+        self.window_s = config.window_s
+
+    # -- life of the child
+    def start(self) -> None:
+        """Starts the child and waits until its store is open; raises
+        RuntimeError with the child's own error when it cannot start."""
+        self._spawn()
+
+    def _spawn(self) -> None:
+        parent, child = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(target=_child_main, args=(child, self.config, self._init, self._init_args),
+                                 name="gpuscope-analysis", daemon=True)
+        proc.start()
+        child.close()
+        if not parent.poll(START_TIMEOUT_S):
+            proc.kill()
+            raise RuntimeError(f"the analysis process did not start within {START_TIMEOUT_S:.0f} s")
+        try:
+            kind, detail = parent.recv()
+        except EOFError:
+            proc.join(5)
+            raise RuntimeError(f"the analysis process exited at start-up (exit code {proc.exitcode})") from None
+        if kind != "ready":
+            proc.join(5)
+            raise RuntimeError(detail)
+        self._conn, self._proc = parent, proc
+        for host in self.commands.hosts:               # after a restart: who is connected, who watches
+            self._tell(("connected", host, True))
+        with self.events._lock:
+            watching = bool(self.events._watches)
+        if watching:
+            self._tell(("watch", True))
+        self._up = True
+        threading.Thread(target=self._read, args=(parent, proc), name="engine-reader", daemon=True).start()
+
+    def _read(self, conn, proc) -> None:
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                break
+            kind = msg[0]
+            if kind == "result":
+                with self._lock:
+                    fut = self._pending.pop(msg[1], None)
+                if fut is not None and not fut.done():
+                    (fut.set_result if msg[2] else fut.set_exception)(msg[3])
+            elif kind == "event":
+                self.events.publish(msg[1])
+            elif kind == "command":
+                cmd = apb.Command.FromString(msg[2])
+                if not self.commands.send(msg[1], cmd):
+                    self._tell(("undelivered", cmd.id))
+            elif kind in ("drained", "closed"):
+                with self._lock:
+                    fut = self._pending.pop(-1, None)
+                if fut is not None:
+                    fut.set_result(kind)
+        self._down(proc)
+
+    def _down(self, proc) -> None:
+        self._up = False
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(EngineUnavailable("the analysis process stopped; resend later"))
+        if self._closing:
+            return
+        proc.join(1)
+        log.error("analysis process died; starting a new one on the same store", exit_code=proc.exitcode,
+                  restarts=self.restarts + 1)
+        threading.Thread(target=self._respawn, name="engine-restart", daemon=True).start()
+
+    def _respawn(self) -> None:
+        while not self._closing:
+            time.sleep(RESTART_DELAY_S)
+            try:
+                self._spawn()
+                self.restarts += 1
+                log.warning("analysis process restarted", restarts=self.restarts)
+                return
+            except Exception as exc:  # keep trying: the parent never dies for this
+                log.error("analysis process failed to restart", error=str(exc)[:300])
+
+    def _tell(self, msg: tuple) -> None:
+        if not self._up:
+            return
+        try:
+            with self._send_lock:
+                self._conn.send(msg)
+        except (OSError, ValueError):      # the child is gone; _read notices and restarts it
+            pass
+
+    def _request(self, msg_of: Callable[[int], tuple], rid: int | None = None) -> Future:
+        fut: Future = Future()
+        if not self._up:
+            fut.set_exception(EngineUnavailable("the analysis process is restarting; resend later"))
+            return fut
+        rid = next(self._ids) if rid is None else rid
+        with self._lock:
+            self._pending[rid] = fut
+        try:
+            with self._send_lock:
+                self._conn.send(msg_of(rid))
+        except (OSError, ValueError) as exc:
+            with self._lock:
+                self._pending.pop(rid, None)
+            fut.set_exception(EngineUnavailable(f"the analysis process is unreachable: {exc}"))
+        return fut
+
+    # -- what the servicer uses
+    def submit(self, batch: pb.SampleBatch) -> Future:
+        """Validate, decode, and hand to the child; raises BatchError (nothing
+        sent) for invalid input."""
+        try:
+            decoded = decode(batch)
+        except ValueError as exc:
+            self.count_rejected(batch, str(exc))
+            raise
+        return self._request(lambda rid: ("batch", rid, decoded))
+
+    def count_rejected(self, batch: pb.SampleBatch | None, error: str) -> None:
+        self._tell(("rejected", batch.host[:253] if batch is not None else "", batch.seq if batch is not None else 0,
+                    error[:1000]))
+
+    def call(self, name: str, *args, **kwargs) -> Any:
+        assert name in CALLS, name
+        return self._request(lambda rid: ("call", rid, name, args, kwargs)).result(timeout=CALL_TIMEOUT_S)
+
+    def status(self, host: str = "", gpu_limit: int | None = None) -> dict:
+        return self.call("status", host, gpu_limit)
+
+    def list_findings(self, **query) -> list[dict]:
+        return self.call("list_findings", **query)
+
+    def finding(self, finding_id: str) -> dict | None:
+        return self.call("finding", finding_id)
+
+    def report(self, finding_id: str, context_s: float = 0.0) -> dict | None:
+        return self.call("report", finding_id, context_s)
+
+    def report_capture(self, record, xspace: bytes) -> dict:
+        return self.call("report_capture", record, xspace)
+
+    def drain(self, timeout_s: float = 6.0) -> None:
+        """The child commits what it holds (bounded in time) and answers it."""
+        if self._up:
+            try:
+                self._request(lambda _rid: ("drain", timeout_s), rid=-1).result(timeout=timeout_s + 5)
+            except Exception as exc:  # a child that cannot drain is stopped by close()
+                log.warning("analysis process did not drain", error=str(exc)[:200])
+
+    def close(self) -> None:
+        self._closing = True
+        if self._up:
+            try:
+                self._request(lambda _rid: ("close", None), rid=-1).result(timeout=15)
+            except Exception as exc:  # noqa: BLE001 - stopped below either way
+                log.warning("analysis process did not close", error=str(exc)[:200])
+        if self._proc is not None:
+            self._proc.join(5)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join(5)
