@@ -59,6 +59,16 @@ class EngineUnavailable(StoreUnavailable):
 
 # -- the child ---------------------------------------------------------------------------
 def _child_main(conn, config, init: Callable | None, init_args: tuple) -> None:
+    import signal
+    import sys
+    # Ctrl-C reaches the whole process group, and systemd's stop the whole unit:
+    # the parent drains and closes this process itself, in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Queries, the pipe and the writer share this process's GIL: at the default
+    # 5 ms switch interval a query waits up to 5 ms behind the writer at every
+    # step it gives the GIL up (the parent does the same for its event loop).
+    sys.setswitchinterval(0.0005)
     if init is not None:
         init(*init_args)
     from .analyzer import Analyzer

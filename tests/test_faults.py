@@ -154,3 +154,24 @@ def test_kill_9_of_the_analysis_process_loses_no_acked_batch_and_the_analyzer_ca
     con.close()
     assert (rows, distinct) == (total, total)
     assert up.stats()["dropped_samples"] == 0
+
+
+def test_a_stop_sent_to_the_whole_process_group_is_a_clean_stop(tmp_path):
+    """Ctrl-C and systemd signal every process of the analyzer at once: the
+    analysis process leaves its shutdown to the analyzer, which drains it."""
+    import os
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "gpuscope.daemon.cli", "analyzer", "--db", str(tmp_path / "g.duckdb"),
+                             "--listen", f"127.0.0.1:{port}", "--insecure"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _ready(port)
+        child = _analysis_child(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    assert "died" not in err and "Traceback" not in err
+    wait_for(lambda: not os.path.exists(f"/proc/{child}"), timeout=10)
