@@ -221,8 +221,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
 
     async def ListFindings(self, request, context):
         try:
-            start = _finite(request.start, "start") if request.HasField("start") else None
-            end = _finite(request.end, "end") if request.HasField("end") else None
+            start, end = _optional_range(request)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
@@ -312,8 +311,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
 
     async def GetAccuracy(self, request, context):
         try:
-            start = _finite(request.start, "start") if request.HasField("start") else None
-            end = _finite(request.end, "end") if request.HasField("end") else None
+            start, end = _optional_range(request)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
@@ -363,6 +361,12 @@ async def _own_host(context, host: str, field: str) -> None:
     if caller is not None and caller.role == "agent" and host != caller.host:
         await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                             f"{field}: {host[:80]!r}, but this agent's certificate is for {caller.host!r}")
+
+
+def _optional_range(request) -> tuple[float | None, float | None]:
+    """A request's optional start and end, checked."""
+    return (_finite(request.start, "start") if request.HasField("start") else None,
+            _finite(request.end, "end") if request.HasField("end") else None)
 
 
 def _finite(value: float, field: str) -> float:

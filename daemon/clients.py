@@ -147,14 +147,19 @@ def status(server: str, host: str = "", gpu_limit: int = 0, *, security: ClientS
     return _call(server, fn, security=security)
 
 
-def accuracy(server: str, start: float | None = None, end: float | None = None, host: str = "", *,
-             security: ClientSecurity = INSECURE) -> list[dict]:
-    """Verdict pairs counted by (model, counters_verdict, trace_verdict)."""
-    req = apb.AccuracyRequest(host=host)
+def _in_range(req, start: float | None, end: float | None):
+    """Sets a request's optional start and end (unset: unbounded)."""
     if start is not None:
         req.start = start
     if end is not None:
         req.end = end
+    return req
+
+
+def accuracy(server: str, start: float | None = None, end: float | None = None, host: str = "", *,
+             security: ClientSecurity = INSECURE) -> list[dict]:
+    """Verdict pairs counted by (model, counters_verdict, trace_verdict)."""
+    req = _in_range(apb.AccuracyRequest(host=host), start, end)
     resp = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).GetAccuracy(req, timeout=t),
                  security=security)
     return [dict(model=p.model, counters_verdict=p.counters_verdict, trace_verdict=p.trace_verdict,
@@ -167,10 +172,7 @@ def findings(server: str, host: str = "", gpu: int | None = None, verdicts: list
     req = apb.FindingsRequest(host=host, verdicts=verdicts or [], open_only=open_only, limit=limit)
     if gpu is not None:
         req.gpu = gpu
-    if start is not None:
-        req.start = start
-    if end is not None:
-        req.end = end
+    _in_range(req, start, end)
     resp = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ListFindings(req, timeout=t),
                  security=security)
     return [finding_dict(f) for f in resp.findings]

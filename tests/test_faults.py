@@ -29,6 +29,20 @@ def _ready(port: int, timeout: float = 30.0) -> None:
         grpc.channel_ready_future(ch).result(timeout=timeout)
 
 
+def _backlog(port: int, host: str) -> tuple[Uplink, int]:
+    """An agent's uplink holding the backlog of an outage: 1,000 ticks x 8 GPUs,
+    sent in small batches as fast as the analyzer acks them."""
+    up = Uplink(UplinkConfig(target=f"127.0.0.1:{port}", flush_interval_s=0.02, max_batch_samples=20,
+                             buffer_samples=1_000_000, backoff_initial_s=0.05, backoff_max_s=0.3),
+                host, "boot-1", lambda: [DeviceInfo(gpu=g, name="NVIDIA H200") for g in range(8)])
+    up.start()
+    t0 = time.time() - 1800
+    for i in range(1000):
+        up.submit([GpuSample(g, t0 + i, {"power_watts": 100.0 + g, "util_gpu_ratio": 0.5}) for g in range(8)])
+    up.flush()
+    return up, 8 * 1000
+
+
 def _poison(port: int, stop: threading.Event, answers: list) -> None:
     """Another client pushing batches that storage cannot hold."""
     seq = 0
@@ -47,15 +61,7 @@ def _poison(port: int, stop: threading.Event, answers: list) -> None:
 
 def test_kill_9_during_catch_up_with_a_poison_client_loses_no_acked_batch(tmp_path):
     db, port = tmp_path / "k.duckdb", free_port()
-    up = Uplink(UplinkConfig(target=f"127.0.0.1:{port}", flush_interval_s=0.02, max_batch_samples=20,
-                             buffer_samples=1_000_000, backoff_initial_s=0.05, backoff_max_s=0.3),
-                "catch-up", "boot-1", lambda: [DeviceInfo(gpu=g, name="NVIDIA H200") for g in range(8)])
-    up.start()
-    t0 = time.time() - 1800
-    total = 8 * 1000
-    for i in range(1000):             # the backlog of an outage: 1,000 ticks x 8 GPUs
-        up.submit([GpuSample(g, t0 + i, {"power_watts": 100.0 + g, "util_gpu_ratio": 0.5}) for g in range(8)])
-    up.flush()
+    up, total = _backlog(port, "catch-up")
     proc = _analyzer(db, port)
     stop, answers = threading.Event(), []
     poison = threading.Thread(target=_poison, args=(port, stop, answers), daemon=True)
@@ -124,15 +130,7 @@ def test_kill_9_of_the_analysis_process_loses_no_acked_batch_and_the_analyzer_ca
     is there once."""
     import os
     db, port = tmp_path / "c.duckdb", free_port()
-    up = Uplink(UplinkConfig(target=f"127.0.0.1:{port}", flush_interval_s=0.02, max_batch_samples=20,
-                             buffer_samples=1_000_000, backoff_initial_s=0.05, backoff_max_s=0.3),
-                "child", "boot-1", lambda: [DeviceInfo(gpu=g, name="NVIDIA H200") for g in range(8)])
-    up.start()
-    t0 = time.time() - 1800
-    total = 8 * 1000
-    for i in range(1000):
-        up.submit([GpuSample(g, t0 + i, {"power_watts": 100.0 + g, "util_gpu_ratio": 0.5}) for g in range(8)])
-    up.flush()
+    up, total = _backlog(port, "child")
     proc = _analyzer(db, port)
     try:
         _ready(port)
