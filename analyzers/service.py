@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import importlib.metadata
 import json
 import os
@@ -70,6 +71,19 @@ def finding_pb(f: dict) -> apb.Finding:
     if f["end"] is not None:
         m.end = f["end"]
     return m
+
+
+def _unavailable_as_status(handler):
+    """An on-call query the store cannot answer now (the analysis process
+    restarting, the store failing) ends UNAVAILABLE with the reason, which
+    clients retry, instead of grpc's UNKNOWN."""
+    @functools.wraps(handler)
+    async def wrapped(self, request, context):
+        try:
+            return await handler(self, request, context)
+        except StoreUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{exc}; retry shortly")
+    return wrapped
 
 
 class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
@@ -194,6 +208,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                                 f"{self.agent_streams} agent streams open, the limit (--max-streams); retry later")
 
     # -- on-call ----------------------------------------------------------------------
+    @_unavailable_as_status
     async def GetStatus(self, request, context):
         # built on the on-call pool: a fleet's status is thousands of GPUs,
         # and the event loop must keep serving agents meanwhile
@@ -219,6 +234,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                 m.open_finding = g["open_finding"]
         return out
 
+    @_unavailable_as_status
     async def ListFindings(self, request, context):
         try:
             start, end = _optional_range(request)
@@ -233,6 +249,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             return apb.FindingsResponse(findings=[finding_pb(_for_caller(r)) for r in rows])
         return await self._query(build)
 
+    @_unavailable_as_status
     async def QueryMetric(self, request, context):
         metric = cat.BY_NAME.get(request.metric)
         if metric is None:
@@ -269,6 +286,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                 s.value = float(r["value"])
         return out
 
+    @_unavailable_as_status
     async def ListCaptures(self, request, context):
         rows = await self._query(self.analyzer.store.captures, request.host, _limit(request.limit, 100))
         return apb.CapturesResponse(captures=[capture_summary_pb(_for_caller(r)) for r in rows])
@@ -286,6 +304,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         finally:
             self.analyzer.events.unsubscribe(wid)
 
+    @_unavailable_as_status
     async def ListRecords(self, request, context):
         try:
             since = _finite(request.since, "since")
@@ -299,6 +318,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                                 f"table: {request.table!r}, expected anomalies or decisions")
         return apb.RecordsResponse(json=[json.dumps(_for_caller(r), default=str) for r in rows])
 
+    @_unavailable_as_status
     async def Report(self, request, context):
         try:
             ctx_s = _finite(request.context_seconds, "context_seconds")
@@ -309,6 +329,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"finding_id: no finding {request.finding_id!r}")
         return apb.ReportResponse(json=json.dumps(_for_caller(report), default=str))
 
+    @_unavailable_as_status
     async def GetAccuracy(self, request, context):
         try:
             start, end = _optional_range(request)

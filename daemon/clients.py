@@ -28,6 +28,8 @@ def _client_error(exc: grpc.RpcError, server: str, security: ClientSecurity) -> 
     explained = explain_failure(exc, server, security)
     if explained:
         return ClientError(explained)
+    if exc.code() == grpc.StatusCode.UNAVAILABLE and "retry shortly" in (exc.details() or ""):
+        return ClientError(f"{server}: {exc.details()}")      # it answered: busy or restarting, not unreachable
     if exc.code() == grpc.StatusCode.UNAVAILABLE:
         return ClientError(f"cannot reach {server}: {exc.details()} "
                            "(is `gpuscope up` or `gpuscope analyzer` running there?)")
