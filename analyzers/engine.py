@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
+import queue
 import threading
 import time
 import traceback
@@ -45,7 +46,8 @@ from .writer import DEFAULT_QUEUE_BYTES, StoreUnavailable
 log = structlog.get_logger("gpuscope.engine")
 
 START_TIMEOUT_S = 300.0       # opening a large store (a first gpu_state scan) takes a while
-CALL_TIMEOUT_S = 120.0
+CALL_TIMEOUT_S = 8.0          # a query the child does not answer by then is UNAVAILABLE (clients wait 10 s)
+CAPTURE_TIMEOUT_S = 60.0      # summarizing a large trace takes seconds
 RESTART_DELAY_S = 2.0
 LOCK_WAIT_S = 20.0            # how long a new child waits for the store's lock held by a dying one
 # What the parent may call in the child, by name: nothing else crosses.
@@ -72,7 +74,7 @@ def _child_main(conn, config, init: Callable | None, init_args: tuple) -> None:
     if init is not None:
         init(*init_args)
     from .analyzer import Analyzer
-    deadline = time.monotonic() + LOCK_WAIT_S
+    deadline, waited = time.monotonic() + LOCK_WAIT_S, False
     while True:
         try:
             analyzer = Analyzer(config)
@@ -80,12 +82,22 @@ def _child_main(conn, config, init: Callable | None, init_args: tuple) -> None:
         except Exception as exc:  # reported to the parent, which says it and exits
             # a predecessor that lost its parent to a kill -9 closes the file on its way out
             if "lock" in str(exc).lower() and time.monotonic() < deadline:
+                if not waited:
+                    log.warning("the store is locked by another process; waiting for it",
+                                seconds=LOCK_WAIT_S, error=str(exc)[:300])
+                    waited = True
                 time.sleep(0.25)
                 continue
-            conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+            try:
+                conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+            except OSError:          # the parent is gone already
+                pass
             return
     analyzer.start()
-    _Child(conn, analyzer).serve()
+    try:
+        _Child(conn, analyzer).serve()
+    except OSError:                  # the pipe broke: the parent is gone, or closing
+        analyzer.close()
 
 
 class _Child:
@@ -247,10 +259,10 @@ class EngineClient:
         self._ids = itertools.count(1)
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
-        self._send_lock = threading.Lock()
         self._conn = None
         self._proc = None
         self._up = False
+        self._outbox: "queue.SimpleQueue" = queue.SimpleQueue()
         self._closing = False
         self.restarts = 0
         self.commands = _Hub(lambda host, up: self._tell(("connected", host, up)))
@@ -283,14 +295,19 @@ class EngineClient:
             proc.join(5)
             raise RuntimeError(detail)
         self._conn, self._proc = parent, proc
+        self._outbox = queue.SimpleQueue()
+        self._up = True
+        threading.Thread(target=self._send_loop, args=(parent, self._outbox), name="engine-sender",
+                         daemon=True).start()
+        threading.Thread(target=self._read, args=(parent, proc), name="engine-reader", daemon=True).start()
         for host in self.commands.hosts:               # after a restart: who is connected, who watches
             self._tell(("connected", host, True))
         with self.events._lock:
             watching = bool(self.events._watches)
         if watching:
             self._tell(("watch", True))
-        self._up = True
-        threading.Thread(target=self._read, args=(parent, proc), name="engine-reader", daemon=True).start()
+        if self._closing:                              # stopped while this child was starting
+            self._tell(("close", None))
 
     def _read(self, conn, proc) -> None:
         while True:
@@ -317,8 +334,22 @@ class EngineClient:
                     fut.set_result(kind)
         self._down(proc)
 
+    def _send_loop(self, conn, outbox: "queue.SimpleQueue") -> None:
+        """The one writer of the pipe: callers (the event loop among them) only
+        queue, so a child that stalls never stalls them. What waits here is
+        bounded by the byte budget (batches) and by the callers' timeouts."""
+        while True:
+            msg = outbox.get()
+            if msg is None:
+                return
+            try:
+                conn.send(msg)
+            except (OSError, ValueError):      # the child is gone; _read notices and restarts it
+                return
+
     def _down(self, proc) -> None:
         self._up = False
+        self._outbox.put(None)
         with self._lock:
             pending, self._pending = self._pending, {}
         for fut in pending.values():
@@ -334,6 +365,8 @@ class EngineClient:
     def _respawn(self) -> None:
         while not self._closing:
             time.sleep(RESTART_DELAY_S)
+            if self._closing:
+                return
             try:
                 self._spawn()
                 self.restarts += 1
@@ -343,13 +376,8 @@ class EngineClient:
                 log.error("analysis process failed to restart", error=str(exc)[:300])
 
     def _tell(self, msg: tuple) -> None:
-        if not self._up:
-            return
-        try:
-            with self._send_lock:
-                self._conn.send(msg)
-        except (OSError, ValueError):      # the child is gone; _read notices and restarts it
-            pass
+        if self._up:
+            self._outbox.put(msg)
 
     def _request(self, msg_of: Callable[[int], tuple], rid: int | None = None) -> Future:
         fut: Future = Future()
@@ -359,13 +387,7 @@ class EngineClient:
         rid = next(self._ids) if rid is None else rid
         with self._lock:
             self._pending[rid] = fut
-        try:
-            with self._send_lock:
-                self._conn.send(msg_of(rid))
-        except (OSError, ValueError) as exc:
-            with self._lock:
-                self._pending.pop(rid, None)
-            fut.set_exception(EngineUnavailable(f"the analysis process is unreachable: {exc}"))
+        self._outbox.put(msg_of(rid))
         return fut
 
     # -- what the servicer uses
@@ -383,9 +405,13 @@ class EngineClient:
         self._tell(("rejected", batch.host[:253] if batch is not None else "", batch.seq if batch is not None else 0,
                     error[:1000]))
 
-    def call(self, name: str, *args, **kwargs) -> Any:
+    def call(self, name: str, *args, timeout: float = CALL_TIMEOUT_S, **kwargs) -> Any:
         assert name in CALLS, name
-        return self._request(lambda rid: ("call", rid, name, args, kwargs)).result(timeout=CALL_TIMEOUT_S)
+        fut = self._request(lambda rid: ("call", rid, name, args, kwargs))
+        try:
+            return fut.result(timeout=timeout)
+        except TimeoutError:
+            raise EngineUnavailable(f"the analysis process did not answer within {timeout:g} s") from None
 
     def status(self, host: str = "", gpu_limit: int | None = None) -> dict:
         return self.call("status", host, gpu_limit)
@@ -400,13 +426,13 @@ class EngineClient:
         return self.call("report", finding_id, context_s)
 
     def report_capture(self, record, xspace: bytes) -> dict:
-        return self.call("report_capture", record, xspace)
+        return self.call("report_capture", record, xspace, timeout=CAPTURE_TIMEOUT_S)
 
     def drain(self, timeout_s: float = 6.0) -> None:
         """The child commits what it holds (bounded in time) and answers it."""
         if self._up:
             try:
-                self._request(lambda _rid: ("drain", timeout_s), rid=-1).result(timeout=timeout_s + 5)
+                self._request(lambda _rid: ("drain", timeout_s), rid=-1).result(timeout=timeout_s + 1)
             except Exception as exc:  # a child that cannot drain is stopped by close()
                 log.warning("analysis process did not drain", error=str(exc)[:200])
 
@@ -414,11 +440,11 @@ class EngineClient:
         self._closing = True
         if self._up:
             try:
-                self._request(lambda _rid: ("close", None), rid=-1).result(timeout=15)
+                self._request(lambda _rid: ("close", None), rid=-1).result(timeout=3)
             except Exception as exc:  # noqa: BLE001 - stopped below either way
                 log.warning("analysis process did not close", error=str(exc)[:200])
         if self._proc is not None:
-            self._proc.join(5)
-            if self._proc.is_alive():
+            self._proc.join(2)
+            if self._proc.is_alive():      # stalled: stop within the 10 s a stop may take
                 self._proc.kill()
                 self._proc.join(5)

@@ -112,7 +112,8 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         except BatchError as exc:
             budget.release(n)
             return None, str(exc)
-        fut.add_done_callback(lambda _f: budget.release(n))
+        # a batch whose stream ended before its ack never has its failure awaited: retrieve it here
+        fut.add_done_callback(lambda f: (budget.release(n), f.cancelled() or f.exception()))
         return fut, None
 
     async def _ack(self, seq: int, fut) -> pb.BatchAck:

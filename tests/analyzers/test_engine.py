@@ -35,3 +35,59 @@ def test_queries_while_the_child_restarts_are_unavailable_then_answered(tmp_path
         assert clients.findings(srv.target) == [] and clients.status(srv.target)["gpus"] == []
     finally:
         srv.stop()
+
+
+def test_after_a_restart_watchers_and_command_streams_carry_on(tmp_path):
+    """Found in a trial: a new child did not learn who was connected or
+    watching, so watchers went silent and agents looked disconnected."""
+    import time
+
+    import grpc
+
+    from gpuscope.analyzers.events import Watch
+    from gpuscope.v1 import analyzer_pb2_grpc
+    from tests.analyzers.test_lifecycle import COMPUTE, _batch
+    srv = AnalyzerServer(tmp_path / "w.duckdb", engine=True)
+    got = []
+    try:
+        srv.analyzer.commands.subscribe("host-a", lambda cmd: True)
+        srv.analyzer.events.subscribe(Watch(deliver=lambda e: got.append(e) or True))
+        wait_for(lambda: clients.status(srv.target)["agents_connected"] == 1, timeout=10)
+        os.kill(srv.analyzer._proc.pid, signal.SIGKILL)
+        wait_for(lambda: srv.analyzer.restarts == 1 and srv.analyzer._up, timeout=30)
+        wait_for(lambda: clients.status(srv.target)["agents_connected"] == 1, timeout=10)
+        t0 = int(time.time()) - 30
+        with grpc.insecure_channel(srv.target) as ch:
+            stub = analyzer_pb2_grpc.AnalyzerStub(ch)
+            for i in range(4):
+                stub.Push(_batch("host-a", "b1", i + 1, t0 + i, {0: COMPUTE}), timeout=10)
+        wait_for(lambda: any(e["kind"] == "finding" for e in got), timeout=15)
+    finally:
+        srv.stop()
+
+
+def test_a_stalled_child_cannot_stall_the_analyzer_or_its_stop(tmp_path):
+    """Found in a trial: with the child stopped (SIGSTOP: swap, a stuck call),
+    the pipe filled, a send blocked the event loop and the stop never ended."""
+    import time
+    srv = AnalyzerServer(tmp_path / "s.duckdb", engine=True)
+    child = srv.analyzer._proc.pid
+    try:
+        os.kill(child, signal.SIGSTOP)
+        big = b"x" * (1 << 20)
+        t0 = time.monotonic()
+        for _ in range(64):                                 # far more than a pipe holds
+            srv.analyzer._tell(("watch", bool(big)))       # never blocks the caller
+            srv.analyzer._outbox.put(("rejected", "h", 1, big.decode()))
+        assert time.monotonic() - t0 < 1.0
+        with pytest.raises(clients.ClientError) as err:
+            clients.status(srv.target)
+        assert "did not answer" in str(err.value)
+        t0 = time.monotonic()
+        srv.stop()
+        assert time.monotonic() - t0 < 15
+    finally:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
