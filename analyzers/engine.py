@@ -59,6 +59,56 @@ class EngineUnavailable(StoreUnavailable):
     """The analysis process is down or restarting; try again shortly."""
 
 
+class _Pipe:
+    """One end of the pipe after the start-up handshake. Messages are queued
+    and one thread sends whatever has queued as one bundle: one pickling and
+    one write for many batches or acks, and a caller (the event loop, the
+    writer) never waits on the pipe, even when the other side stalls. What
+    queues is bounded by the byte budget (batches) and the callers' timeouts."""
+
+    MAX_BUNDLE = 256
+
+    def __init__(self, conn, name: str) -> None:
+        self.conn = conn
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, msg: tuple) -> None:
+        self._q.put(msg)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stops after sending what is queued (waits up to `timeout`)."""
+        self._q.put(None)
+        if timeout is not None:
+            self._thread.join(timeout)
+
+    def recv(self) -> list[tuple]:
+        return self.conn.recv()
+
+    def _run(self) -> None:
+        while True:
+            msg = self._q.get()
+            if msg is None:
+                return
+            bundle, last = [msg], False
+            while len(bundle) < self.MAX_BUNDLE:
+                try:
+                    nxt = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    last = True
+                    break
+                bundle.append(nxt)
+            try:
+                self.conn.send(bundle)
+            except (OSError, ValueError):     # the other side is gone; its reader notices
+                return
+            if last:
+                return
+
+
 # -- the child ---------------------------------------------------------------------------
 def _child_main(conn, config, init: Callable | None, init_args: tuple) -> None:
     import signal
@@ -95,51 +145,56 @@ def _child_main(conn, config, init: Callable | None, init_args: tuple) -> None:
             return
     analyzer.start()
     try:
-        _Child(conn, analyzer).serve()
-    except OSError:                  # the pipe broke: the parent is gone, or closing
+        conn.send(("ready", None))
+    except OSError:                  # the parent went away while this process started
         analyzer.close()
+        return
+    _Child(_Pipe(conn, "engine-sender"), analyzer).serve()
 
 
 class _Child:
-    def __init__(self, conn, analyzer) -> None:
-        self.conn, self.a = conn, analyzer
-        self._send_lock = threading.Lock()
+    def __init__(self, pipe: _Pipe, analyzer) -> None:
+        self.pipe, self.a = pipe, analyzer
+        self.send = pipe.put
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="engine-call")
         self._forwards: dict[str, Callable] = {}
         self._watch: int | None = None
 
-    def send(self, msg: tuple) -> None:
-        with self._send_lock:
-            self.conn.send(msg)
-
     def serve(self) -> None:
-        self.send(("ready", None))
         while True:
             try:
-                msg = self.conn.recv()
+                bundle = self.pipe.recv()
             except (EOFError, OSError):          # the parent is gone: stop as cleanly as we can
                 self.a.close()
                 return
-            kind = msg[0]
-            if kind == "batch":
-                self._batch(msg[1], msg[2])
-            elif kind == "call":
-                self._pool.submit(self._call, *msg[1:])
-            elif kind == "connected":
-                self._connected(msg[1], msg[2])
-            elif kind == "watch":
-                self._watching(msg[1])
-            elif kind == "undelivered":
-                self._undelivered(msg[1])
-            elif kind == "rejected":
-                self.a.count_rejected(pb.SampleBatch(host=msg[1], seq=msg[2]) if msg[1] else None, msg[3])
-            elif kind == "drain":
-                self.a.drain(msg[1])
-                self.send(("drained", None))
-            elif kind == "close":
-                self.a.close()
-                self.send(("closed", None))
-                return
+            for msg in bundle:
+                if not self._handle(msg):
+                    return
+
+    def _handle(self, msg: tuple) -> bool:
+        """False once told to close."""
+        kind = msg[0]
+        if kind == "batch":
+            self._batch(msg[1], msg[2])
+        elif kind == "call":
+            self._pool.submit(self._call, *msg[1:])
+        elif kind == "connected":
+            self._connected(msg[1], msg[2])
+        elif kind == "watch":
+            self._watching(msg[1])
+        elif kind == "undelivered":
+            self._undelivered(msg[1])
+        elif kind == "rejected":
+            self.a.count_rejected(pb.SampleBatch(host=msg[1], seq=msg[2]) if msg[1] else None, msg[3])
+        elif kind == "drain":
+            self.a.drain(msg[1])
+            self.send(("drained", None))
+        elif kind == "close":
+            self.a.close()
+            self.send(("closed", None))
+            self.pipe.close(timeout=5)
+            return False
+        return True
 
     def _batch(self, rid: int, decoded) -> None:
         self.a.note_received(decoded)
@@ -262,7 +317,7 @@ class EngineClient:
         self._conn = None
         self._proc = None
         self._up = False
-        self._outbox: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._pipe: _Pipe | None = None
         self._closing = False
         self.restarts = 0
         self.commands = _Hub(lambda host, up: self._tell(("connected", host, up)))
@@ -295,10 +350,8 @@ class EngineClient:
             proc.join(5)
             raise RuntimeError(detail)
         self._conn, self._proc = parent, proc
-        self._outbox = queue.SimpleQueue()
+        self._pipe = _Pipe(parent, "engine-sender")
         self._up = True
-        threading.Thread(target=self._send_loop, args=(parent, self._outbox), name="engine-sender",
-                         daemon=True).start()
         threading.Thread(target=self._read, args=(parent, proc), name="engine-reader", daemon=True).start()
         for host in self.commands.hosts:               # after a restart: who is connected, who watches
             self._tell(("connected", host, True))
@@ -312,44 +365,35 @@ class EngineClient:
     def _read(self, conn, proc) -> None:
         while True:
             try:
-                msg = conn.recv()
+                bundle = conn.recv()
             except (EOFError, OSError):
                 break
-            kind = msg[0]
-            if kind == "result":
-                with self._lock:
-                    fut = self._pending.pop(msg[1], None)
-                if fut is not None and not fut.done():
-                    (fut.set_result if msg[2] else fut.set_exception)(msg[3])
-            elif kind == "event":
-                self.events.publish(msg[1])
-            elif kind == "command":
-                cmd = apb.Command.FromString(msg[2])
-                if not self.commands.send(msg[1], cmd):
-                    self._tell(("undelivered", cmd.id))
-            elif kind in ("drained", "closed"):
-                with self._lock:
-                    fut = self._pending.pop(-1, None)
-                if fut is not None:
-                    fut.set_result(kind)
+            for msg in bundle:
+                self._handle(msg)
         self._down(proc)
 
-    def _send_loop(self, conn, outbox: "queue.SimpleQueue") -> None:
-        """The one writer of the pipe: callers (the event loop among them) only
-        queue, so a child that stalls never stalls them. What waits here is
-        bounded by the byte budget (batches) and by the callers' timeouts."""
-        while True:
-            msg = outbox.get()
-            if msg is None:
-                return
-            try:
-                conn.send(msg)
-            except (OSError, ValueError):      # the child is gone; _read notices and restarts it
-                return
+    def _handle(self, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "result":
+            with self._lock:
+                fut = self._pending.pop(msg[1], None)
+            if fut is not None and not fut.done():
+                (fut.set_result if msg[2] else fut.set_exception)(msg[3])
+        elif kind == "event":
+            self.events.publish(msg[1])
+        elif kind == "command":
+            cmd = apb.Command.FromString(msg[2])
+            if not self.commands.send(msg[1], cmd):
+                self._tell(("undelivered", cmd.id))
+        elif kind in ("drained", "closed"):
+            with self._lock:
+                fut = self._pending.pop(-1, None)
+            if fut is not None:
+                fut.set_result(kind)
 
     def _down(self, proc) -> None:
         self._up = False
-        self._outbox.put(None)
+        self._pipe.close()
         with self._lock:
             pending, self._pending = self._pending, {}
         for fut in pending.values():
@@ -377,7 +421,7 @@ class EngineClient:
 
     def _tell(self, msg: tuple) -> None:
         if self._up:
-            self._outbox.put(msg)
+            self._pipe.put(msg)
 
     def _request(self, msg_of: Callable[[int], tuple], rid: int | None = None) -> Future:
         fut: Future = Future()
@@ -387,7 +431,7 @@ class EngineClient:
         rid = next(self._ids) if rid is None else rid
         with self._lock:
             self._pending[rid] = fut
-        self._outbox.put(msg_of(rid))
+        self._pipe.put(msg_of(rid))
         return fut
 
     # -- what the servicer uses

@@ -78,7 +78,7 @@ def test_a_stalled_child_cannot_stall_the_analyzer_or_its_stop(tmp_path):
         t0 = time.monotonic()
         for _ in range(64):                                 # far more than a pipe holds
             srv.analyzer._tell(("watch", bool(big)))       # never blocks the caller
-            srv.analyzer._outbox.put(("rejected", "h", 1, big.decode()))
+            srv.analyzer._pipe.put(("rejected", "h", 1, big.decode()))
         assert time.monotonic() - t0 < 1.0
         with pytest.raises(clients.ClientError) as err:
             clients.status(srv.target)
