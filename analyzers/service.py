@@ -237,10 +237,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
 
     @_unavailable_as_status
     async def ListFindings(self, request, context):
-        try:
-            start, end = _optional_range(request)
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        start, end = await _optional_range(request, context)
 
         def build() -> apb.FindingsResponse:
             rows = self.analyzer.list_findings(
@@ -332,10 +329,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
 
     @_unavailable_as_status
     async def GetAccuracy(self, request, context):
-        try:
-            start, end = _optional_range(request)
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        start, end = await _optional_range(request, context)
 
         def build() -> apb.AccuracyResponse:
             rows = self.analyzer.store.verdict_pairs(start, end, request.host)
@@ -385,10 +379,13 @@ async def _own_host(context, host: str, field: str) -> None:
                             f"{field}: {host[:80]!r}, but this agent's certificate is for {caller.host!r}")
 
 
-def _optional_range(request) -> tuple[float | None, float | None]:
-    """A request's optional start and end, checked."""
-    return (_finite(request.start, "start") if request.HasField("start") else None,
-            _finite(request.end, "end") if request.HasField("end") else None)
+async def _optional_range(request, context) -> tuple[float | None, float | None]:
+    """A request's optional start and end; INVALID_ARGUMENT naming a bad one."""
+    try:
+        return (_finite(request.start, "start") if request.HasField("start") else None,
+                _finite(request.end, "end") if request.HasField("end") else None)
+    except ValueError as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
 
 def _finite(value: float, field: str) -> float:
