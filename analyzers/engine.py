@@ -39,7 +39,7 @@ from gpuscope.v1 import analyzer_pb2 as apb, samples_pb2 as pb
 
 from .commands import CommandHub
 from .events import EventBus, Watch
-from .flow import ByteBudget
+from .flow import ByteBudget, take_queued
 from .ingest import decode
 from .writer import DEFAULT_QUEUE_BYTES, StoreUnavailable
 
@@ -91,16 +91,7 @@ class _Pipe:
             msg = self._q.get()
             if msg is None:
                 return
-            bundle, last = [msg], False
-            while len(bundle) < self.MAX_BUNDLE:
-                try:
-                    nxt = self._q.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    last = True
-                    break
-                bundle.append(nxt)
+            bundle, last = take_queued(self._q, msg, self.MAX_BUNDLE)
             try:
                 self.conn.send(bundle)
             except (OSError, ValueError):     # the other side is gone; its reader notices
@@ -314,7 +305,6 @@ class EngineClient:
         self._ids = itertools.count(1)
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
-        self._conn = None
         self._proc = None
         self._up = False
         self._pipe: _Pipe | None = None
@@ -324,7 +314,6 @@ class EngineClient:
         self.events = _Bus(lambda on: self._tell(("watch", on)))
         self.writer = _Writer()
         self.store = _Store(self)
-        self.window_s = config.window_s
 
     # -- life of the child
     def start(self) -> None:
@@ -349,7 +338,7 @@ class EngineClient:
         if kind != "ready":
             proc.join(5)
             raise RuntimeError(detail)
-        self._conn, self._proc = parent, proc
+        self._proc = proc
         self._pipe = _Pipe(parent, "engine-sender")
         self._up = True
         threading.Thread(target=self._read, args=(parent, proc), name="engine-reader", daemon=True).start()
@@ -424,6 +413,8 @@ class EngineClient:
             self._pipe.put(msg)
 
     def _request(self, msg_of: Callable[[int], tuple], rid: int | None = None) -> Future:
+        """Sends msg_of(rid); the future resolves with the child's answer to rid
+        (rid -1: drain and close, which answer once)."""
         fut: Future = Future()
         if not self._up:
             fut.set_exception(EngineUnavailable("the analysis process is restarting; resend later"))
@@ -451,10 +442,13 @@ class EngineClient:
 
     def call(self, name: str, *args, timeout: float = CALL_TIMEOUT_S, **kwargs) -> Any:
         assert name in CALLS, name
-        fut = self._request(lambda rid: ("call", rid, name, args, kwargs))
+        rid = next(self._ids)
+        fut = self._request(lambda r: ("call", r, name, args, kwargs), rid=rid)
         try:
             return fut.result(timeout=timeout)
         except TimeoutError:
+            with self._lock:                 # a late answer finds nobody waiting
+                self._pending.pop(rid, None)
             raise EngineUnavailable(f"the analysis process did not answer within {timeout:g} s") from None
 
     def status(self, host: str = "", gpu_limit: int | None = None) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import queue
 import threading
 from typing import Callable
 
@@ -93,3 +94,19 @@ class ByteBudget:
 def _resolve(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def take_queued(q: "queue.SimpleQueue", first, limit: int) -> tuple[list, bool]:
+    """`first` and whatever else is already queued, up to `limit` items, for
+    one group commit or one pipe write; True when the stop sentinel (None)
+    came up, which is not returned."""
+    items = [first]
+    while len(items) < limit:
+        try:
+            nxt = q.get_nowait()
+        except queue.Empty:
+            return items, False
+        if nxt is None:
+            return items, True
+        items.append(nxt)
+    return items, False

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import structlog
 
-from .flow import ByteBudget
+from .flow import ByteBudget, take_queued
 from .ingest import METRIC_NAMES, DecodedBatch
 from .seqset import SeqSet
 from .store import Store, encode_ranges
@@ -137,16 +137,9 @@ class Writer:
             item = self._q.get()
             if item is None:
                 return
-            group = [item]
-            while len(group) < self._max_group:
-                try:
-                    nxt = self._q.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self._q.put(None)
-                    break
-                group.append(nxt)
+            group, stopping = take_queued(self._q, item, self._max_group)
+            if stopping:
+                self._q.put(None)            # this group first, then stop
             batches = [(b, f) for b, f in group if isinstance(b, DecodedBatch)]
             tasks = [(b, f) for b, f in group if not isinstance(b, DecodedBatch)]
             if batches:
