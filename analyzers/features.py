@@ -63,6 +63,24 @@ class Columns:
         return cls(names, matrix)
 
 
+def stack_columns(parts: Sequence[tuple[tuple[str, ...], np.ndarray]],
+                  names: tuple[str, ...] | None = None) -> Columns:
+    """The rows of matrices whose metric sets may differ (fast and slow
+    rows, agents of other versions), as one Columns over `names` (default:
+    their union, in the order first seen); NaN where a part lacks a metric."""
+    if names is None:
+        names = tuple(dict.fromkeys(n for part_names, _ in parts for n in part_names))
+    if all(part_names == names for part_names, _ in parts):
+        return Columns(names, parts[0][1] if len(parts) == 1 else np.vstack([m for _, m in parts]))
+    pos = {n: i for i, n in enumerate(names)}
+    out = np.full((sum(len(m) for _, m in parts), len(names)), np.nan)
+    r = 0
+    for part_names, m in parts:
+        out[r:r + len(m), [pos[n] for n in part_names]] = m
+        r += len(m)
+    return Columns(names, out)
+
+
 @dataclass
 class Stack:
     """K windows' samples stacked: window k holds rows offsets[k] to
@@ -263,22 +281,15 @@ def stack(windows: Sequence[tuple[int, float, float, np.ndarray, Columns, dict]]
     windows whose metric sets differ get NaN for the metrics they lack, and
     a window whose samples arrived out of order (a resent batch after a
     newer one) is put in time order."""
-    names = tuple(dict.fromkeys(n for w in windows for n in w[4].names))
-    pos = {n: i for i, n in enumerate(names)}
-    blocks, ts, offsets, r = [], [], [], 0
-    for _, _, _, t, cols, _ in windows:
-        if cols.names == names:
-            blocks.append(cols.matrix)
-        else:
-            block = np.full((len(t), len(names)), np.nan)
-            block[:, [pos[n] for n in cols.names]] = cols.matrix
-            blocks.append(block)
-        ts.append(t)
-        offsets.append(r)
-        r += len(t)
+    ts = [w[3] for w in windows]
+    offsets = np.concatenate(([0], np.cumsum([len(x) for x in ts])[:-1])) if ts else np.empty(0, np.int64)
+    if windows:
+        both = stack_columns([(w[4].names, w[4].matrix) for w in windows])
+        names, matrix = both.names, both.matrix
+    else:
+        names, matrix = (), np.empty((0, 0))
     dev = [w[5] for w in windows]
     t = np.concatenate(ts) if ts else np.empty(0)
-    matrix = np.vstack(blocks) if blocks else np.empty((0, len(names)))
     seg = np.repeat(np.arange(len(windows)), [len(x) for x in ts])
     if len(t) > 1 and np.any((np.diff(t) < 0) & (seg[1:] == seg[:-1])):   # a window's samples out of order
         o = np.lexsort((t, seg))

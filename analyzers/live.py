@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from .classify import Classification, classify_many
-from .features import Columns, compute_windows, feature_matrix, stack
+from .features import compute_windows, feature_matrix, stack, stack_columns
 from .ingest import DecodedBatch
 
 
@@ -83,7 +83,7 @@ class LiveWindows:
         parts = []
         for (host, g), acc in closing:
             t = np.concatenate(acc.t) if len(acc.t) > 1 else acc.t[0]
-            parts.append((g, acc.start, acc.start + self.window_s, t, _merge(acc.rows),
+            parts.append((g, acc.start, acc.start + self.window_s, t, stack_columns(acc.rows),
                           self.devices.get((host, g), {})))
         s = stack(parts)
         matrix = feature_matrix(s)
@@ -102,20 +102,3 @@ class LiveWindows:
         for key in [k for k, a in self._acc.items() if a.arrived + self.window_s * (1 + grace_windows) < now]:
             self._closing.append((key, self._acc.pop(key)))
         return self.close_pending()
-
-
-def _merge(chunks: list[tuple[tuple[str, ...], np.ndarray]]) -> Columns:
-    """One matrix from chunks whose metric sets may differ (fast and slow rows)."""
-    first = chunks[0][0]
-    if len(chunks) == 1:
-        return Columns(first, chunks[0][1])
-    if all(names == first for names, _ in chunks):
-        return Columns(first, np.vstack([m for _, m in chunks]))
-    union = tuple(dict.fromkeys(n for names, _ in chunks for n in names))
-    pos = {n: i for i, n in enumerate(union)}
-    out = np.full((sum(len(m) for _, m in chunks), len(union)), np.nan)
-    r = 0
-    for names, m in chunks:
-        out[r:r + len(m), [pos[n] for n in names]] = m
-        r += len(m)
-    return Columns(union, out)

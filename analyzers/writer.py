@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import structlog
 
+from .features import stack_columns
 from .flow import ByteBudget, take_queued
 from .ingest import METRIC_NAMES, DecodedBatch
 from .seqset import SeqSet
@@ -47,9 +48,7 @@ def samples_table(batches: list[DecodedBatch]) -> pa.Table:
     names = batches[0].names
     if any(b.names != names for b in batches):
         names = tuple(m for m in METRIC_NAMES if any(m in b.names for b in batches))
-        values = np.vstack([_widen(b, names) for b in batches])
-    else:
-        values = np.vstack([b.values for b in batches]) if len(batches) > 1 else batches[0].values
+    values = stack_columns([(b.names, b.values) for b in batches], names).matrix
     hosts = [h for b in batches for h in [b.host] * b.count]
     cols = [pa.array(hosts, pa.string()),
             pa.array(np.concatenate([b.gpu for b in batches]).astype(np.int32), pa.int32()),
@@ -58,13 +57,6 @@ def samples_table(batches: list[DecodedBatch]) -> pa.Table:
         v = np.ascontiguousarray(values[:, i])
         cols.append(pa.array(v, pa.float64(), mask=np.isnan(v)))
     return pa.Table.from_arrays(cols, names=["host", "gpu", "t", *names])
-
-
-def _widen(b: DecodedBatch, names: tuple[str, ...]) -> np.ndarray:
-    out = np.full((b.count, len(names)), np.nan)
-    pos = {n: i for i, n in enumerate(names)}
-    out[:, [pos[n] for n in b.names]] = b.values
-    return out
 
 
 class BatchRejected(ValueError):
