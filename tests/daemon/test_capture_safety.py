@@ -294,6 +294,15 @@ class Engine:
 TRACE = gzip.compress(b'{"traceEvents": []}')
 
 
+
+def _capture_served(engine, config):
+    """One capture of a serving engine's trace through the agent's runner; the engine stops after."""
+    try:
+        return CaptureRunner(config, HOST).capture(engine.url, 100, kind="torch-http",
+                                                   client=TorchProfilerHttp(engine.url, engine.trace_dir))
+    finally:
+        engine.stop()
+
 def test_serving_traces_are_copied_without_following_links(tmp_path, caps, outside):
     secret = outside / "secret.pt.trace.json.gz"
     secret.write_bytes(b"s" * 100_000)             # bigger: the newest-trace choice would prefer it
@@ -302,13 +311,7 @@ def test_serving_traces_are_copied_without_following_links(tmp_path, caps, outsi
         (trace_dir / "rank0.pt.trace.json.gz").write_bytes(TRACE)
         (trace_dir / "rank1.pt.trace.json.gz").symlink_to(secret)
         (trace_dir / "sub").symlink_to(outside, target_is_directory=True)
-    engine = Engine(tmp_path / "engine", write)
-    try:
-        client = TorchProfilerHttp(engine.url, engine.trace_dir)
-        rec, data = CaptureRunner(CaptureConfig(caps), HOST).capture(engine.url, 100, kind="torch-http",
-                                                                     client=client)
-    finally:
-        engine.stop()
+    rec, data = _capture_served(Engine(tmp_path / "engine", write), CaptureConfig(caps))
     assert rec.status == "ok" and data == TRACE, rec
     copy = caps / rec.id / "rank0.pt.trace.json.gz"
     assert rec.path == str(copy) and copy.read_bytes() == TRACE and mode(copy) == 0o600
@@ -316,26 +319,16 @@ def test_serving_traces_are_copied_without_following_links(tmp_path, caps, outsi
 
 
 def test_a_serving_trace_that_is_only_a_link_is_no_trace(tmp_path, caps, outside):
-    engine = Engine(tmp_path / "engine",
-                    lambda d: (d / "rank0.pt.trace.json.gz").symlink_to(outside / "precious"))
-    try:
-        client = TorchProfilerHttp(engine.url, engine.trace_dir)
-        rec, data = CaptureRunner(CaptureConfig(caps), HOST).capture(engine.url, 100, kind="torch-http",
-                                                                     client=client)
-    finally:
-        engine.stop()
+    rec, data = _capture_served(Engine(tmp_path / "engine",
+                                       lambda d: (d / "rank0.pt.trace.json.gz").symlink_to(outside / "precious")),
+                                CaptureConfig(caps))
     assert rec.status == "failed" and "no new trace file" in rec.error and not data
     assert not list(caps.iterdir())
 
 
 def test_a_serving_trace_over_the_size_bound_is_not_read(tmp_path, caps):
-    engine = Engine(tmp_path / "engine", lambda d: (d / "rank0.pt.trace.json.gz").write_bytes(b"x" * 4096))
-    try:
-        client = TorchProfilerHttp(engine.url, engine.trace_dir)
-        rec, data = CaptureRunner(CaptureConfig(caps, max_trace_bytes=1024), HOST).capture(
-            engine.url, 100, kind="torch-http", client=client)
-    finally:
-        engine.stop()
+    rec, data = _capture_served(Engine(tmp_path / "engine", lambda d: (d / "rank0.pt.trace.json.gz").write_bytes(
+        b"x" * 4096)), CaptureConfig(caps, max_trace_bytes=1024))
     assert rec.status == "failed" and "more than the" in rec.error and not data
     assert not list(caps.iterdir())
 
