@@ -294,7 +294,6 @@ class Engine:
 TRACE = gzip.compress(b'{"traceEvents": []}')
 
 
-
 def _capture_served(engine, config):
     """One capture of a serving engine's trace through the agent's runner; the engine stops after."""
     try:
