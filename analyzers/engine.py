@@ -49,6 +49,11 @@ START_TIMEOUT_S = 300.0       # opening a large store (a first gpu_state scan) t
 CALL_TIMEOUT_S = 8.0          # a query the child does not answer by then is UNAVAILABLE (clients wait 10 s)
 CAPTURE_TIMEOUT_S = 60.0      # summarizing a large trace takes seconds
 RESTART_DELAY_S = 2.0
+# Threads that give the GIL up often (the event loop decoding, queries, the
+# pipe) wait behind a busy writer thread for up to the switch interval each
+# time; Python's default 5 ms turned a 0.8 ms decode into 25 ms
+# (docs/benchmarks.md). Both of the analyzer's processes use this.
+SWITCH_INTERVAL_S = 0.0005
 LOCK_WAIT_S = 20.0            # how long a new child waits for the store's lock held by a dying one
 # What the parent may call in the child, by name: nothing else crosses.
 CALLS = {"status", "list_findings", "finding", "report", "report_capture",
@@ -108,10 +113,7 @@ def _child_main(conn, config, init: Callable | None, init_args: tuple) -> None:
     # the parent drains and closes this process itself, in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    # Queries, the pipe and the writer share this process's GIL: at the default
-    # 5 ms switch interval a query waits up to 5 ms behind the writer at every
-    # step it gives the GIL up (the parent does the same for its event loop).
-    sys.setswitchinterval(0.0005)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     if init is not None:
         init(*init_args)
     from .analyzer import Analyzer

@@ -6,7 +6,6 @@ import json
 import time
 
 from gpuscope.analyzers import accuracy
-from gpuscope.analyzers.accuracy import trust_words
 from gpuscope.collectors import catalogue as cat
 
 from . import clients
@@ -67,7 +66,7 @@ def cmd_findings(ns) -> int:
         print("no findings")
     for f in rows:
         end_s = "open" if f["end"] is None else time.strftime("%H:%M:%S", time.localtime(f["end"]))
-        trust = trust_words(f["counters_verdict"], measured)
+        trust = accuracy.trust_words(f["counters_verdict"], measured)
         print(f"{f['id']} {f['host']}/gpu{f['gpu']} {f['verdict']:<20} "
               f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(f['start']))} -> {end_s} "
               f"conf {f['confidence']:.2f}{trust} {','.join(f['flags'])}\n    {f['summary']}")

@@ -276,16 +276,13 @@ def cmd_agent(ns) -> int:
 
 def cmd_analyzer(ns) -> int:
     from gpuscope.analyzers.analyzer import Analyzer
-    from gpuscope.analyzers.engine import EngineClient
+    from gpuscope.analyzers.engine import SWITCH_INTERVAL_S, EngineClient
     from gpuscope.analyzers.service import AnalyzerServicer
 
     parse_hostport(ns.listen, "--listen")
     ensure_free(ns.listen)                     # before the DB is opened: fail fast, touch nothing
     security = _server_security(ns, "analyzer", ns.listen)
-    # Decode on the event loop gives up the GIL ~40 times a batch; with the
-    # default 5 ms switch interval each wait behind the busy writer thread
-    # turned a 0.8 ms decode into 25 ms (measured, docs/benchmarks.md).
-    sys.setswitchinterval(0.0005)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
     config = _analyzer_config(ns, dry_run=ns.dry_run)
     if ns.engine == "process":
