@@ -54,6 +54,10 @@ class Uplink:
         self._security = security
         self._channel_factory = channel_factory or security.channel_factory()
         self._lock = threading.Lock()
+        # one flush at a time: a seq is taken and enters _unacked in order, so the
+        # oldest unacked seq a batch names is never above its own (the flush loop and
+        # stop() or a caller's flush() would otherwise interleave)
+        self._flush_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._pending: collections.deque[GpuSample] = collections.deque()
@@ -131,6 +135,10 @@ class Uplink:
                 log.exception("uplink flush failed")
 
     def flush(self) -> None:
+        with self._flush_lock:
+            self._flush()
+
+    def _flush(self) -> None:
         while True:
             with self._lock:
                 if not self._pending and not self._pending_health:
