@@ -1,18 +1,23 @@
-"""From a trace to a verdict: timeline arithmetic (busy, gaps and who caused
-them, copies, collectives and their overlap with compute), the roofline
-position of the ops, then one verdict in the counters' vocabulary.
+"""From a trace to a verdict: timeline arithmetic (busy time, where the idle
+time went, copies, collectives and their overlap with compute), the
+roofline position of the ops, then one verdict in the counters' vocabulary.
 
-How the verdict is reached (docs/verdicts.md has the reasoning):
+How the verdict is reached (docs/verdicts.md has the reasoning). The span is
+the trace minus the profiler's own start/stop while the GPU was idle
+(analyzers/idle_time.py), and every fraction is of time, not of a count:
 1. no GPU activity at all -> idle;
 2. copies and collectives not hidden behind compute take half or more of
    the GPU's active time -> communication-bound;
 3. GPU busy half the span or more -> compute- or memory-bound, by where the
    time-weighted ops sit against the ridge point;
-4. otherwise the GPU waits. If it mostly waits for launches that come after
-   it went idle (host-caused gaps): launch-bound when kernels are short and
-   the gaps are as short as a dispatch, host-bound when the gaps are long
-   (the host does other work between steps). If the waits are not caused
-   by late launches, the GPU is idle.
+4. otherwise the GPU waits, and the largest cause of its idle time decides:
+   the launching thread dispatching -> launch-bound; doing other work
+   (Python, input pipelines, sampling, synchronisation; or untraced while the
+   next launch came late) -> host-bound; waiting for work, or nobody can
+   say -> idle; launched work waiting on the device with copies or
+   collectives in the trace -> communication-bound.
+   Without a host trace, the size of each late gap stands in for what the
+   host did (up to 100 µs: the dispatch path), with lower confidence.
 
 A trace's numbers come from a file: the readers keep every time and
 duration within [0, MAX_TIME_NS] (so no sum of disjoint intervals, end or
@@ -27,11 +32,11 @@ import numpy as np
 from gpuscope.collectors.trace_model import (COLLECTIVE, KERNEL, KIND_NAMES, MEMCPY_D2D, MEMCPY_D2H, MEMCPY_H2D,
                                              MEMCPY_P2P, DeviceTimeline, Trace)
 
+from .idle_time import account
 from .roofline import Peaks, device_peaks, op_table
 from .rules.common import COMMUNICATION, COMPUTE, HOST, IDLE, LAUNCH, MEMORY
 
-SHORT_KERNEL_NS = 20_000        # a kernel shorter than ~2-4 launch latencies cannot hide its launch
-DISPATCH_GAP_NS = 100_000       # gaps up to this are the dispatch path itself; longer ones are other host work
+GUESS_CONFIDENCE = 0.6          # the verdict rests on gap sizes, not on what the host did
 TOP_OPS = 10
 COMM_KINDS = (MEMCPY_H2D, MEMCPY_D2H, MEMCPY_P2P, COLLECTIVE)
 
@@ -86,9 +91,10 @@ def device_summary(trace: Trace, dev: DeviceTimeline) -> dict:
     coll_iv = _merge(dev.start_ns[coll], ends[coll])
     compute_only = _merge(dev.start_ns[k & ~coll], ends[k & ~coll])
     kdur = dev.dur_ns[k]
-    out: dict = dict(device=dev.name, name=dev.props.get("name"), span_seconds=span / 1e9,
-                     busy_fraction=busy_ns / span, activities=int(len(dev)),
-                     host_transfer_fraction=trace.host.transfer_ns / span)
+    timing = account(trace, dev, active)
+    out: dict = dict(device=dev.name, name=dev.props.get("name"), span_seconds=timing["span_seconds"],
+                     busy_fraction=timing["busy_fraction"], activities=int(len(dev)),
+                     host_transfer_fraction=trace.host.transfer_ns / span, timing=timing)
     out["kernels"] = dict(count=int(k.sum()), launch_rate_per_s=float(k.sum()) / (span / 1e9),
                           duration_us=dict(p50=_us(_pct(kdur, 50)), p90=_us(_pct(kdur, 90)), p99=_us(_pct(kdur, 99)),
                                            mean=_us(float(kdur.mean()) if len(kdur) else None)))
@@ -192,23 +198,51 @@ def _verdict(s: dict, exposed_comm_ns: int, busy_ns: int, span: int) -> dict:
         return dict(verdict=verdict, confidence=round(busy * share * min(1.0, known / 0.5), 3),
                     summary=f"GPU busy {busy:.0%}; {c:.0%} of kernel time in compute-bound ops, "
                             f"{m:.0%} in memory-bound ops{detail}")
-    host_share = gaps.get("host_caused_fraction")
-    idle = 1 - busy
-    if host_share is None or host_share < 0.5:
-        if k["launch_rate_per_s"] < 100 or host_share is not None:
-            return dict(verdict=IDLE, confidence=round(idle * (1 - (host_share or 0)), 3),
-                        summary=f"GPU idle {idle:.0%} of the trace and the idle time is not waiting on launches")
-    p50 = (k["duration_us"]["p50"] or 0) * 1e3
-    gap50 = (gaps.get("host_caused_median_us") or gaps.get("median_us") or 0) * 1e3
-    basis = (f"GPU idle {idle:.0%}, {host_share:.0%} of it waiting for launches issued after it ran dry"
-             if host_share is not None else f"GPU idle {idle:.0%}; no launch records to attribute the gaps")
-    if p50 < SHORT_KERNEL_NS and gap50 < DISPATCH_GAP_NS:
-        return dict(verdict=LAUNCH, confidence=round(idle * (host_share or 0.5), 3),
-                    summary=f"{basis}: {k['launch_rate_per_s']:,.0f} launches/s, median kernel "
-                            f"{p50 / 1e3:.1f} µs, median gap {gap50 / 1e3:.1f} µs")
-    return dict(verdict=HOST, confidence=round(idle * (host_share or 0.5), 3),
-                summary=f"{basis}: median gap {gap50 / 1e3:,.0f} µs between steps, "
-                        f"{k['launch_rate_per_s']:,.0f} launches/s")
+    return _waiting_verdict(s)
+
+
+_CAUSE_VERDICT = dict(dispatch=LAUNCH, host_work=HOST, host_transfer=HOST, waiting_for_work=IDLE,
+                      unattributed=IDLE, device_wait=IDLE)
+
+
+def _waiting_verdict(s: dict) -> dict:
+    """The GPU is idle half the span or more: the largest cause of the idle
+    time decides (analyzers/idle_time.py measures them)."""
+    t, k = s["timing"], s["kernels"]
+    idle = max(t["idle_fraction"], 1e-12)
+    by_verdict: dict[str, float] = {}
+    for cause, share in t["idle_causes"].items():
+        v = _CAUSE_VERDICT[cause]
+        if cause == "device_wait" and s["communication"]["time_fraction"] > 0:
+            v = COMMUNICATION             # launched work waited on the device, with copies or collectives around
+        by_verdict[v] = by_verdict.get(v, 0.0) + share
+    guessed = t["basis"].startswith("gap sizes")
+    if guessed and k["launch_rate_per_s"] < 100:
+        by_verdict = {IDLE: idle}         # a few launches and no host trace: nothing says the GPU is starved
+    verdict = max(by_verdict, key=by_verdict.get)
+    share = by_verdict[verdict] / idle
+    confidence = round(min(1.0, share * min(1.0, idle / 0.5)) * (GUESS_CONFIDENCE if guessed else 1.0), 3)
+    c = t["idle_causes"]
+    excl = t["excluded"]["profiler_seconds"]
+    head = f"GPU idle {idle:.0%} of the trace" + (f" (the profiler's own start/stop, {excl * 1e3:,.0f} ms, left out)"
+                                                  if excl else "")
+    parts = [(c["dispatch"], "dispatching"), (c["host_work"] + c["host_transfer"], "doing other host work"),
+             (c["waiting_for_work"], "waiting for work")]
+    split = "while it waited the launching thread was " + ", ".join(
+        f"{what} {v / idle:.0%}" for v, what in parts if v / idle >= 0.005) + " of the time"
+    if c["device_wait"] / idle >= 0.005:
+        split += f"; launched work waited on the device {c['device_wait'] / idle:.0%}"
+    if c["unattributed"] / idle >= 0.005:
+        split += f"; {c['unattributed'] / idle:.0%} unattributed (no launch record or host trace)"
+    if guessed:
+        split = (f"no host trace, so gap sizes stand in: {c['dispatch'] / idle:.0%} of the idle time in gaps "
+                 f"as short as a dispatch, {c['host_work'] / idle:.0%} in longer ones")
+    top = ", ".join(f"{a['name']} {a['idle_fraction']:.0%}" for a in t["host_during_idle"][:3])
+    tail = f"; the host during GPU-idle time: {top}" if top and verdict in (LAUNCH, HOST) else ""
+    rate = f"; {k['launch_rate_per_s']:,.0f} launches/s, median kernel {k['duration_us']['p50'] or 0:,.1f} µs"
+    if verdict == IDLE:
+        return dict(verdict=IDLE, confidence=confidence, summary=f"{head} and not waiting on the host: {split}")
+    return dict(verdict=verdict, confidence=confidence, summary=f"{head}; {split}{rate}{tail}")
 
 
 def summarize(trace: Trace) -> dict:
@@ -228,6 +262,6 @@ def summarize(trace: Trace) -> dict:
         return out
     main = max(devices, key=lambda d: d["busy_fraction"] if d["verdict"] != IDLE else -1)
     out.update({k: main[k] for k in ("verdict", "confidence", "summary", "busy_fraction", "kernels", "idle_gaps",
-                                     "memcpy", "communication", "roofline", "top_ops")})
+                                     "memcpy", "communication", "roofline", "top_ops", "timing")})
     out["device"] = main["device"]
     return out

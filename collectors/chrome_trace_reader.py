@@ -16,11 +16,10 @@ import json
 import math
 import zlib
 
-import numpy as np
-
-from .trace_model import (TRANSFER_MARKERS, HostTimeline, Trace, _Builder, as_int64, count_skip, kind_of,
+from .host_model import HostBuilder
+from .trace_model import (Trace, _Builder, as_int64, count_skip, kind_of,
                           parse_bytes, plain_bytes, skip_warning, us_to_ns)
-from .xspace_reader import DISPATCH_MARKERS, TraceError, _union_ns
+from .xspace_reader import TraceError
 
 DEVICE_PREFIXES = ("/device:GPU:", "GPU ")     # jax: "/device:GPU:0"; torch/kineto: "GPU 0"
 MAX_JSON_BYTES = 1 << 30                       # decompressed; a zip bomb stops here
@@ -56,8 +55,7 @@ def parse_chrome_trace(data: bytes, source: str = "<bytes>") -> Trace:
     device_pids = {pid: name for pid, name in procs.items() if name.startswith(DEVICE_PREFIXES)}
     builders = {pid: _Builder(name if name.startswith("/device") else f"/device:GPU:{name.split()[-1]}", {})
                 for pid, name in device_pids.items()}
-    corr, launch = [], []
-    host_iv: dict = {}
+    hb = HostBuilder()
     lo, hi = None, None
     for e in events:
         if not isinstance(e, dict):
@@ -94,26 +92,13 @@ def parse_chrome_trace(data: bytes, source: str = "<bytes>") -> Trace:
             c = args.get("correlation_id", args.get("correlation", -1))
             b.add(ts, dur, kind, as_int64(tid), as_int64(c), name, (module, op) if op else None, nbytes)
         else:
-            host_iv.setdefault((pid, tid), []).append(
-                (ts, ts + dur, any(m in name for m in DISPATCH_MARKERS), any(m in name for m in TRANSFER_MARKERS)))
             c = args.get("correlation_id", args.get("correlation"))
-            if c is not None:
-                corr.append(as_int64(c))
-                launch.append(ts)
+            hb.add(hb.thread_index((pid, tid), threads.get((pid, tid), "")), ts, ts + dur, hb.name_index(name),
+                   None if c is None else as_int64(c))
     if lo is None:
         why = f"; {sum(skipped.values())} unusable events skipped" if skipped else ""
         raise TraceError(f"{source}: no complete ('X') events with a usable ts and dur{why}")
-    busiest, dispatch, xfer = 0, 0, []
-    for iv in host_iv.values():
-        arr = np.asarray(iv, dtype=np.int64)
-        busiest = max(busiest, _union_ns(arr[:, 0], arr[:, 1]))
-        d = arr[arr[:, 2] == 1]
-        if len(d):
-            dispatch += _union_ns(d[:, 0], d[:, 1])
-        xfer.append(arr[arr[:, 3] == 1])
-    x = np.concatenate(xfer) if xfer else np.empty((0, 4), np.int64)
-    host = HostTimeline(np.asarray(corr, np.int64), np.asarray(launch, np.int64), dispatch, busiest, len(host_iv),
-                        transfer_ns=_union_ns(x[:, 0], x[:, 1]))
+    host = hb.build()
     warnings = ["trace-event JSON: no HLO and no device peaks, so no roofline; summarize the .xplane.pb for one"]
     if not builders:
         warnings.append("no GPU device process: a CPU-only job, or device tracing was off")

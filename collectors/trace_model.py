@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .host_model import HostTimeline
+
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_TIME_NS = (1 << 62) - 1      # ~146 years: a start or a duration beyond it is not a clock's; start + dur fits int64
 MAX_BYTES = float(1 << 60)       # 1 EiB: a byte count beyond it is not a transfer's
@@ -47,16 +49,6 @@ class DeviceTimeline:
 
 
 @dataclass
-class HostTimeline:
-    launch_correlation: np.ndarray     # int64: correlation id of each launch API event
-    launch_start_ns: np.ndarray        # int64
-    dispatch_ns: int = 0               # time inside the runtime's dispatch path (framework -> driver)
-    busy_ns: int = 0                   # union of top-level events of the busiest host thread
-    threads: int = 0
-    transfer_ns: int = 0               # host time spent moving data to/from devices (staging, device_put, ...)
-
-
-@dataclass
 class Trace:
     source: str
     format: str                        # "xplane" or "chrome-json"
@@ -77,11 +69,6 @@ class Trace:
     @property
     def skipped_events(self) -> int:
         return sum(self.skipped.values())
-
-
-# Host-side events that move data between host and device (framework TraceMes).
-TRANSFER_MARKERS = ("H2D", "D2H", "Memcpy", "Staging", "DevicePut", "device_put", "BufferFromHostBuffer",
-                    "ToLiteral", "CopyRawToHost", "TransferTo", "TransferFrom", "np.asarray(jax.Array)")
 
 
 def kind_of(stream_or_name: str, hlo_op: str = "") -> int:

@@ -17,11 +17,10 @@ from google.protobuf.message import DecodeError
 
 from gpuscope.xla import xplane_pb2
 
-from .trace_model import (MAX_TIME_NS, TRANSFER_MARKERS, HostTimeline, Trace, _Builder, as_int64, count_skip,
+from .host_model import HostBuilder, HostTimeline
+from .trace_model import (MAX_TIME_NS, Trace, _Builder, as_int64, count_skip,
                           kind_of, parse_bytes, skip_warning)
 
-DISPATCH_MARKERS = ("PjitFunction", "PjRt", "Execute", "cuLaunch", "cudaLaunch", "hipLaunch", "ThunkExecutor",
-                    "LaunchKernel")
 MAX_TRACE_BYTES = (1 << 31) - 1       # protobuf's own limit on one message
 MAX_DEVICE_PROP = 1e18                # bandwidth in B/s, SM count, clock in kHz: beyond this it is not a GPU's
 BAD_TIME = "with a start or duration out of range"
@@ -186,65 +185,33 @@ def _device(plane, names: dict[int, str], skipped: dict[str, int], ignored: dict
     return b.build()
 
 
-def _union_ns(starts: np.ndarray, ends: np.ndarray) -> int:
-    if not len(starts):
-        return 0
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], np.maximum.accumulate(ends[order])
-    new = np.empty(len(s), bool)
-    new[0] = True
-    new[1:] = s[1:] > e[:-1]
-    group_start = s[new]
-    group_end = np.maximum.reduceat(e, np.flatnonzero(new))
-    return int((group_end - group_start).sum())
-
-
 def _host(plane, names: dict[int, str], skipped: dict[str, int]):
     corr_id = next((i for i, n in names.items() if n == "correlation_id"), None)
-    meta = {k: v.name for k, v in plane.event_metadata.items()}
-    dispatch_meta = {k for k, n in meta.items() if any(m in n for m in DISPATCH_MARKERS)}
-    transfer_meta = {k for k, n in meta.items() if any(m in n for m in TRANSFER_MARKERS)}
-    corr, launch, lo, hi = [], [], None, None
-    xfer_s, xfer_e = [], []
-    busiest, dispatch, threads = 0, 0, 0
+    hb = HostBuilder()
+    index = {k: hb.name_index(v.name) for k, v in plane.event_metadata.items()}
+    lo = hi = None
     for line in plane.lines:
         if not line.events:
             continue
+        thread = hb.thread_index(line.id, line.display_name or line.name)
         base = line.timestamp_ns
-        st, en, disp = [], [], []
         for e in line.events:
             t, d = base + e.offset_ps // 1000, e.duration_ps // 1000
             if not (0 <= t <= MAX_TIME_NS and 0 <= d <= MAX_TIME_NS):
                 count_skip(skipped, BAD_TIME)
                 continue
-            st.append(t)
-            en.append(t + d)
-            mid = e.metadata_id
-            disp.append(mid in dispatch_meta)
-            if mid in transfer_meta:
-                xfer_s.append(t)
-                xfer_e.append(t + d)
+            corr = None
             if e.stats and corr_id is not None:
                 for s in e.stats:
                     if s.metadata_id == corr_id:
-                        corr.append(_stat_int(s, names) or -1)
-                        launch.append(t)
+                        corr = _stat_int(s, names)
+                        corr = -1 if corr is None else corr
                         break
-        if not st:
-            continue
-        threads += 1
-        sta, ena, dispa = np.asarray(st, np.int64), np.asarray(en, np.int64), np.asarray(disp, bool)
-        lo = int(sta.min()) if lo is None else min(lo, int(sta.min()))
-        hi = int(ena.max()) if hi is None else max(hi, int(ena.max()))
-        busy = _union_ns(sta, ena)
-        if busy > busiest:
-            busiest = busy
-        if dispa.any():
-            dispatch += _union_ns(sta[dispa], ena[dispa])
-    host = HostTimeline(np.asarray(corr, np.int64), np.asarray(launch, np.int64), dispatch_ns=dispatch,
-                        busy_ns=busiest, threads=threads,
-                        transfer_ns=_union_ns(np.asarray(xfer_s, np.int64), np.asarray(xfer_e, np.int64)))
-    return host, lo, hi
+            name = index.get(e.metadata_id)
+            hb.add(thread, t, t + d, hb.name_index("") if name is None else name, corr)
+            lo = t if lo is None or t < lo else lo
+            hi = t + d if hi is None or t + d > hi else hi
+    return hb.build(), lo, hi
 
 
 def _programs(plane, names: dict[int, str]) -> dict[str, bytes]:

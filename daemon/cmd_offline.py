@@ -41,6 +41,15 @@ def cmd_trace_summarize(ns) -> int:
     print(f"{summary['source']} ({summary['format']}, {summary['span_seconds'] * 1e3:.0f} ms)")
     print(f"verdict: {summary['verdict'] or 'none'} (confidence {summary['confidence']:.2f}, decided by the trace)")
     print(f"  {summary['summary']}")
+    t = summary.get("timing")
+    if t:
+        causes = ", ".join(f"{k.replace('_', ' ')} {v:.1%}" for k, v in t["idle_causes"].items() if v >= 0.0005)
+        print(f"  time: busy {t['busy_fraction']:.1%} of {t['span_seconds'] * 1e3:,.0f} ms"
+              + (f" (profiler start/stop left out: {t['excluded']['profiler_seconds'] * 1e3:,.0f} ms)"
+                 if t["excluded"]["profiler_seconds"] else "")
+              + (f"; idle: {causes}" if causes else ""))
+        for a in t["host_during_idle"][:3]:
+            print(f"  {a['idle_fraction']:6.1%} of GPU-idle time the host was in {a['name'][:60]} ({a['category']})")
     for op in summary.get("top_ops", [])[:5]:
         bound = op.get("bound") or "?"
         print(f"  {op['time_fraction']:6.1%}  {op['count']:6d}x  {(op['op'] or '-')[:32]:<32} {op['kernel'][:40]:<40} {bound}")

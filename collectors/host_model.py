@@ -1,0 +1,158 @@
+"""The host side of a trace: every traced event of every host thread, and
+what kind of host work each is.
+
+The verdict needs to know what the thread that launches GPU work was doing
+while the GPU waited (analyzers/idle_time.py): inside the dispatch path
+(launch-bound), in the profiler's own start/stop (not the job), waiting for
+work (nothing pending), or doing anything else (host-bound). Categories come
+from event names, the same across XLA's TraceMes, the Python tracer
+(`$file.py:line function`) and torch's CPU ops.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+OTHER, DISPATCH, TRANSFER, PROFILER, WAITING = range(5)
+CATEGORY_NAMES = ("host work", "dispatch", "host transfer", "profiler", "waiting for work")
+
+# The runtime's path from the framework to the driver.
+# An event that carries a launch's correlation id is dispatch too, whatever its
+# name (XLA names its launch after the kernel: `loop_add_fusion`).
+DISPATCH_MARKERS = ("PjitFunction", "PjRt", "PJRT_", "Executable::Execute", "ExecuteHelper", "ExecutePrepare",
+                    "GpuExecutable", "XLA GPU module", "Thunks::", "ThunkExecutor", "command_buffer::",
+                    "cuLaunch", "cudaLaunch", "hipLaunch", "LaunchKernel", "cudaGraphLaunch", "cuGraphLaunch")
+# Host-side events that move data between host and device (framework TraceMes).
+TRANSFER_MARKERS = ("H2D", "D2H", "Memcpy", "Staging", "DevicePut", "device_put", "BufferFromHostBuffer",
+                    "ToLiteral", "CopyRawToHost", "TransferTo", "TransferFrom", "np.asarray(jax.Array)")
+# The profiler starting and stopping itself (jax.profiler.start_trace/stop_trace
+# and trace(), the C++ session, torch's profiler): time the job did not choose.
+PROFILER_MARKERS = ("start_trace", "stop_trace", "StartTrace", "StopTrace", "ProfilerSession", "StartProfiling",
+                    "StopProfiling", "ProfilerStart", "ProfilerStop", "profiler.start", "profiler.stop",
+                    "_start_trace", "_stop_trace", "cuptiActivityFlushAll", "ProfilerStep#")
+# Blocked with nothing to do: sleeping, polling a socket, waiting on a queue.
+WAITING_MARKERS = (" sleep", "time.sleep", "epoll_wait", "select.select", "selectors.py", "socket.recv",
+                   "queue.py", "Condition.wait", "Event.wait", "threading.py", "asyncio")
+
+
+def category_of(name: str) -> int:
+    if any(m in name for m in PROFILER_MARKERS):
+        return PROFILER
+    if any(m in name for m in TRANSFER_MARKERS):      # before dispatch: PjRt...BufferFromHostBuffer moves data
+        return TRANSFER
+    if any(m in name for m in DISPATCH_MARKERS):
+        return DISPATCH
+    if any(m in name for m in WAITING_MARKERS):
+        return WAITING
+    return OTHER
+
+
+@dataclass
+class HostEvents:
+    """Every traced host event, sorted by (thread, start, longest first), so a
+    parent precedes the events nested in it."""
+    start_ns: np.ndarray               # int64
+    end_ns: np.ndarray                 # int64
+    name_idx: np.ndarray               # int32 into names
+    thread: np.ndarray                 # int32 into threads
+    names: list[str]
+    category: np.ndarray               # int8 per name, see CATEGORY_NAMES
+    threads: list[str]
+    launches: np.ndarray               # int64 per thread: launches it issued (events with a correlation id)
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+
+@dataclass
+class HostTimeline:
+    launch_correlation: np.ndarray     # int64: correlation id of each launch API event
+    launch_start_ns: np.ndarray        # int64
+    dispatch_ns: int = 0               # time inside the runtime's dispatch path (framework -> driver)
+    busy_ns: int = 0                   # union of top-level events of the busiest host thread
+    threads: int = 0
+    transfer_ns: int = 0               # host time spent moving data to/from devices (staging, device_put, ...)
+    events: HostEvents | None = field(default=None, repr=False)
+
+
+def union_ns(starts: np.ndarray, ends: np.ndarray) -> int:
+    """Total length of the union of intervals."""
+    if not len(starts):
+        return 0
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], np.maximum.accumulate(ends[order])
+    new = np.empty(len(s), bool)
+    new[0] = True
+    new[1:] = s[1:] > e[:-1]
+    group_start = s[new]
+    group_end = np.maximum.reduceat(e, np.flatnonzero(new))
+    return int((group_end - group_start).sum())
+
+
+class HostBuilder:
+    """Collects host events thread by thread (both trace readers), then
+    builds the timeline: the arrays and the per-trace totals."""
+
+    def __init__(self) -> None:
+        self._start: list[int] = []
+        self._end: list[int] = []
+        self._name: list[int] = []
+        self._thread: list[int] = []
+        self.names: dict[str, int] = {}
+        self.threads: dict[object, int] = {}
+        self._labels: list[str] = []
+        self._launch_name: set[int] = set()
+        self.corr: list[int] = []
+        self.launch: list[int] = []
+        self._launch_thread: list[int] = []
+
+    def name_index(self, name: str) -> int:
+        return self.names.setdefault(name, len(self.names))
+
+    def thread_index(self, key: object, label: str = "") -> int:
+        if key not in self.threads:
+            self.threads[key] = len(self.threads)
+            self._labels.append(label or str(key))
+        return self.threads[key]
+
+    def add(self, thread: int, start: int, end: int, name: int, correlation: int | None = None) -> None:
+        self._start.append(start)
+        self._end.append(end)
+        self._name.append(name)
+        self._thread.append(thread)
+        if correlation is not None:
+            self.corr.append(correlation)
+            self.launch.append(start)
+            self._launch_thread.append(thread)
+            self._launch_name.add(name)
+
+    def build(self) -> HostTimeline:
+        start = np.asarray(self._start, np.int64)
+        end = np.asarray(self._end, np.int64)
+        name = np.asarray(self._name, np.int32)
+        thread = np.asarray(self._thread, np.int32)
+        order = np.lexsort((-(end - start), start, thread))
+        start, end, name, thread = start[order], end[order], name[order], thread[order]
+        names = list(self.names)
+        category = np.asarray([category_of(n) for n in names], np.int8)
+        launch_names = np.asarray(sorted(self._launch_name), np.int64)
+        if len(launch_names):
+            category[launch_names] = np.where(category[launch_names] == OTHER, DISPATCH, category[launch_names])
+        cat = category[name] if len(name) else np.empty(0, np.int8)
+        n_threads = len(self.threads)
+        launches = np.bincount(np.asarray(self._launch_thread, np.int64), minlength=n_threads)
+        dispatch = cat == DISPATCH
+        busiest = dispatch_ns = 0
+        bounds = np.searchsorted(thread, np.arange(n_threads + 1))
+        for t in range(n_threads):
+            lo, hi = bounds[t], bounds[t + 1]
+            busiest = max(busiest, union_ns(start[lo:hi], end[lo:hi]))
+            d = dispatch[lo:hi]
+            if d.any():
+                dispatch_ns += union_ns(start[lo:hi][d], end[lo:hi][d])
+        xfer = cat == TRANSFER
+        events = HostEvents(start, end, name, thread, names, category, self._labels, launches)
+        return HostTimeline(np.asarray(self.corr, np.int64), np.asarray(self.launch, np.int64),
+                            dispatch_ns=dispatch_ns, busy_ns=busiest, threads=n_threads,
+                            transfer_ns=union_ns(start[xfer], end[xfer]), events=events)

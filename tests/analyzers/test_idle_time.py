@@ -1,0 +1,167 @@
+"""Trace verdicts from timed idle accounting, on XSpaces with known truth:
+each pattern here fooled the median-gap rule, or the profiler's own edges."""
+import numpy as np
+import pytest
+
+from gpuscope.analyzers.idle_time import complement, covered_before, intersect, merge, minus
+from gpuscope.analyzers.trace_analysis import summarize
+from gpuscope.collectors.chrome_trace_reader import parse_chrome_trace
+from gpuscope.collectors.xspace_reader import parse_xspace
+from tests.xspace_build import SpaceBuilder
+
+MAIN = "python3"
+
+
+def _summary(b: SpaceBuilder) -> dict:
+    return summarize(parse_xspace(b.bytes(), "synthetic.xplane.pb"))
+
+
+def _data_loader() -> SpaceBuilder:
+    """Each step: 10 kernels of 5 µs, launched 10 µs apart (the gaps inside a
+    step are dispatch-sized, and they are most of the gaps), then 5 ms in the
+    input pipeline. The median gap says "dispatch"; the idle time says the
+    host is loading data."""
+    b, t = SpaceBuilder(), 0.0
+    for _ in range(40):
+        b.host(MAIN, t, 5000, "$loader.py:40 next_batch")
+        b.host(MAIN, t + 100, 4000, "$numpy/random np.random.normal")
+        t += 5000
+        for _ in range(10):
+            b.launch(MAIN, t, 8, t + 9, 5)
+            t += 15
+    return b
+
+
+def test_a_data_loader_is_host_bound_by_time_although_most_gaps_are_short():
+    s = _summary(_data_loader())
+    assert s["idle_gaps"]["median_us"] < 20            # what the old rule looked at
+    assert s["verdict"] == "host-bound", s["summary"]
+    assert s["timing"]["idle_causes"]["host_work"] > 0.9
+    top = s["timing"]["host_during_idle"][0]
+    assert top["name"] == "$numpy/random np.random.normal" and top["idle_fraction"] > 0.7
+    assert "np.random.normal" in s["summary"]
+
+
+def _tiny_batch_inference() -> SpaceBuilder:
+    """Each step: 30 kernels of 3 µs, each launched through a 150 µs dispatch
+    path (argument handling, PjRt, the launch): gaps longer than the old
+    rule's dispatch-sized 100 µs, but the host spends them dispatching."""
+    b, t = SpaceBuilder(), 0.0
+    for _ in range(30 * 20):
+        b.launch(MAIN, t, 150, t + 151, 3)
+        t += 155
+    return b
+
+
+def test_tiny_batch_inference_is_launch_bound_by_time_although_gaps_are_long():
+    s = _summary(_tiny_batch_inference())
+    assert s["idle_gaps"]["median_us"] > 100
+    assert s["verdict"] == "launch-bound", s["summary"]
+    assert s["timing"]["idle_causes"]["dispatch"] > 0.8
+
+
+def test_profiler_stop_is_left_out_and_a_saturated_gpu_stays_compute_bound():
+    """GEMMs back to back for 300 ms, then 1.5 s in stop_trace with the GPU
+    quiet: the job is compute-bound; the capture's edge is not the job."""
+    b = SpaceBuilder()
+    b.host(MAIN, 0, 2000, "$profiler.py:151 start_trace")
+    t = 2000.0
+    for _ in range(300):
+        b.launch(MAIN, t - 30 if t > 2000 else t, 20, t + 20, 1000, name="sm90_xmma_gemm_bf16bf16_bf16f32")
+        t += 1000
+    b.host(MAIN, t + 50, 1_500_000, "$profiler.py:271 stop_trace")
+    s = _summary(b)
+    assert s["verdict"] == "compute-bound", s["summary"]
+    assert s["timing"]["excluded"]["profiler_seconds"] == pytest.approx(1.5, abs=0.01)
+    assert s["busy_fraction"] > 0.9
+
+
+def test_a_quiet_gap_without_profiler_calls_is_not_left_out():
+    """The same burst, then 1.5 s of the host sleeping: an idle GPU, and the
+    edge counts (it is the job's behaviour)."""
+    b = SpaceBuilder()
+    t = 0.0
+    for _ in range(30):
+        b.launch(MAIN, t, 20, t + 20, 1000, name="sm90_xmma_gemm_bf16bf16_bf16f32")
+        t += 1000
+    b.host(MAIN, t + 50, 1_500_000, "$time sleep")
+    b.launch(MAIN, t + 1_500_100, 20, t + 1_500_120, 10)
+    s = _summary(b)
+    assert s["timing"]["excluded"]["profiler_seconds"] == 0
+    assert s["verdict"] == "idle", s["summary"]
+    assert s["timing"]["idle_causes"]["waiting_for_work"] > 0.9
+
+
+def test_launched_work_waiting_on_the_device_is_not_the_hosts_fault():
+    """Everything launched up front, kernels then run with gaps (waiting on
+    events between streams): the host was never late."""
+    b = SpaceBuilder()
+    for i in range(100):
+        b.launch(MAIN, i * 2, 1.5, 1000 + i * 500, 50)
+    s = _summary(b)
+    assert s["timing"]["idle_causes"]["device_wait"] > 0.8
+    assert s["verdict"] == "idle", s["summary"]
+
+
+def test_without_a_host_trace_gap_sizes_stand_in_with_lower_confidence():
+    b = SpaceBuilder()
+    t = 0.0
+    for _ in range(500):
+        b.kernel(t, 3)
+        t += 40                                  # 37 µs gaps: dispatch-sized
+    s = _summary(b)
+    assert s["verdict"] == "launch-bound" and s["timing"]["basis"].startswith("gap sizes")
+    assert s["confidence"] <= 0.6
+
+
+def test_the_same_pattern_reads_the_same_from_trace_event_json():
+    """The trace-event JSON reader feeds the same host model."""
+    import json
+    x = parse_xspace(_data_loader().bytes(), "loader.xplane.pb")
+    events = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+              {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+              {"ph": "M", "name": "thread_name", "pid": 2, "tid": 9, "args": {"name": MAIN}}]
+    dev = x.devices[0]
+    for s, d, c, n in zip(dev.start_ns, dev.dur_ns, dev.correlation, dev.name_idx):
+        events.append({"ph": "X", "pid": 1, "tid": 7, "ts": s / 1e3, "dur": d / 1e3, "name": dev.names[n],
+                       "args": {"correlation_id": int(c)}})
+    ev = x.host.events
+    corr_of = dict(zip(x.host.launch_start_ns.tolist(), x.host.launch_correlation.tolist()))
+    for s, e, n in zip(ev.start_ns, ev.end_ns, ev.name_idx):
+        name = ev.names[n]
+        args = {"correlation_id": corr_of[int(s)]} if name == "loop_add_fusion" else {}
+        events.append({"ph": "X", "pid": 2, "tid": 9, "ts": s / 1e3, "dur": (e - s) / 1e3, "name": name,
+                       "args": args})
+    j = summarize(parse_chrome_trace(json.dumps({"traceEvents": events}).encode(), "loader.trace.json"))
+    assert j["verdict"] == "host-bound"
+    assert j["timing"]["idle_causes"]["host_work"] == pytest.approx(
+        summarize(x)["timing"]["idle_causes"]["host_work"], abs=0.01)
+
+
+# -- the interval arithmetic the accounting rests on ------------------------------------------
+def _brute(x, y, keep, hi=256):
+    inx, iny = np.zeros(hi, bool), np.zeros(hi, bool)
+    for a, b in zip(*x):
+        inx[a:b] = True
+    for a, b in zip(*y):
+        iny[a:b] = True
+    line = keep(inx, iny)
+    return int(line.sum())
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_interval_arithmetic_matches_a_brute_force_line(seed):
+    rng = np.random.default_rng(seed)
+
+    def rand():
+        s = rng.integers(0, 180, 12)
+        return merge(s, s + rng.integers(0, 30, 12))
+    x, y = rand(), rand()
+    got_i, got_m = intersect(x, y), minus(x, y)
+    assert int((got_i[1] - got_i[0]).sum()) == _brute(x, y, lambda a, b: a & b)
+    assert int((got_m[1] - got_m[0]).sum()) == _brute(x, y, lambda a, b: a & ~b)
+    c = complement(x, 0, 256)
+    assert int((c[1] - c[0]).sum()) == 256 - int((x[1] - x[0]).sum())
+    t = rng.integers(0, 256, 20)
+    brute = [_brute(x, (np.array([0]), np.array([v])), lambda a, b: a & b) for v in t]
+    assert covered_before(x, t).tolist() == brute
