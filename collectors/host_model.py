@@ -106,6 +106,7 @@ class HostBuilder:
         self.corr: list[int] = []
         self.launch: list[int] = []
         self._launch_thread: list[int] = []
+        self._chunks: list[tuple] = []
 
     def name_index(self, name: str) -> int:
         return self.names.setdefault(name, len(self.names))
@@ -127,13 +128,24 @@ class HostBuilder:
             self._launch_thread.append(thread)
             self._launch_name.add(name)
 
+    def add_many(self, thread: int, start: np.ndarray, end: np.ndarray, name: np.ndarray, corr: np.ndarray,
+                 no_launch: int) -> None:
+        """A thread's events as arrays; `corr` holds `no_launch` where an event is not a launch."""
+        self._chunks.append((np.full(len(start), thread, np.int32), start, end, name.astype(np.int32)))
+        launch = corr != no_launch
+        if launch.any():
+            self.corr.extend(corr[launch].tolist())
+            self.launch.extend(start[launch].tolist())
+            self._launch_thread.extend([thread] * int(launch.sum()))
+            self._launch_name.update(name[launch].tolist())
+
     def build(self) -> HostTimeline:
-        start = np.asarray(self._start, np.int64)
-        end = np.asarray(self._end, np.int64)
-        name = np.asarray(self._name, np.int32)
-        thread = np.asarray(self._thread, np.int32)
-        order = np.lexsort((-(end - start), start, thread))
-        start, end, name, thread = start[order], end[order], name[order], thread[order]
+        chunks = [(np.asarray(self._thread, np.int32), np.asarray(self._start, np.int64),
+                   np.asarray(self._end, np.int64), np.asarray(self._name, np.int32))] + self._chunks
+        thread, start, end, name = (np.concatenate([c[i] for c in chunks]) for i in range(4))
+        if not _in_order(thread, start, end):        # readers give lines in time order, usually
+            order = np.lexsort((-(end - start), start, thread))
+            start, end, name, thread = start[order], end[order], name[order], thread[order]
         names = list(self.names)
         category = np.asarray([category_of(n) for n in names], np.int8)
         launch_names = np.asarray(sorted(self._launch_name), np.int64)
@@ -156,3 +168,16 @@ class HostBuilder:
         return HostTimeline(np.asarray(self.corr, np.int64), np.asarray(self.launch, np.int64),
                             dispatch_ns=dispatch_ns, busy_ns=busiest, threads=n_threads,
                             transfer_ns=union_ns(start[xfer], end[xfer]), events=events)
+
+
+def _in_order(thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> bool:
+    """Sorted by (thread, start, longest first) already?"""
+    if len(start) < 2:
+        return True
+    dt, ds = np.diff(thread), np.diff(start)
+    same = dt == 0
+    if (dt < 0).any() or (ds[same] < 0).any():
+        return False
+    tie = same & (ds == 0)
+    dur = end - start
+    return not (dur[1:][tie] > dur[:-1][tie]).any()
