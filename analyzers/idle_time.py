@@ -156,7 +156,7 @@ def account(trace: Trace, dev: DeviceTimeline, active) -> dict:
     span = max(hi - lo - length(excluded), 1)
     busy_ns = length(active)
     idle_ns = length(idle)
-    causes = dict.fromkeys(CAUSES, 0)
+    causes = dict.fromkeys(CAUSES, 0.0)
     # device wait: idle stretches before an activity launched before they began
     waited, late, unknown_next = _by_launch(trace, dev, active, idle)
     causes["device_wait"] = length(waited)
@@ -170,18 +170,18 @@ def account(trace: Trace, dev: DeviceTimeline, active) -> dict:
         m = ev.thread == main
         s, e, names = ev.start_ns[m], ev.end_ns[m], ev.name_idx[m]
         parent = _parents(s, e)
-        own = _self_time_in(s, e, parent, host_idle)
+        own = _fit(_self_time_in(s, e, parent, host_idle), length(host_idle))
         cat = ev.category[names]
         for c, cause in _CAUSE_OF.items():
-            causes[cause] += int(own[cat == c].sum())
-        untraced = max(0, length(host_idle) - int(own.sum()))
+            causes[cause] += float(own[cat == c].sum())
+        untraced = max(0, length(host_idle) - float(own.sum()))
         causes["host_work"] += untraced
         # idle stretches whose next launch is unknown (or none: the trailing edge) are the
         # host's only where the thread was busy; otherwise nobody can say
-        own_u = _self_time_in(s, e, parent, unknown_next)
+        own_u = _fit(_self_time_in(s, e, parent, unknown_next), length(unknown_next))
         for c, cause in _CAUSE_OF.items():
-            causes[cause] += int(own_u[cat == c].sum())
-        causes["unattributed"] += max(0, length(unknown_next) - int(own_u.sum()))
+            causes[cause] += float(own_u[cat == c].sum())
+        causes["unattributed"] += max(0, length(unknown_next) - float(own_u.sum()))
         by_name = np.bincount(names, weights=own + own_u, minlength=len(ev.names))
         top = np.argsort(-by_name)[:TOP_ACTIVITIES]
         activities = [dict(name=ev.names[i] or "(unnamed)", category=CATEGORY_NAMES[ev.category[i]],
@@ -207,6 +207,14 @@ def account(trace: Trace, dev: DeviceTimeline, active) -> dict:
                 idle_causes={k: v / span for k, v in causes.items()}, basis=basis,
                 launching_thread=ev.threads[main] if main is not None else None,
                 host_during_idle=activities)
+
+
+def _fit(own: np.ndarray, total: int) -> np.ndarray:
+    """Events that overlap without nesting (async work on one line) can claim
+    the same instant twice; their shares are scaled so they never claim more
+    time than there was."""
+    claimed = float(own.sum())
+    return own * (total / claimed) if claimed > total else own
 
 
 def _empty():

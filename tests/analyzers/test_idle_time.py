@@ -165,3 +165,35 @@ def test_interval_arithmetic_matches_a_brute_force_line(seed):
     t = rng.integers(0, 256, 20)
     brute = [_brute(x, (np.array([0]), np.array([v])), lambda a, b: a & b) for v in t]
     assert covered_before(x, t).tolist() == brute
+
+
+# -- the accounting is a partition of the span, whatever the trace --------------------------
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_EVENT_NAMES = ["$loader.py:1 next", "PjitFunction(f)", "$time sleep", "$profiler.py:271 stop_trace",
+                "H2D Dispatch", "loop_add_fusion", "other"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(kernels=st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 300), st.booleans(), st.integers(-200, 400)),
+                        min_size=1, max_size=40),
+       host=st.lists(st.tuples(st.integers(0, 6000), st.integers(0, 2000), st.sampled_from(_EVENT_NAMES),
+                               st.sampled_from(["main", "other"])), max_size=40))
+def test_causes_partition_the_idle_time(kernels, host):
+    b = SpaceBuilder()
+    for start, dur, launched, lead in kernels:
+        corr = b.kernel(start, dur)
+        if launched:
+            b.host("main", max(0, start - lead), 1, "loop_add_fusion", corr=corr)
+    for start, dur, name, thread in host:
+        b.host(thread, start, dur, name)
+    s = _summary(b)
+    if s["verdict"] is None or "timing" not in s or s["timing"]["span_seconds"] * 1e9 <= 1:
+        return      # nothing to account: no device, or a span that is all profiler or zero
+    t = s["timing"]
+    causes = t["idle_causes"]
+    assert all(v >= 0 for v in causes.values())
+    assert sum(causes.values()) == pytest.approx(t["idle_fraction"], abs=1e-6)
+    assert t["busy_fraction"] + t["idle_fraction"] == pytest.approx(1.0, abs=1e-6)
+    assert all(0 <= a["idle_fraction"] <= 1 + 1e-9 for a in t["host_during_idle"])
+    assert 0 <= s["confidence"] <= 1
