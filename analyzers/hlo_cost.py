@@ -90,15 +90,19 @@ class Program:
         self.instructions = {}
         self.computations = {}
         self.by_name = {}
+        self.by_kernel = {}      # XLA names a fusion's kernel after it, '.' and '-' as '_': gemm_fusion_dot.1 -> gemm_fusion_dot_1
         self._called_flops: dict[int, float] = {}     # computation id -> FLOPs of its instructions, once known
         for comp in proto.hlo_module.computations:
             self.computations[comp.id] = comp
             for ins in comp.instructions:
                 self.instructions[ins.id] = ins
                 self.by_name.setdefault(ins.name, ins)
+                self.by_kernel.setdefault(ins.name.replace(".", "_").replace("-", "_"), ins)
 
     def cost(self, name: str) -> OpCost | None:
-        ins = self.by_name.get(name)
+        """The cost of the instruction `name`, or of the one a kernel of that
+        name runs (inside a command buffer the device names only the kernel)."""
+        ins = self.by_name.get(name) or self.by_kernel.get(name)
         if ins is None:
             return None
         operands = [self.instructions[i] for i in ins.operand_ids if i in self.instructions]

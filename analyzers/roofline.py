@@ -76,6 +76,13 @@ def op_table(trace: Trace, dev: DeviceTimeline, peaks: Peaks) -> list[dict]:
 
 
 def _costs(trace: Trace, rows: list[dict], peaks: Peaks) -> None:
+    """FLOPs, bytes and the bound of each row, and where the bound came from
+    (`bound_source`): `hlo` when the program's HLO explains the op or the
+    kernel (a fusion inside a command buffer is found by its kernel's name);
+    `name` when the trace carries no HLO for the program, so the kernel's
+    name is all there is (GEMM-like names compute, others memory); `unknown`
+    when the HLO is there and does not explain the kernel (a library GEMM
+    launched inside a command buffer): its time is reported, not guessed."""
     # An op's cost covers all its kernels: spread it over the op's groups by time.
     by_op: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
@@ -86,14 +93,16 @@ def _costs(trace: Trace, rows: list[dict], peaks: Peaks) -> None:
         op_time = sum(r["time_s"] for r in group)
         executions = max(r["count"] for r in group)
         for r in group:
-            cost = prog.cost(r["kernel"]) if prog and (op_cost is None or op_cost.flops is None) else None
-            if cost is not None and cost.flops is not None:      # kernel named after its fusion
+            # the kernel's own instruction first: XLA names a fusion's kernel after it, and
+            # inside a command buffer the op is the buffer, not the kernel's instruction
+            cost = prog.cost(r["kernel"]) if prog else None
+            if cost is not None and cost.flops is not None:
                 flops, nbytes = cost.flops * r["count"], cost.bytes * r["count"]
             elif op_cost is not None and op_cost.flops is not None and op_time > 0:
                 share = r["time_s"] / op_time
                 flops, nbytes = op_cost.flops * executions * share, op_cost.bytes * executions * share
             else:
-                r["bound"] = _by_name(r["kernel"])
+                _without_hlo(r, has_hlo=prog is not None)
                 continue
             r.update(flops=flops, bytes=nbytes)
             if r["time_s"] > 0:
@@ -103,12 +112,19 @@ def _costs(trace: Trace, rows: list[dict], peaks: Peaks) -> None:
                 r["intensity_flops_per_byte"] = flops / nbytes
             ridge = peaks.ridge
             if ridge and nbytes:
-                r["bound"] = "compute" if flops / nbytes >= ridge else "memory"
+                r["bound"], r["bound_source"] = ("compute" if flops / nbytes >= ridge else "memory"), "hlo"
                 if r["time_s"] > 0:
                     r["fraction_of_peak"] = (r["achieved_flops_per_s"] / peaks.flops_per_s if r["bound"] == "compute"
                                              else r["achieved_bytes_per_s"] / peaks.bytes_per_s)
-            else:
-                r["bound"] = _by_name(r["kernel"])
+            else:          # HLO costs, but no device peaks to place them against
+                _without_hlo(r, has_hlo=False)
+
+
+def _without_hlo(r: dict, has_hlo: bool) -> None:
+    if has_hlo:
+        r["bound"], r["bound_source"] = None, "unknown"
+    else:
+        r["bound"], r["bound_source"] = _by_name(r["kernel"]), "name"
 
 
 def _by_name(kernel: str) -> str:
@@ -116,4 +132,4 @@ def _by_name(kernel: str) -> str:
     any size worth profiling; elementwise, reduction and copy kernels
     (XLA's loop_/input_ fusions) do a few FLOPs per byte and sit below it.
     GEMV-shaped dots (LLM decode) are the known miss: only the HLO tells."""
-    return "compute (kernel name)" if GEMM_KERNEL.search(kernel) else "memory (kernel name)"
+    return "compute" if GEMM_KERNEL.search(kernel) else "memory"

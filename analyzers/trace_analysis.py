@@ -161,11 +161,18 @@ def _gaps(trace: Trace, dev: DeviceTimeline, active) -> dict:
 
 def _roofline(peaks: Peaks, ops: list[dict]) -> dict:
     t = sum(r["time_s"] for r in ops) or 1.0
-    comp = sum(r["time_s"] for r in ops if (r.get("bound") or "").startswith("compute"))
-    mem = sum(r["time_s"] for r in ops if (r.get("bound") or "").startswith("memory"))
+
+    def share(bound: str | None = None, source: str | None = None) -> float:
+        return sum(r["time_s"] for r in ops if (bound is None or r.get("bound") == bound)
+                   and (source is None or r.get("bound_source") == source)) / t
+    comp, mem = share("compute"), share("memory")
     return dict(peak_flops_per_s=peaks.flops_per_s, peak_bytes_per_s=peaks.bytes_per_s,
-                ridge_flops_per_byte=peaks.ridge, compute_bound_time_fraction=comp / t,
-                memory_bound_time_fraction=mem / t, unknown_time_fraction=max(0.0, 1 - (comp + mem) / t))
+                ridge_flops_per_byte=peaks.ridge, compute_bound_time_fraction=comp,
+                memory_bound_time_fraction=mem, unknown_time_fraction=max(0.0, 1 - (comp + mem)),
+                hlo_time_fraction=share(source="hlo"), name_time_fraction=share(source="name"))
+
+
+NAME_ONLY = 0.7       # confidence factor when kernel names, not HLO, placed most of the time
 
 
 def _verdict(s: dict, exposed_comm_ns: int, busy_ns: int, span: int) -> dict:
@@ -193,11 +200,21 @@ def _verdict(s: dict, exposed_comm_ns: int, busy_ns: int, span: int) -> dict:
         detail = ""
         if top is not None and top.get("fraction_of_peak") is not None:
             what = "of peak FLOP/s" if top["bound"] == "compute" else "of peak HBM bandwidth"
-            detail = f"; top op {top['op'] or top['kernel']} at {top['fraction_of_peak']:.0%} {what}"
+            name = top["kernel"] if not top["op"] or top["op"].startswith("command_buffer") else top["op"]
+            detail = f"; top op {name} at {top['fraction_of_peak']:.0%} {what}"
         share = max(c, m) / known
-        return dict(verdict=verdict, confidence=round(busy * share * min(1.0, known / 0.5), 3),
+        by_name = roof["name_time_fraction"] > roof["hlo_time_fraction"]
+        basis = ""
+        if by_name:
+            basis = (f"; placed by kernel names ({roof['name_time_fraction']:.0%} of kernel time): the trace "
+                     f"carries no HLO for them")
+        if roof["unknown_time_fraction"] >= 0.005:
+            basis += (f"; {roof['unknown_time_fraction']:.0%} of kernel time in kernels the HLO does not explain "
+                      f"(not counted)")
+        return dict(verdict=verdict,
+                    confidence=round(busy * share * min(1.0, known / 0.5) * (NAME_ONLY if by_name else 1.0), 3),
                     summary=f"GPU busy {busy:.0%}; {c:.0%} of kernel time in compute-bound ops, "
-                            f"{m:.0%} in memory-bound ops{detail}")
+                            f"{m:.0%} in memory-bound ops{detail}{basis}")
     return _waiting_verdict(s)
 
 

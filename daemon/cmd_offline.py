@@ -51,7 +51,7 @@ def cmd_trace_summarize(ns) -> int:
         for a in t["host_during_idle"][:3]:
             print(f"  {a['idle_fraction']:6.1%} of GPU-idle time the host was in {a['name'][:60]} ({a['category']})")
     for op in summary.get("top_ops", [])[:5]:
-        bound = op.get("bound") or "?"
+        bound = f"{op.get('bound') or 'unknown'} ({op.get('bound_source', '?')})"
         print(f"  {op['time_fraction']:6.1%}  {op['count']:6d}x  {(op['op'] or '-')[:32]:<32} {op['kernel'][:40]:<40} {bound}")
     for w in summary["warnings"]:
         print(f"  note: {w}")

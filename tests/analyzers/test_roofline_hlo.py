@@ -1,0 +1,91 @@
+"""Bound-ness from the HLO, not from kernel names: a batch-1 decode's matrix
+product inside a command buffer (the op is `command_buffer_1`, the kernel is
+named after its fusion, `gemm_fusion_dot_1`) does ~1 FLOP per byte of
+weights read and is memory-bound whatever it is called; a library GEMM the
+HLO cannot explain is reported as unknown, not guessed."""
+from gpuscope.analyzers.trace_analysis import summarize
+from gpuscope.collectors.xspace_reader import parse_xspace
+from gpuscope.xla import hlo_pb2
+from tests.xspace_build import SpaceBuilder
+
+BF16 = 16
+PROGRAM = "4242"
+
+
+def _decode_module(batch: int) -> bytes:
+    """jit_decode: a fusion `gemm_fusion_dot.1` computing [batch, 8192] x
+    [8192, 8192] in bf16, as XLA lays it out (the dot in a fused computation)."""
+    proto = hlo_pb2.HloProto()
+    m = proto.hlo_module
+    m.name = "jit_decode"
+    fused = m.computations.add(id=1, name="fused_dot")
+
+    def ins(comp, id_, name, opcode, dims, operands=()):
+        i = comp.instructions.add(id=id_, name=name, opcode=opcode)
+        i.shape.element_type = BF16
+        i.shape.dimensions.extend(dims)
+        i.operand_ids.extend(operands)
+        return i
+    ins(fused, 11, "p0", "parameter", [batch, 8192])
+    ins(fused, 12, "p1", "parameter", [8192, 8192])
+    dot = ins(fused, 13, "dot.1", "dot", [batch, 8192], [11, 12])
+    dot.dot_dimension_numbers.lhs_contracting_dimensions.append(1)
+    dot.dot_dimension_numbers.rhs_contracting_dimensions.append(0)
+    entry = m.computations.add(id=2, name="main")
+    ins(entry, 21, "x", "parameter", [batch, 8192])
+    ins(entry, 22, "w", "parameter", [8192, 8192])
+    f = ins(entry, 23, "gemm_fusion_dot.1", "fusion", [batch, 8192], [21, 22])
+    f.called_computation_ids.append(1)
+    m.entry_computation_id = 2
+    return proto.SerializeToString()
+
+
+def _decode_trace(batch: int, kernel_us: float, with_hlo: bool = True, library_gemm: bool = False) -> dict:
+    b = SpaceBuilder()
+    t = 0.0
+    for _ in range(200):
+        b.launch("python3", t, 2, t + 2, kernel_us, name="gemm_fusion_dot_1", hlo_op="command_buffer_1",
+                 program_id=PROGRAM)
+        t += kernel_us + 1
+        if library_gemm:
+            b.launch("python3", t, 2, t + 2, kernel_us, name="nvjet_sm90_tst_128x160_64x5_2x1_v_bz_NNT",
+                     hlo_op="command_buffer_1", program_id=PROGRAM)
+            t += kernel_us + 1
+    if with_hlo:
+        b.hlo_module(PROGRAM, "jit_decode", _decode_module(batch))
+    return summarize(parse_xspace(b.bytes(), "decode.xplane.pb"))
+
+
+def test_batch_1_decode_in_a_command_buffer_is_memory_bound_from_the_hlo():
+    # 128 MiB of weights in 30 µs = 4.5 TB/s: near the H200's HBM peak
+    s = _decode_trace(batch=1, kernel_us=30)
+    assert s["verdict"] == "memory-bound", s["summary"]
+    op = s["top_ops"][0]
+    assert op["kernel"] == "gemm_fusion_dot_1" and op["op"] == "command_buffer_1"
+    assert op["bound"] == "memory" and op["bound_source"] == "hlo"
+    assert 0.9 < op["intensity_flops_per_byte"] < 1.1
+    assert 0.8 < op["fraction_of_peak"] < 1.0
+    assert s["roofline"]["hlo_time_fraction"] == 1.0
+
+
+def test_a_large_batch_of_the_same_fusion_is_compute_bound():
+    # [4096, 8192] x [8192, 8192]: ~2,700 FLOP per byte, far above the ridge
+    s = _decode_trace(batch=4096, kernel_us=900)
+    assert s["verdict"] == "compute-bound", s["summary"]
+    assert s["top_ops"][0]["bound_source"] == "hlo"
+
+
+def test_without_hlo_the_name_is_used_and_says_so():
+    s = _decode_trace(batch=1, kernel_us=30, with_hlo=False)
+    op = s["top_ops"][0]
+    assert op["bound_source"] == "name" and op["bound"] == "compute"      # the known miss: "gemm" in the name
+    assert "placed by kernel names" in s["summary"]
+    assert s["confidence"] < 0.75
+
+
+def test_a_kernel_the_hlo_cannot_explain_is_unknown_with_its_time_share():
+    s = _decode_trace(batch=1, kernel_us=30, library_gemm=True)
+    lib = next(r for r in s["top_ops"] if r["kernel"].startswith("nvjet"))
+    assert lib["bound"] is None and lib["bound_source"] == "unknown"
+    assert abs(s["roofline"]["unknown_time_fraction"] - 0.5) < 0.01
+    assert s["verdict"] == "memory-bound" and "HLO does not explain" in s["summary"]
