@@ -95,10 +95,6 @@ class HostBuilder:
     builds the timeline: the arrays and the per-trace totals."""
 
     def __init__(self) -> None:
-        self._start: list[int] = []
-        self._end: list[int] = []
-        self._name: list[int] = []
-        self._thread: list[int] = []
         self.names: dict[str, int] = {}
         self.threads: dict[object, int] = {}
         self._labels: list[str] = []
@@ -117,31 +113,22 @@ class HostBuilder:
             self._labels.append(label or str(key))
         return self.threads[key]
 
-    def add(self, thread: int, start: int, end: int, name: int, correlation: int | None = None) -> None:
-        self._start.append(start)
-        self._end.append(end)
-        self._name.append(name)
-        self._thread.append(thread)
-        if correlation is not None:
-            self.corr.append(correlation)
-            self.launch.append(start)
-            self._launch_thread.append(thread)
-            self._launch_name.add(name)
-
-    def add_many(self, thread: int, start: np.ndarray, end: np.ndarray, name: np.ndarray, corr: np.ndarray,
-                 no_launch: int) -> None:
-        """A thread's events as arrays; `corr` holds `no_launch` where an event is not a launch."""
-        self._chunks.append((np.full(len(start), thread, np.int32), start, end, name.astype(np.int32)))
+    def add_many(self, thread: int | np.ndarray, start: np.ndarray, end: np.ndarray, name: np.ndarray,
+                 corr: np.ndarray, no_launch: int) -> None:
+        """Events as arrays (name and thread as indices); `corr` holds
+        `no_launch` where an event is not a launch."""
+        thread = np.broadcast_to(np.asarray(thread, np.int32), start.shape)
+        self._chunks.append((thread, start, end, name.astype(np.int32)))
         launch = corr != no_launch
         if launch.any():
             self.corr.extend(corr[launch].tolist())
             self.launch.extend(start[launch].tolist())
-            self._launch_thread.extend([thread] * int(launch.sum()))
+            self._launch_thread.extend(thread[launch].tolist())
             self._launch_name.update(name[launch].tolist())
 
     def build(self) -> HostTimeline:
-        chunks = [(np.asarray(self._thread, np.int32), np.asarray(self._start, np.int64),
-                   np.asarray(self._end, np.int64), np.asarray(self._name, np.int32))] + self._chunks
+        empty = (np.empty(0, np.int32), np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int32))
+        chunks = [empty] + self._chunks
         thread, start, end, name = (np.concatenate([c[i] for c in chunks]) for i in range(4))
         if not _in_order(thread, start, end):        # readers give lines in time order, usually
             order = np.lexsort((-(end - start), start, thread))
