@@ -43,6 +43,7 @@ from .detector import Anomaly, Detector, DetectorConfig
 from .events import EventBus
 from .findings import FindingsTracker
 from .ingest import DecodedBatch, clean_command, decode
+from .links import pcie_link
 from .live import LiveWindows
 from .report import build_report
 from .retention import PassResult, Retention, RetentionConfig
@@ -390,7 +391,9 @@ class Analyzer:
         error = record.error
         if xspace:
             try:
-                summary = summarize(parse_trace(xspace, record.path or record.id))
+                links = {g: pcie_link(gen, width, name) for g, (gen, width, name)
+                         in self.store.host_links(record.host).items()}
+                summary = summarize(parse_trace(xspace, record.path or record.id), links)
             except TraceError as exc:
                 error = (error + "; " if error else "") + str(exc)
         verdict = summary.get("verdict") if summary else None

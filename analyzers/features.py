@@ -19,9 +19,8 @@ import numpy as np
 from gpuscope.collectors import catalogue as cat
 from gpuscope.collectors.counters import increments
 
-# PCIe payload bandwidth per lane per direction, bytes/s, by generation
-# (after 8b/10b or 128b/130b encoding).
-PCIE_LANE_BYTES_PER_S = {1: 0.25e9, 2: 0.5e9, 3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9}
+from .links import PCIE_LANE_BYTES_PER_S
+
 SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE = 0x4, 0x8, 0x20, 0x40, 0x80
 POWER_REASONS = SW_POWER_CAP | HW_POWER_BRAKE
 THERMAL_REASONS = SW_THERMAL | HW_THERMAL | HW_SLOWDOWN

@@ -307,6 +307,12 @@ class Store:
         return _dicts(self._con.execute("SELECT * FROM devices"))
 
     # -- queries (any thread) ------------------------------------------------------------
+    def host_links(self, host: str) -> dict[int, tuple[int | None, int | None, str | None]]:
+        """GPU -> (PCIe generation, width, name) of one host, as its agent said."""
+        rows = self.reader().execute("SELECT gpu, pcie_generation, pcie_width, name FROM devices WHERE host = ?",
+                                     [host]).fetchall()
+        return {int(g): (gen, width, name) for g, gen, width, name in rows}
+
     def findings(self, host: str = "", gpu: int | None = None, verdicts: Iterable[str] = (),
                  start: float | None = None, end: float | None = None, open_only: bool = False,
                  limit: int = 1000) -> list[dict]:

@@ -33,6 +33,7 @@ from gpuscope.collectors.trace_model import (COLLECTIVE, KERNEL, KIND_NAMES, MEM
                                              MEMCPY_P2P, DeviceTimeline, Trace)
 
 from .idle_time import account
+from .links import describe as describe_link, pcie_link
 from .roofline import Peaks, device_peaks, op_table
 from .rules.common import COMMUNICATION, COMPUTE, HOST, IDLE, LAUNCH, MEMORY
 
@@ -76,7 +77,9 @@ def _pct(values: np.ndarray, q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
 
 
-def device_summary(trace: Trace, dev: DeviceTimeline) -> dict:
+def device_summary(trace: Trace, dev: DeviceTimeline, link: dict | None = None) -> dict:
+    """`link`: the GPU's host link (analyzers/links.py) when the caller knows
+    it; otherwise the device's name stands in."""
     span = max(trace.span_ns, 1)
     ends = dev.start_ns + dev.dur_ns
     active = _merge(dev.start_ns, ends)
@@ -108,7 +111,16 @@ def device_summary(trace: Trace, dev: DeviceTimeline) -> dict:
             known = float(np.nansum(nbytes)) if not np.isnan(nbytes).all() else None
             copies[KIND_NAMES[kind]] = dict(count=int(m.sum()), time_fraction=t / span, bytes=known,
                                             bytes_per_s=known / (t / 1e9) if known and t else None)
+    link = link or pcie_link(device_name=dev.props.get("name"))
+    for kind, direction in (("memcpy_h2d", "host to device"), ("memcpy_d2h", "device to host")):
+        c = copies.get(kind)
+        if c is not None:
+            c["direction"] = direction
+            if link is not None and c["bytes_per_s"]:
+                # each direction has its own lanes: a copy is judged against one direction's peak
+                c["link_fraction"] = c["bytes_per_s"] / link["peak_bytes_per_s"]
     out["memcpy"] = copies
+    out["pcie_link"] = link
     coll_ns = _length(coll_iv)       # zero when every collective lasted 0 ns
     out["communication"] = dict(time_fraction=comm_ns / span, exposed_fraction=exposed_comm_ns / span,
                                 collective_fraction=coll_ns / span,
@@ -188,7 +200,8 @@ def _verdict(s: dict, exposed_comm_ns: int, busy_ns: int, span: int) -> dict:
         return dict(verdict=COMMUNICATION, confidence=round(min(1.0, comm_share), 3),
                     summary=f"copies/collectives not overlapped with compute take {comm_share:.0%} of the GPU's "
                             f"active time; moving data occupies {min(moving, 1):.0%} of the trace (GPU copies "
-                            f"{s['communication']['exposed_fraction']:.0%}, host transfers {s['host_transfer_fraction']:.0%})")
+                            f"{s['communication']['exposed_fraction']:.0%}, host transfers {s['host_transfer_fraction']:.0%})"
+                            + _copy_words(s))
     if busy >= 0.5:
         c, m = roof["compute_bound_time_fraction"], roof["memory_bound_time_fraction"]
         known = c + m
@@ -216,6 +229,21 @@ def _verdict(s: dict, exposed_comm_ns: int, busy_ns: int, span: int) -> dict:
                     summary=f"GPU busy {busy:.0%}; {c:.0%} of kernel time in compute-bound ops, "
                             f"{m:.0%} in memory-bound ops{detail}{basis}")
     return _waiting_verdict(s)
+
+
+def _copy_words(s: dict) -> str:
+    """'; H2D 2.5 GB/s = 4% of a Gen5 ×16 link (assumed from the device name)'."""
+    link = s.get("pcie_link")
+    parts = []
+    for kind, short in (("memcpy_h2d", "H2D"), ("memcpy_d2h", "D2H")):
+        c = s["memcpy"].get(kind)
+        if c and c.get("bytes_per_s"):
+            of = f" = {c['link_fraction']:.0%} of {describe_link(link)}" if c.get("link_fraction") is not None else ""
+            parts.append(f"{short} {c['bytes_per_s'] / 1e9:,.1f} GB/s{of}")
+    if not parts:
+        return ""
+    src = f" ({link['source']})" if link and link["source"] != "device info" and "of a Gen" in " ".join(parts) else ""
+    return "; " + ", ".join(parts) + src
 
 
 _CAUSE_VERDICT = dict(dispatch=LAUNCH, host_work=HOST, host_transfer=HOST, waiting_for_work=IDLE,
@@ -262,8 +290,10 @@ def _waiting_verdict(s: dict) -> dict:
     return dict(verdict=verdict, confidence=confidence, summary=f"{head}; {split}{rate}{tail}")
 
 
-def summarize(trace: Trace) -> dict:
-    devices = [device_summary(trace, d) for d in trace.devices]
+def summarize(trace: Trace, links: dict[int, dict] | None = None) -> dict:
+    """`links`: GPU index -> its host link (analyzers/links.py), from the
+    agent's device info; without it the device's name stands in."""
+    devices = [device_summary(trace, d, (links or {}).get(_index(d.name))) for d in trace.devices]
     host = trace.host
     span = max(trace.span_ns, 1)
     out = dict(source=trace.source, format=trace.format, span_seconds=span / 1e9,
@@ -279,6 +309,12 @@ def summarize(trace: Trace) -> dict:
         return out
     main = max(devices, key=lambda d: d["busy_fraction"] if d["verdict"] != IDLE else -1)
     out.update({k: main[k] for k in ("verdict", "confidence", "summary", "busy_fraction", "kernels", "idle_gaps",
-                                     "memcpy", "communication", "roofline", "top_ops", "timing")})
+                                     "memcpy", "communication", "roofline", "top_ops", "timing", "pcie_link")})
     out["device"] = main["device"]
     return out
+
+
+def _index(device: str) -> int | None:
+    """'/device:GPU:3' -> 3."""
+    tail = device.rsplit(":", 1)[-1]
+    return int(tail) if tail.isdigit() else None

@@ -89,7 +89,7 @@ def parse_chrome_trace(data: bytes, source: str = "<bytes>") -> Trace:
             op = _text(args.get("hlo_op", ""))
             module = _text(args.get("program_id") or args.get("hlo_module") or "")
             details = _text(args.get("memcpy_details") or args.get("Memset_details") or args.get("bytes") or "")
-            nbytes = parse_bytes(details) if "num_bytes" in details else plain_bytes(details)
+            nbytes = parse_bytes(details) if ":" in details else plain_bytes(details)
             kind = kind_of(name if name.startswith(("Memcpy", "Memset")) else f"{stream} {name}", op)
             c = args.get("correlation_id", args.get("correlation", -1))
             b.add(ts, dur, kind, as_int64(tid), as_int64(c), name, (module, op) if op else None, nbytes)

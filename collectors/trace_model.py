@@ -122,16 +122,22 @@ class _Builder:
 
 
 def parse_bytes(details: str) -> float:
-    """`num_bytes:268435456` inside memcpy_details -> 268435456.0; NaN if absent
-    or not a plausible byte count."""
-    i = details.find("num_bytes:")
-    if i < 0:
-        return float("nan")
-    j = i + len("num_bytes:")
-    k = j
-    while k < len(details) and "0" <= details[k] <= "9":     # ASCII only: str.isdigit() admits '²'
-        k += 1
-    return plain_bytes(details[j:k])
+    """The byte count inside memcpy/memset details -> float; NaN if absent or
+    not a plausible byte count. CUPTI's XSpace writes `size:268435456`
+    (`kind_src:pinned kind_dst:device size:268435456 ...`), older writers
+    `num_bytes:268435456`."""
+    for key in ("num_bytes:", "size:"):
+        i = details.find(key)
+        while i > 0 and details[i - 1] not in " ,;{":     # a whole key, not the end of another
+            i = details.find(key, i + 1)
+        if i < 0:
+            continue
+        j = i + len(key)
+        k = j
+        while k < len(details) and "0" <= details[k] <= "9":     # ASCII only: str.isdigit() admits '²'
+            k += 1
+        return plain_bytes(details[j:k])
+    return float("nan")
 
 
 def plain_bytes(text: str) -> float:

@@ -52,6 +52,40 @@ def test_launch_bound_numbers(fixture_dir):
     assert s["idle_gaps"]["host_caused_fraction"] > 0.9
 
 
+def test_launch_bound_time_goes_to_dispatch_and_host_stall_time_to_host_work(fixture_dir):
+    launch = summarize(load_trace(_run_dir("launch_bound") / "vm.xplane.pb"))["timing"]
+    host = summarize(load_trace(_run_dir("host_stall") / "vm.xplane.pb"))["timing"]
+    assert launch["idle_causes"]["dispatch"] > 0.6 and host["idle_causes"]["host_work"] > 0.9
+    assert host["host_during_idle"][0]["name"].endswith("svd")         # README: a multithreaded SVD
+    assert 0.005 < host["excluded"]["profiler_seconds"] < 0.2          # stop_trace: 78 ms
+
+
+def test_copies_are_measured_against_the_link(fixture_dir):
+    """README: 256 MiB host->device and back; pinned copies on a Gen5 x16 link."""
+    from gpuscope.analyzers.links import pcie_link
+    trace = load_trace(_run_dir("pcie_h2d_d2h") / "vm.xplane.pb")
+    s = summarize(trace)
+    h2d = s["memcpy"]["memcpy_h2d"]
+    assert h2d["bytes"] == 3 * 256 * 2**20 and 0.6 < h2d["link_fraction"] < 1.0
+    assert "of a Gen5 ×16 link" in s["summary"] and "assumed from the device name" in s["summary"]
+    told = summarize(trace, {0: pcie_link(4, 16)})          # what the agent said beats the name
+    assert told["pcie_link"]["source"] == "device info" and told["memcpy"]["memcpy_h2d"]["link_fraction"] > 1.0
+
+
+@pytest.mark.parametrize("details, expected", [
+    ("kind_src:pinned kind_dst:device size:268435456 dest:0 async:1", 268435456.0),
+    ("num_bytes:4096 kind:1", 4096.0),
+    ("filesize:10 other", None),
+    ("size:-5", None),
+    ("size:99999999999999999999999", None),
+])
+def test_copy_sizes_from_either_writers_details(details, expected):
+    import math
+    from gpuscope.collectors.trace_model import parse_bytes
+    got = parse_bytes(details)
+    assert (math.isnan(got) if expected is None else got == expected)
+
+
 def test_directory_resolves_to_the_newest_runs_xspace(fixture_dir, tmp_path):
     src = (_run_dir("matmul_bf16") / "vm.xplane.pb").read_bytes()
     for run in ("2026_01_01_00_00_00", "2026_02_01_00_00_00"):
