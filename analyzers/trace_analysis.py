@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpuscope.collectors.intervals import intersect, length, merge
 from gpuscope.collectors.trace_model import (COLLECTIVE, KERNEL, KIND_NAMES, MEMCPY_D2D, MEMCPY_D2H, MEMCPY_H2D,
                                              MEMCPY_P2P, DeviceTimeline, Trace)
 
@@ -42,37 +43,6 @@ TOP_OPS = 10
 COMM_KINDS = (MEMCPY_H2D, MEMCPY_D2H, MEMCPY_P2P, COLLECTIVE)
 
 
-def _merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if not len(starts):
-        return starts, ends
-    o = np.argsort(starts, kind="stable")
-    s, e = starts[o], np.maximum.accumulate(ends[o])
-    new = np.empty(len(s), bool)
-    new[0] = True
-    new[1:] = s[1:] > e[:-1]
-    idx = np.flatnonzero(new)
-    return s[idx], np.maximum.reduceat(e, idx)
-
-
-def _length(iv) -> int:
-    return int((iv[1] - iv[0]).sum())
-
-
-def _overlap(a, b) -> int:
-    """Total length of the intersection of two merged interval lists."""
-    total, i, j = 0, 0, 0
-    (as_, ae), (bs, be) = a, b
-    while i < len(as_) and j < len(bs):
-        lo, hi = max(as_[i], bs[j]), min(ae[i], be[j])
-        if hi > lo:
-            total += int(hi - lo)
-        if ae[i] < be[j]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
 def _pct(values: np.ndarray, q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
 
@@ -82,17 +52,17 @@ def device_summary(trace: Trace, dev: DeviceTimeline, link: dict | None = None) 
     it; otherwise the device's name stands in."""
     span = max(trace.span_ns, 1)
     ends = dev.start_ns + dev.dur_ns
-    active = _merge(dev.start_ns, ends)
-    busy_ns = _length(active)
+    active = merge(dev.start_ns, ends)
+    busy_ns = length(active)
     k = dev.kind == KERNEL
-    kern = _merge(dev.start_ns[k], ends[k])
+    kern = merge(dev.start_ns[k], ends[k])
     comm_mask = np.isin(dev.kind, COMM_KINDS)
-    comm = _merge(dev.start_ns[comm_mask], ends[comm_mask])
-    comm_ns = _length(comm)
-    exposed_comm_ns = comm_ns - _overlap(comm, kern)
+    comm = merge(dev.start_ns[comm_mask], ends[comm_mask])
+    comm_ns = length(comm)
+    exposed_comm_ns = comm_ns - length(intersect(comm, kern))
     coll = dev.kind == COLLECTIVE
-    coll_iv = _merge(dev.start_ns[coll], ends[coll])
-    compute_only = _merge(dev.start_ns[k & ~coll], ends[k & ~coll])
+    coll_iv = merge(dev.start_ns[coll], ends[coll])
+    compute_only = merge(dev.start_ns[k & ~coll], ends[k & ~coll])
     kdur = dev.dur_ns[k]
     timing = account(trace, dev, active)
     out: dict = dict(device=dev.name, name=dev.props.get("name"), span_seconds=timing["span_seconds"],
@@ -107,7 +77,7 @@ def device_summary(trace: Trace, dev: DeviceTimeline, link: dict | None = None) 
         m = dev.kind == kind
         if m.any():
             nbytes = dev.bytes[m]
-            t = _length(_merge(dev.start_ns[m], ends[m]))
+            t = length(merge(dev.start_ns[m], ends[m]))
             known = float(np.nansum(nbytes)) if not np.isnan(nbytes).all() else None
             copies[KIND_NAMES[kind]] = dict(count=int(m.sum()), time_fraction=t / span, bytes=known,
                                             bytes_per_s=known / (t / 1e9) if known and t else None)
@@ -121,10 +91,10 @@ def device_summary(trace: Trace, dev: DeviceTimeline, link: dict | None = None) 
                 c["link_fraction"] = c["bytes_per_s"] / link["peak_bytes_per_s"]
     out["memcpy"] = copies
     out["pcie_link"] = link
-    coll_ns = _length(coll_iv)       # zero when every collective lasted 0 ns
+    coll_ns = length(coll_iv)       # zero when every collective lasted 0 ns
     out["communication"] = dict(time_fraction=comm_ns / span, exposed_fraction=exposed_comm_ns / span,
                                 collective_fraction=coll_ns / span,
-                                collective_overlap_with_compute=(_overlap(coll_iv, compute_only) / coll_ns
+                                collective_overlap_with_compute=(length(intersect(coll_iv, compute_only)) / coll_ns
                                                                  if coll_ns else None))
     peaks = device_peaks(dev)
     ops = op_table(trace, dev, peaks)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .intervals import union_ns
+
 OTHER, DISPATCH, TRANSFER, PROFILER, WAITING = range(5)
 CATEGORY_NAMES = ("host work", "dispatch", "host transfer", "profiler", "waiting for work")
 
@@ -74,20 +76,6 @@ class HostTimeline:
     threads: int = 0
     transfer_ns: int = 0               # host time spent moving data to/from devices (staging, device_put, ...)
     events: HostEvents | None = field(default=None, repr=False)
-
-
-def union_ns(starts: np.ndarray, ends: np.ndarray) -> int:
-    """Total length of the union of intervals."""
-    if not len(starts):
-        return 0
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], np.maximum.accumulate(ends[order])
-    new = np.empty(len(s), bool)
-    new[0] = True
-    new[1:] = s[1:] > e[:-1]
-    group_start = s[new]
-    group_end = np.maximum.reduceat(e, np.flatnonzero(new))
-    return int((group_end - group_start).sum())
 
 
 class HostBuilder:

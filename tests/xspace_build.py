@@ -19,20 +19,19 @@ class _Plane:
         self._events: dict[str, int] = {}
 
     def stat(self, name: str) -> int:
-        if name not in self._stats:
-            i = len(self._stats) + 1
-            self.plane.stat_metadata[i].id = i
-            self.plane.stat_metadata[i].name = name
-            self._stats[name] = i
-        return self._stats[name]
+        return self._id(self.plane.stat_metadata, self._stats, name)
 
     def event(self, name: str) -> int:
-        if name not in self._events:
-            i = len(self._events) + 1
-            self.plane.event_metadata[i].id = i
-            self.plane.event_metadata[i].name = name
-            self._events[name] = i
-        return self._events[name]
+        return self._id(self.plane.event_metadata, self._events, name)
+
+    @staticmethod
+    def _id(table, known: dict[str, int], name: str) -> int:
+        if name not in known:
+            i = len(known) + 1
+            table[i].id = i
+            table[i].name = name
+            known[name] = i
+        return known[name]
 
 
 class SpaceBuilder:

@@ -3,7 +3,7 @@ each pattern here fooled the median-gap rule, or the profiler's own edges."""
 import numpy as np
 import pytest
 
-from gpuscope.analyzers.idle_time import complement, covered_before, intersect, merge, minus
+from gpuscope.collectors.intervals import complement, covered_before, intersect, merge, minus
 from gpuscope.analyzers.trace_analysis import summarize
 from gpuscope.collectors.chrome_trace_reader import parse_chrome_trace
 from gpuscope.collectors.xspace_reader import parse_xspace
