@@ -38,6 +38,7 @@ def build_report(store: Store, finding_id: str, context_s: float = 0.0, now: flo
             captures.append(dict({k: v for k, v in c.items() if k != "summary"},
                                  trace_summary=s and {k: s.get(k) for k in ("verdict", "confidence", "summary",
                                                                           "busy_fraction", "kernels", "idle_gaps",
+                                                                          "timing", "memcpy", "pcie_link",
                                                                           "top_ops")}))
     return dict(finding=f, counters=dict(context_seconds=ctx, before=before, during=during, after=after),
                 changes=_changes(before, during), verdict=dict(decided=f["verdict"], by=f["decided_by"],
