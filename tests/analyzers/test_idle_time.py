@@ -197,3 +197,20 @@ def test_causes_partition_the_idle_time(kernels, host):
     assert t["busy_fraction"] + t["idle_fraction"] == pytest.approx(1.0, abs=1e-6)
     assert all(0 <= a["idle_fraction"] <= 1 + 1e-9 for a in t["host_during_idle"])
     assert 0 <= s["confidence"] <= 1
+
+
+def test_a_token_loop_with_host_side_sampling_is_host_bound():
+    """LLM decode, one token a step: a 40 µs forward pass (a few kernels),
+    then the logits come back and the host samples in numpy for 400 µs."""
+    b, t = SpaceBuilder(), 0.0
+    for _ in range(300):
+        for _ in range(4):
+            b.launch(MAIN, t, 6, t + 6, 9)
+            t += 10
+        b.host(MAIN, t + 2, 20, "$api.py:2768 try_to_block")
+        b.host(MAIN, t + 25, 400, "$sampler.py:10 sample")
+        b.host(MAIN, t + 30, 380, "$numpy/random np.random.choice")
+        t += 430
+    s = _summary(b)
+    assert s["verdict"] == "host-bound", s["summary"]
+    assert s["timing"]["host_during_idle"][0]["name"] == "$numpy/random np.random.choice"

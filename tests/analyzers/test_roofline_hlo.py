@@ -89,3 +89,37 @@ def test_a_kernel_the_hlo_cannot_explain_is_unknown_with_its_time_share():
     assert lib["bound"] is None and lib["bound_source"] == "unknown"
     assert abs(s["roofline"]["unknown_time_fraction"] - 0.5) < 0.01
     assert s["verdict"] == "memory-bound" and "HLO does not explain" in s["summary"]
+
+
+def test_an_embedding_gather_is_memory_bound_from_the_hlo():
+    """A vocabulary-sized embedding table, 4,096 token rows gathered: a few
+    FLOPs per byte moved, so below the ridge whatever the kernel is named."""
+    proto = hlo_pb2.HloProto()
+    m = proto.hlo_module
+    fused = m.computations.add(id=1, name="fused_gather")
+    for id_, name, opcode, dims, etype in ((11, "table", "parameter", [128256, 4096], BF16),
+                                          (12, "ids", "parameter", [4096, 1], 4),
+                                          (13, "gather.1", "gather", [4096, 4096], BF16)):
+        i = fused.instructions.add(id=id_, name=name, opcode=opcode)
+        i.shape.element_type = etype
+        i.shape.dimensions.extend(dims)
+        if opcode == "gather":
+            i.operand_ids.extend([11, 12])
+    entry = m.computations.add(id=2, name="main")
+    for id_, name, dims, etype in ((21, "table", [128256, 4096], BF16), (22, "ids", [4096, 1], 4)):
+        i = entry.instructions.add(id=id_, name=name, opcode="parameter")
+        i.shape.element_type = etype
+        i.shape.dimensions.extend(dims)
+    f = entry.instructions.add(id=23, name="input_gather_fusion", opcode="fusion")
+    f.shape.element_type = BF16
+    f.shape.dimensions.extend([4096, 4096])
+    f.operand_ids.extend([21, 22])
+    f.called_computation_ids.append(1)
+    b = SpaceBuilder()
+    for k in range(100):
+        b.launch("python3", k * 500, 2, k * 500 + 2, 450, name="input_gather_fusion", hlo_op="input_gather_fusion",
+                 program_id=PROGRAM)
+    b.hlo_module(PROGRAM, "jit_embed", proto.SerializeToString())
+    s = summarize(parse_xspace(b.bytes(), "embed.xplane.pb"))
+    assert s["verdict"] == "memory-bound", s["summary"]
+    assert s["top_ops"][0]["bound_source"] == "hlo" and s["top_ops"][0]["intensity_flops_per_byte"] < 1
