@@ -4,62 +4,234 @@ with a profiler configuration; SGLang always). The engine writes
 `*.pt.trace.json.gz` into its own profiler directory on this host; we name
 the newest and the capture runner copies it into our capture directory.
 
-This module reads no trace bytes: it returns the path and the directory the
-path is confined to (`ServingTrace.source_root`), and the runner reads it
-below that directory without following links. Looking for the newest trace
-does not follow links either: a link in the trace directory (to a file or
-to a directory) is not a trace.
+This module reads no trace bytes but to check a file is complete: it returns
+the path and the directory the path is confined to
+(`ServingTrace.source_root`), and the runner reads it below that directory
+without following links. Looking for traces does not follow links either: a
+link in the trace directory (to a file or to a directory) is not a trace.
 
-Measured on vLLM: start answers 200 in ~10 ms, 409 while a session runs, 404
-without --profiler-config; stop answers 200 only after the traces are
-written, 6-19 s later, hence the long stop timeout.
+Measured on vLLM 0.32: start answers 200 in ~10 ms, 409 while a session runs,
+404 without --profiler-config, and blocks while a previous stop is still
+writing; stop answers only after the traces are written and post-processed:
+6-19 s for a sub-second session on an idle server, 86 s to 211 s on a
+2-core machine under load. Hence the rules here:
+
+- **Never leave a session running.** Once `/start_profile` was sent, every
+  way out (an error, a timeout, the agent stopping) either ends with a stop
+  that answered or hands the stop to `PendingStops`, which retries it until
+  the engine says no session runs. A start that times out may still start
+  later (vLLM starts once the previous stop finishes): it gets a stop too.
+- **The trace is taken when it is complete on disk** (its size unchanged
+  between two looks a second apart and, for gzip, a stream that ends), even
+  while the stop's HTTP answer is still pending.
+- **Stop waits are sized** from the capture's duration and the engine's
+  last measured stop time, at least `stop_timeout_s`.
+- **Words that say what happened**: `busy` (409), `slow` (the engine's
+  `/health` answers but the stop did not finish in time; the stop stays
+  pending), `unreachable` only when nothing answers.
 """
 from __future__ import annotations
 
-import json
 import os
+import socket
 import stat
+import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
+import structlog
+
 from .xla_profiler import CaptureResult, NotAProfiler, ProfilerBusy, ProfilerError, ProfilerUnreachable
 
+log = structlog.get_logger("gpuscope.serving")
+
 TRACE_PATTERNS = ("*.pt.trace.json.gz", "*.trace.json.gz", "*.trace.json", "*.xplane.pb")
+TABLE_PATTERNS = ("*profiler_out*.txt",)      # vLLM's key-averages table, kept with the traces
 
 
 @dataclass
 class ServingTrace(CaptureResult):
     """A trace the engine wrote on this host: `xspace` is empty; the runner
-    reads `path`, which lies below `source_root`, and keeps a copy."""
+    reads `path`, which lies below `source_root`, and keeps a copy, with the
+    session's other files (`extra_paths`: the API server's trace, the tables)."""
     source_root: Path
+    extra_paths: list[Path] = field(default_factory=list)
+
+
+class ProfilerSlow(ProfilerError):
+    """The engine is alive but did not finish in time; its stop stays pending."""
+    reason = "slow"
+
+
+class _Timeout(Exception):
+    pass
+
+
+def post(base_url: str, path: str, timeout: float) -> int:
+    """POST with an empty JSON body; the status, or _Timeout, or
+    ProfilerUnreachable when nothing answers."""
+    req = urllib.request.Request(base_url + path, data=b"", method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (TimeoutError, socket.timeout):
+        raise _Timeout() from None
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, (TimeoutError, socket.timeout)):
+            raise _Timeout() from None
+        raise ProfilerUnreachable(f"{base_url}: {exc.reason}; the server may have exited") from None
+    except (ConnectionError, OSError) as exc:
+        raise ProfilerUnreachable(f"{base_url}: {exc}; the server may have exited") from None
+
+
+def healthy(base_url: str, timeout: float = 5.0) -> bool:
+    try:
+        with urllib.request.urlopen(base_url + "/health", timeout=timeout) as resp:
+            return resp.status < 500
+    except urllib.error.HTTPError as exc:
+        return exc.code < 500          # alive, whatever it thinks of the route
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+class PendingStops:
+    """Stops that must still reach an engine: retried in the background until
+    the engine answers that no session runs (200 to the stop, or 400/404: none
+    running), or `give_up_s` passes (the engine is gone: nothing to stop)."""
+
+    def __init__(self, retry_s: float = 5.0, give_up_s: float = 3600.0, stop_timeout_s: float = 600.0):
+        self.retry_s, self.give_up_s, self.stop_timeout_s = retry_s, give_up_s, stop_timeout_s
+        self._lock = threading.Lock()
+        self._pending: dict[str, threading.Thread] = {}
+        self._active: dict[str, int] = {}                # engines with a session we started, not yet stopped
+        self.done: list[tuple[str, int | None]] = []     # (url, last status) of stops that finished
+
+    def started(self, base_url: str) -> None:
+        with self._lock:
+            self._active[base_url] = self._active.get(base_url, 0) + 1
+
+    def stopped(self, base_url: str) -> None:
+        with self._lock:
+            n = self._active.get(base_url, 0) - 1
+            if n > 0:
+                self._active[base_url] = n
+            else:
+                self._active.pop(base_url, None)
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """The agent is stopping: every engine with a session of ours, or a
+        stop still pending, is sent a stop now. vLLM stops once the request
+        is in, so an answer is not waited for beyond a few seconds."""
+        with self._lock:
+            urls = set(self._active) | {u for u, th in self._pending.items() if th.is_alive()}
+        deadline = time.monotonic() + timeout_s
+        for url in sorted(urls):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.error("profiling sessions left running at shutdown", engines=sorted(urls))
+                return
+            try:
+                post(url, "/stop_profile", min(left, 3.0))
+            except (_Timeout, ProfilerError):
+                pass                              # sent, or the engine is gone: either way nothing more to do
+
+    def add(self, base_url: str, in_flight: "_Request | None" = None) -> None:
+        """Stop `base_url`'s session later. `in_flight`: the start or stop
+        request still running: a start that ends up refused leaves nothing
+        to stop; a stop that ends up answering 200 is all it takes."""
+        with self._lock:
+            if base_url in self._pending and self._pending[base_url].is_alive():
+                return
+            th = threading.Thread(target=self._run, args=(base_url, in_flight), name="pending-stop", daemon=True)
+            self._pending[base_url] = th
+        log.warning("profiling session left to stop; retrying its stop", engine=base_url)
+        th.start()
+
+    def pending(self) -> list[str]:
+        with self._lock:
+            return [u for u, th in self._pending.items() if th.is_alive()]
+
+    def wait(self, timeout: float) -> bool:
+        """True when no stop is pending (for shutdown and tests)."""
+        deadline = time.monotonic() + timeout
+        while self.pending() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not self.pending()
+
+    def _run(self, base_url: str, in_flight: "_Request | None") -> None:
+        if in_flight is not None:
+            in_flight.join()
+            if in_flight.path == "/start_profile" and in_flight.status != 200:
+                self.done.append((base_url, in_flight.status))
+                return                             # refused or never reached: nothing started
+            if in_flight.path == "/stop_profile" and in_flight.status == 200:
+                self.done.append((base_url, 200))
+                return
+        deadline = time.monotonic() + self.give_up_s
+        status = None
+        while time.monotonic() < deadline:
+            try:
+                status = post(base_url, "/stop_profile", self.stop_timeout_s)
+            except _Timeout:
+                status = None                  # still writing: ask again
+            except ProfilerUnreachable:
+                status = None
+            if status in (200, 400, 404):      # stopped, or nothing running
+                log.info("pending profiling stop done", engine=base_url, status=status)
+                self.done.append((base_url, status))
+                return
+            time.sleep(self.retry_s)
+        log.error("gave up stopping a profiling session", engine=base_url, last_status=status)
+        self.done.append((base_url, status))
+
+
+PENDING_STOPS = PendingStops()
+# measured on vLLM 0.32, 2 cores under load: 185-211 s of stop for 2 s of capture
+STOP_S_PER_CAPTURE_S = 100.0
+START_WAIT_S = 600.0       # a start blocked behind a previous stop is waited for this long, in the background
+_STOP_SECONDS: dict[str, float] = {}       # engine -> its last measured stop time
 
 
 class TorchProfilerHttp:
-    def __init__(self, base_url: str, trace_dir: str | Path, stop_timeout_s: float = 60.0):
+    def __init__(self, base_url: str, trace_dir: str | Path, stop_timeout_s: float = 60.0,
+                 start_timeout_s: float = 10.0, pending: PendingStops | None = None, poll_s: float = 1.0,
+                 stop_s_per_capture_s: float = STOP_S_PER_CAPTURE_S):
         self.base_url = base_url.rstrip("/")
         self.trace_dir = Path(trace_dir)
         self.stop_timeout_s = stop_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.pending = pending or PENDING_STOPS
+        self.poll_s = poll_s
+        self.stop_s_per_capture_s = stop_s_per_capture_s
 
-    def _post(self, path: str, timeout: float, body: dict | None = None) -> int:
-        data = json.dumps(body).encode() if body is not None else b""
-        req = urllib.request.Request(self.base_url + path, data=data, method="POST",
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                return resp.status
-        except urllib.error.HTTPError as exc:
-            return exc.code
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
-            raise ProfilerUnreachable(f"{self.base_url}: {getattr(exc, 'reason', exc)}; the server may have exited") from None
+    def stop_deadline(self, duration_ms: int) -> float:
+        """Seconds to wait for a stop: the configured floor, the duration
+        scaled by what stops cost, and 1.5x this engine's last stop."""
+        return max(self.stop_timeout_s, duration_ms / 1e3 * self.stop_s_per_capture_s,
+                   1.5 * _STOP_SECONDS.get(self.base_url, 0.0))
 
     def capture(self, duration_ms: int, repository_root: Path, session_id: str, host_name: str = "gpuscope",
                 margin_s: float = 15.0) -> CaptureResult:
         t0 = time.time()
-        status = self._post("/start_profile", timeout=10)
+        start = _Request(self.base_url, "/start_profile", START_WAIT_S)
+        start.start()
+        start.join(self.start_timeout_s)
+        if start.is_alive():
+            # vLLM blocks a start while a previous stop writes, then starts: stop it then
+            self.pending.add(self.base_url, in_flight=start)
+            raise self._late(f"/start_profile did not answer within {self.start_timeout_s:g} s (a previous "
+                             f"session may still be writing its trace); a stop is pending so that no session "
+                             f"this capture started keeps running")
+        if start.error is not None:
+            raise start.error
+        status = start.status
         if status == 404:
             raise NotAProfiler(f"{self.base_url}/start_profile answers 404: profiling is not enabled (start vLLM "
                                "with --profiler-config '{\"profiler\":\"torch\",\"torch_profiler_dir\":DIR}')")
@@ -67,22 +239,66 @@ class TorchProfilerHttp:
             raise ProfilerBusy(f"{self.base_url}: a profiling session is already running")
         if status != 200:
             raise ProfilerError(f"{self.base_url}/start_profile answered {status}")
-        time.sleep(duration_ms / 1e3)
-        status = self._post("/stop_profile", timeout=self.stop_timeout_s + margin_s)
-        if status != 200:
-            raise ProfilerError(f"{self.base_url}/stop_profile answered {status}")
-        path = self.newest_trace(since=t0)
-        if path is None:
-            raise ProfilerError(f"{self.base_url}: stopped, but no new trace file under {self.trace_dir}")
-        return ServingTrace(b"", path, False, time.time() - t0, source_root=self.trace_dir)
+        stopper = None
+        self.pending.started(self.base_url)
+        try:
+            time.sleep(duration_ms / 1e3)
+            wait_s = self.stop_deadline(duration_ms) + margin_s
+            stopper = _Request(self.base_url, "/stop_profile", wait_s)
+            stopper.start()
+            path, extras = self._await_trace(stopper, since=t0, wait_s=wait_s)
+            return ServingTrace(b"", path, False, time.time() - t0, source_root=self.trace_dir,
+                                extra_paths=extras)
+        finally:
+            if stopper is None or stopper.status != 200:
+                # every way out of a started session ends with a stop, now or later
+                self.pending.add(self.base_url, in_flight=stopper)
+            self.pending.stopped(self.base_url)
 
-    def newest_trace(self, since: float) -> Path | None:
-        """The trace to keep among the regular files written since `since`
-        below the trace directory; links are neither followed nor chosen."""
-        found: list[tuple[Path, os.stat_result]] = []
+    def _await_trace(self, stopper: "_Request", since: float, wait_s: float) -> tuple[Path, list[Path]]:
+        """The session's trace once complete on disk, or once the stop
+        answered; raises when neither happens in time."""
+        deadline = time.monotonic() + wait_s
+        seen: dict[Path, int] = {}
+        while True:
+            done = not stopper.is_alive()
+            if done and stopper.error is not None:
+                raise stopper.error
+            if done and stopper.status is None:
+                raise self._late(f"/stop_profile has not answered in {wait_s:.0f} s; the stop stays pending")
+            if done and stopper.status != 200:
+                raise ProfilerError(f"{self.base_url}/stop_profile answered {stopper.status}")
+            found = self.session_files(since)
+            main = self.pick(found)
+            if main is not None:
+                size = _size(main)
+                # the engine said it is written, or it is whole on disk while the answer is pending
+                if done or (seen.get(main) == size and complete(main)):
+                    if stopper.status == 200:
+                        _STOP_SECONDS[self.base_url] = stopper.seconds
+                    return main, [f for f in found if f != main]
+                seen[main] = size
+            elif done:
+                raise ProfilerError(f"{self.base_url}: stopped, but no new trace file under {self.trace_dir}")
+            if time.monotonic() >= deadline:
+                raise self._late(f"/stop_profile has not finished in {wait_s:.0f} s and no complete "
+                                 f"trace is on disk yet; the stop stays pending, and the engine will write its "
+                                 f"trace under {self.trace_dir}")
+            stopper.join(self.poll_s)
+
+    def _late(self, what: str) -> ProfilerError:
+        if healthy(self.base_url):
+            return ProfilerSlow(f"{self.base_url} is alive (its /health answers) but {what}")
+        return ProfilerUnreachable(f"{self.base_url}: {what}; and /health does not answer: the server may have "
+                                   f"exited")
+
+    def session_files(self, since: float) -> list[Path]:
+        """Every trace and table file written since `since` below the trace
+        directory (regular files only; links are neither followed nor kept)."""
+        out: list[Path] = []
         for top, dirs, files in os.walk(self.trace_dir, followlinks=False):
             for name in files:
-                if not any(fnmatch(name, pat) for pat in TRACE_PATTERNS):
+                if not any(fnmatch(name, pat) for pat in TRACE_PATTERNS + TABLE_PATTERNS):
                     continue
                 path = Path(top) / name
                 try:
@@ -90,9 +306,73 @@ class TorchProfilerHttp:
                 except OSError:
                     continue                       # removed meanwhile
                 if stat.S_ISREG(st.st_mode) and st.st_mtime >= since - 1:
-                    found.append((path, st))
-        if not found:
+                    out.append(path)
+        return out
+
+    @staticmethod
+    def pick(files: list[Path]) -> Path | None:
+        """The trace to read: the worker's (rank<N>.*, the GPU kernels) before
+        the API server's (*async_llm*), the largest first."""
+        traces = [(p, _size(p)) for p in files if any(fnmatch(p.name, pat) for pat in TRACE_PATTERNS)]
+        if not traces:
             return None
-        # vLLM writes a worker trace (rank0.*, the GPU kernels) and an API-server one (*async_llm*)
-        found.sort(key=lambda f: ("async_llm" in f[0].name, -f[1].st_size))
-        return found[0][0]
+        traces.sort(key=lambda f: ("async_llm" in f[0].name, -f[1]))
+        return traces[0][0]
+
+    def newest_trace(self, since: float) -> Path | None:
+        return self.pick(self.session_files(since))
+
+
+class _Request(threading.Thread):
+    """One POST in the background: a stop's answer can take minutes while
+    the trace is already whole on disk, and a start can block for as long."""
+
+    def __init__(self, base_url: str, path: str, timeout: float) -> None:
+        super().__init__(name=f"profile{path.replace('/', '-')}", daemon=True)
+        self.base_url, self.path, self.timeout = base_url, path, timeout
+        self.status: int | None = None          # None: no answer in time
+        self.error: ProfilerError | None = None
+        self.seconds = 0.0
+
+    def run(self) -> None:
+        t0 = time.monotonic()
+        try:
+            self.status = post(self.base_url, self.path, self.timeout)
+        except _Timeout:
+            self.status = None
+        except ProfilerError as exc:
+            self.error = exc
+        self.seconds = time.monotonic() - t0
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.lstat().st_size
+    except OSError:
+        return -1
+
+
+def complete(path: Path) -> bool:
+    """A gzip trace whose stream ends (the writer closed it), or any other
+    trace file, non-empty; read without following a link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            if not path.name.endswith(".gz"):
+                return os.fstat(fd).st_size > 0
+            d = zlib.decompressobj(wbits=47)
+            while not d.eof:
+                chunk = f.read(1 << 20)
+                if not chunk:
+                    return False
+                d.decompress(chunk, 1 << 16)
+                while d.unconsumed_tail:
+                    d.decompress(d.unconsumed_tail, 1 << 16)
+            return True
+    except (OSError, zlib.error):
+        return False
+    finally:
+        os.close(fd)

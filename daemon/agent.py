@@ -282,5 +282,8 @@ class Agent:
             self._scheduler.shutdown(wait=False)
         if self.uplink is not None:
             self.uplink.stop()
+        if self.captures is not None:
+            from gpuscope.collectors.serving_profiler import PENDING_STOPS
+            PENDING_STOPS.shutdown()      # no engine keeps profiling because this agent went away
         self.collector.close()
         log.info("agent stopped", host=self.config.host, ticks=self.ticks)

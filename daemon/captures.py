@@ -139,9 +139,11 @@ class CaptureRunner:
                 result = (client or self._client_factory(target)).capture(duration_ms, root, rec.id, self.host,
                                                                           margin_s=self.config.margin_s)
                 path, data = self._keep(result, root, cap_fd)
+                kept = self._keep_extras(result, root, cap_fd)
                 rec.path, rec.size_bytes = str(path), len(data)
-                safe_files.write_new(cap_fd, "capture.json", json.dumps(asdict(rec) | {"status": "ok"}).encode(),
-                                     str(root))
+                rec.end = self._clock()
+                safe_files.write_new(cap_fd, "capture.json", json.dumps(
+                    asdict(rec) | {"status": "ok", "other_files": kept}).encode(), str(root))
             except (ProfilerError, OSError) as exc:      # a failed capture leaves no files
                 os.close(cap_fd)
                 cap_fd = None
@@ -181,13 +183,34 @@ class CaptureRunner:
         if source_root is None or Path(source_root) not in path.parents:
             raise safe_files.UnsafePath(f"the profiler reported its trace at {path}, outside {root} and any "
                                         f"directory it is confined to; not read")
-        src_fd = os.open(source_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)   # the configured trace dir
-        try:
-            data = safe_files.read_beneath(src_fd, path.relative_to(source_root), limit, str(source_root))
-        finally:
-            os.close(src_fd)
+        data = self._read_confined(path, source_root)
         safe_files.write_new(cap_fd, path.name, data, str(root))
         return root / path.name, data
+
+    def _read_confined(self, path: Path, source_root) -> bytes:
+        """A file below the engine's configured trace directory, read without following links."""
+        if source_root is None or Path(source_root) not in path.parents:
+            raise safe_files.UnsafePath(f"{path} is outside the directory it is confined to; not read")
+        src_fd = os.open(source_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)   # the configured trace dir
+        try:
+            return safe_files.read_beneath(src_fd, path.relative_to(source_root), self.config.max_trace_bytes,
+                                           str(source_root))
+        finally:
+            os.close(src_fd)
+
+    def _keep_extras(self, result, root: Path, cap_fd: int) -> list[str]:
+        """The session's other files (a serving engine's API-server trace, its
+        tables), copied beside the trace the same safe way; one that cannot be
+        read is skipped, not fatal: the main trace is what was asked for."""
+        kept = []
+        for extra in getattr(result, "extra_paths", None) or []:
+            try:
+                data = self._read_confined(Path(extra), result.source_root)
+                safe_files.write_new(cap_fd, Path(extra).name, data, str(root))
+                kept.append(Path(extra).name)
+            except (OSError, safe_files.UnsafePath) as exc:
+                log.warning("capture: a session file was not kept", path=str(extra), error=str(exc))
+        return kept
 
     def _finish(self, rec: CaptureRecord, status: str, error: str) -> CaptureRecord:
         rec.status, rec.error, rec.end = status, error, self._clock()

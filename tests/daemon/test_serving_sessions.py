@@ -1,0 +1,167 @@
+"""Captures of a serving engine never leave it profiling.
+
+A real HTTP server on loopback reproduces what vLLM 0.32 was measured to do
+(../shared/fixtures/vllm-0.32-cpu/README.md): a start blocks while a previous
+stop is still writing and then starts anyway; a stop answers only after the
+traces are written and post-processed, long after the file is complete; the
+API server's trace and a key-averages table come with the worker's trace.
+Every test ends by asking the engine whether a session still runs."""
+from __future__ import annotations
+
+import gzip
+import http.server
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuscope.collectors.serving_profiler import PendingStops, TorchProfilerHttp, complete
+from gpuscope.daemon.captures import CaptureConfig, CaptureRunner
+
+TRACE = gzip.compress(json.dumps({"traceEvents": [{"ph": "X", "name": "execute_model", "pid": 1, "tid": 1,
+                                                   "ts": 0, "dur": 5}]}).encode())
+
+
+class VllmLike:
+    """start_block_s: how long a start blocks (a previous stop still writing);
+    write_s: when the traces are on disk after a stop; answer_s: when the stop
+    answers after that; stop_never: the stop never writes nor answers."""
+
+    def __init__(self, trace_dir: Path, start_block_s=0.0, write_s=0.1, answer_s=0.0, stop_never=False):
+        self.trace_dir = trace_dir
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        self.start_block_s, self.write_s, self.answer_s, self.stop_never = start_block_s, write_s, answer_s, stop_never
+        self.active = False
+        self.starts = self.stops = 0
+        self._lock = threading.Lock()
+        engine = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _answer(self, code):
+                self.send_response(code)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def do_GET(self):
+                self._answer(200 if self.path == "/health" else 404)
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                if n:
+                    self.rfile.read(n)
+                if self.path == "/start_profile":
+                    time.sleep(engine.start_block_s)
+                    with engine._lock:
+                        if engine.active:
+                            return self._answer(409)
+                        engine.active, engine.starts = True, engine.starts + 1
+                    return self._answer(200)
+                if self.path == "/stop_profile":
+                    with engine._lock:
+                        if not engine.active:
+                            return self._answer(400)
+                        engine.stops += 1
+                    if engine.stop_never:
+                        time.sleep(3600)
+                    time.sleep(engine.write_s)
+                    stamp = time.time_ns()
+                    (engine.trace_dir / f"rank0.{stamp}.pt.trace.json.gz").write_bytes(TRACE)
+                    (engine.trace_dir / f"host_1.async_llm.{stamp}.pt.trace.json.gz").write_bytes(TRACE)
+                    (engine.trace_dir / "profiler_out_0.txt").write_text("Name  Self CPU %\n")
+                    with engine._lock:
+                        engine.active = False
+                    time.sleep(engine.answer_s)          # post-processing, after the files are whole
+                    return self._answer(200)
+                self._answer(404)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def stops():
+    p = PendingStops(retry_s=0.1, give_up_s=20, stop_timeout_s=5)
+    yield p
+    p.wait(10)
+
+
+def _client(engine, stops, **kw):
+    kw.setdefault("stop_timeout_s", 1.0)
+    kw.setdefault("stop_s_per_capture_s", 0.0)
+    return TorchProfilerHttp(engine.url, engine.trace_dir, pending=stops, poll_s=0.2, **kw)
+
+
+def test_the_trace_is_taken_when_whole_on_disk_while_the_stop_still_answers(tmp_path, stops):
+    engine = VllmLike(tmp_path / "engine", write_s=0.2, answer_s=4.0)
+    runner = CaptureRunner(CaptureConfig(tmp_path / "caps"), "h")
+    t0 = time.monotonic()
+    rec, data = runner.capture(engine.url, 100, kind="torch-http", client=_client(engine, stops, stop_timeout_s=30))
+    took = time.monotonic() - t0
+    assert rec.status == "ok" and data == TRACE
+    assert took < 3.0                                 # not the 4 s the stop took to answer
+    kept = json.loads((Path(rec.path).parent / "capture.json").read_text())
+    assert kept["end"] > kept["start"] > 0
+    assert any("async_llm" in f for f in kept["other_files"]) and "profiler_out_0.txt" in kept["other_files"]
+    assert stops.wait(10) and not engine.active
+    engine.close()
+
+
+def test_a_start_that_times_out_is_followed_by_a_stop(tmp_path, stops):
+    """vLLM blocks a start while a previous stop writes, then starts it: the
+    capture gives up on the start, and the session it caused is stopped."""
+    engine = VllmLike(tmp_path / "engine", start_block_s=1.5)
+    client = _client(engine, stops, start_timeout_s=0.3)
+    rec, _ = CaptureRunner(CaptureConfig(tmp_path / "caps"), "h").capture(engine.url, 100, kind="torch-http",
+                                                                          client=client)
+    assert rec.status == "slow" and "pending" in rec.error
+    assert stops.wait(15)
+    assert engine.starts == 1 and not engine.active
+
+
+def test_a_stop_past_its_deadline_is_slow_not_unreachable_and_stays_pending(tmp_path, stops):
+    engine = VllmLike(tmp_path / "engine", write_s=3.0)
+    rec, _ = CaptureRunner(CaptureConfig(tmp_path / "caps", margin_s=0.0), "h").capture(
+        engine.url, 100, kind="torch-http", client=_client(engine, stops, stop_timeout_s=0.5))
+    assert rec.status == "slow" and "/health answers" in rec.error
+    assert stops.wait(15) and not engine.active         # the stop sent went through in the end
+
+
+def test_an_engine_killed_during_the_stop_is_unreachable(tmp_path, stops):
+    engine = VllmLike(tmp_path / "engine", stop_never=True)
+    threading.Timer(0.8, engine.close).start()
+    rec, _ = CaptureRunner(CaptureConfig(tmp_path / "caps", margin_s=0.0), "h").capture(
+        engine.url, 100, kind="torch-http", client=_client(engine, stops, stop_timeout_s=1.5))
+    assert rec.status == "unreachable" and "/health does not answer" in rec.error
+
+
+def test_agent_shutdown_stops_the_sessions_it_started(tmp_path, stops):
+    engine = VllmLike(tmp_path / "engine")
+    client = _client(engine, stops)
+    th = threading.Thread(target=lambda: client.capture(30_000, tmp_path, "s"), daemon=True)
+    th.start()
+    deadline = time.monotonic() + 5
+    while not engine.active and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert engine.active
+    stops.shutdown(timeout_s=5)
+    assert not engine.active
+
+
+def test_completeness_of_a_gzip_trace(tmp_path):
+    whole = tmp_path / "a.pt.trace.json.gz"
+    whole.write_bytes(gzip.compress(b"{" + b"x" * 300_000 + b"}"))
+    cut = tmp_path / "b.pt.trace.json.gz"
+    cut.write_bytes(whole.read_bytes()[:-9])
+    assert complete(whole) and not complete(cut) and not complete(tmp_path / "missing.gz")
