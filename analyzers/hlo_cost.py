@@ -85,6 +85,9 @@ def _dot_flops(out_shape, lhs_shape, dims) -> float | None:
     return 2.0 * _elements(out_shape) * k if k is not None else None
 
 
+SLICING = ("dynamic-slice", "slice", "gather")      # ops that read part of their first operand
+
+
 class Program:
     def __init__(self, proto: hlo_pb2.HloProto):
         self.instructions = {}
@@ -106,8 +109,36 @@ class Program:
         if ins is None:
             return None
         operands = [self.instructions[i] for i in ins.operand_ids if i in self.instructions]
-        nbytes = shape_bytes(ins.shape) + sum(shape_bytes(o.shape) for o in operands)
+        read = self._sliced_reads(ins)
+        nbytes = shape_bytes(ins.shape) + sum(read.get(k, shape_bytes(o.shape)) for k, o in enumerate(operands))
         return OpCost(self._flops(ins, operands), nbytes)
+
+    def _sliced_reads(self, ins) -> dict[int, float]:
+        """Operand number -> bytes a fusion really reads of it, for operands it
+        only slices: a scan's body takes all stacked layers and reads one
+        (`dynamic-slice`), a gather reads the rows it gathers. Other operands
+        are read whole."""
+        if ins.opcode != "fusion" or len(ins.called_computation_ids) != 1:
+            return {}
+        comp = self.computations.get(ins.called_computation_ids[0])
+        if comp is None:
+            return {}
+        params = [i for i in comp.instructions if i.opcode == "parameter"]
+        numbers = [p.parameter_number for p in params]
+        if len(set(numbers)) != len(numbers):         # not numbered: their order is their number
+            numbers = list(range(len(params)))
+        users: dict[int, list] = {p.id: [] for p in params}
+        for i in comp.instructions:
+            for o in i.operand_ids:
+                if o in users:
+                    users[o].append(i)
+        out = {}
+        for p, n in zip(params, numbers):
+            u = users[p.id]
+            # only the sliced operand (operand 0) of each user: an index operand is read whole
+            if u and all(x.opcode in SLICING and x.operand_ids and x.operand_ids[0] == p.id for x in u):
+                out[n] = float(sum(shape_bytes(x.shape) for x in u))
+        return out
 
     def _flops(self, ins, operands, depth: int = 0, active: set[int] | None = None) -> float | None:
         op = ins.opcode

@@ -43,11 +43,16 @@ _CAUSE_OF = {DISPATCH: "dispatch", OTHER: "host_work", TRANSFER: "host_transfer"
 
 
 # -- the host's launching thread -------------------------------------------------------------
-def launching_thread(ev: HostEvents) -> int | None:
-    """The thread that issued the most launches; without correlated launches,
-    the one that spent the most time dispatching; None when neither."""
+def launching_thread(ev: HostEvents, launch_corr: np.ndarray, dev: DeviceTimeline | None = None) -> int | None:
+    """The thread that issued the most of this device's launches (one thread
+    may feed each GPU); without correlated launches, the one that spent the
+    most time dispatching; None when neither."""
     if not len(ev):
         return None
+    if len(ev.launch_thread) and dev is not None and len(dev):
+        mine = np.isin(launch_corr, dev.correlation[dev.correlation >= 0])
+        if mine.any():
+            return int(np.argmax(np.bincount(ev.launch_thread[mine], minlength=len(ev.threads))))
     if ev.launches.any():
         return int(np.argmax(ev.launches))
     dispatch = ev.category[ev.name_idx] == DISPATCH
@@ -57,9 +62,10 @@ def launching_thread(ev: HostEvents) -> int | None:
     return int(np.argmax(per))
 
 
-def _parents(s: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """Parent of each event of one thread (sorted by start, longest first),
-    -1 for top level: the latest earlier event one level up that contains it."""
+def _parents(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Parent (-1 at top level) and depth of each event of one thread, sorted
+    by start, longest first, none of zero length (an instant contains
+    nothing and would read as closed before its siblings start)."""
     n = len(s)
     closed = np.searchsorted(np.sort(e), s, side="right")
     depth = np.maximum(np.arange(n) - closed, 0)
@@ -72,7 +78,23 @@ def _parents(s: np.ndarray, e: np.ndarray) -> np.ndarray:
         cand = up[np.maximum(pos, 0)]
         ok &= e[cand] >= e[kids]              # a partial overlap is not nesting
         parent[kids[ok]] = cand[ok]
-    return parent
+    return parent, depth
+
+
+def _categories(ev: HostEvents, names: np.ndarray, parent: np.ndarray, depth: np.ndarray,
+                dev: DeviceTimeline) -> np.ndarray:
+    """What each event of the launching thread is, in context: an event named
+    after one of the device's ops or kernels is the runtime launching it (XLA's
+    thunk `custom-call.1`), and plain work nested in the dispatch path is part
+    of it (`Build buffer allocations` under PjRt's Execute)."""
+    cat = ev.category[names].copy()
+    device_names = set(dev.names) | {op for _, op in dev.ops if op}
+    ids = [i for i, n in enumerate(ev.names) if n in device_names]
+    cat[np.isin(names, ids) & (cat == OTHER)] = DISPATCH
+    for d in range(1, int(depth.max(initial=0)) + 1):
+        kids = np.flatnonzero((depth == d) & (parent >= 0) & (cat == OTHER))
+        cat[kids[cat[parent[kids]] == DISPATCH]] = DISPATCH
+    return cat
 
 
 def _self_time_in(s: np.ndarray, e: np.ndarray, parent: np.ndarray, iv) -> np.ndarray:
@@ -88,8 +110,14 @@ def account(trace: Trace, dev: DeviceTimeline, active) -> dict:
     lo, hi = trace.start_ns, trace.end_ns
     idle_all = complement(active, lo, hi)
     ev = trace.host.events
-    main = launching_thread(ev) if ev is not None else None
-    prof = _intervals(ev, ev.category[ev.name_idx] == PROFILER) if ev is not None else EMPTY
+    main = launching_thread(ev, trace.host.launch_correlation, dev) if ev is not None else None
+    mine = None
+    if main is not None:
+        mine = (ev.thread == main) & (ev.end_ns > ev.start_ns)
+        # the profiler's own start/stop, called by the thread that runs the job
+        prof = _intervals(ev, mine & (ev.category[ev.name_idx] == PROFILER))
+    else:
+        prof = EMPTY
     excluded = intersect(idle_all, prof)
     idle = minus(idle_all, excluded)
     span = max(hi - lo - length(excluded), 1)
@@ -106,11 +134,10 @@ def account(trace: Trace, dev: DeviceTimeline, active) -> dict:
     host_idle = late
     activities: list[dict] = []
     if main is not None:
-        m = ev.thread == main
-        s, e, names = ev.start_ns[m], ev.end_ns[m], ev.name_idx[m]
-        parent = _parents(s, e)
+        s, e, names = ev.start_ns[mine], ev.end_ns[mine], ev.name_idx[mine]
+        parent, depth = _parents(s, e)
+        cat = _categories(ev, names, parent, depth, dev)
         own = _fit(_self_time_in(s, e, parent, host_idle), length(host_idle))
-        cat = ev.category[names]
         for c, cause in _CAUSE_OF.items():
             causes[cause] += float(own[cat == c].sum())
         untraced = max(0, length(host_idle) - float(own.sum()))
@@ -121,31 +148,70 @@ def account(trace: Trace, dev: DeviceTimeline, active) -> dict:
         for c, cause in _CAUSE_OF.items():
             causes[cause] += float(own_u[cat == c].sum())
         causes["unattributed"] += max(0, length(unknown_next) - float(own_u.sum()))
+        fed, fed_by = _waiting_on_others(ev, main, merge(s[cat == WAITING], e[cat == WAITING]),
+                                         _merged_union(host_idle, unknown_next))
+        moved = min(fed, causes["waiting_for_work"])
+        causes["waiting_for_work"] -= moved
+        causes["host_work"] += moved
         by_name = np.bincount(names, weights=own + own_u, minlength=len(ev.names))
-        top = np.argsort(-by_name)[:TOP_ACTIVITIES]
-        activities = [dict(name=ev.names[i] or "(unnamed)", category=CATEGORY_NAMES[ev.category[i]],
+        activities = [dict(name=ev.names[i] or "(unnamed)", category=_category_name(cat, names, i),
                            idle_fraction=round(float(by_name[i]) / max(idle_ns, 1), 4))
-                      for i in top if by_name[i] > 0]
-        if untraced:
-            activities.append(dict(name="(no traced event)", category="host work",
-                                   idle_fraction=round(untraced / max(idle_ns, 1), 4)))
-            activities.sort(key=lambda a: -a["idle_fraction"])
-            activities = activities[:TOP_ACTIVITIES]
+                      for i in np.argsort(-by_name)[:TOP_ACTIVITIES]]
+        extra = [("no traced event", "host work", untraced)]
+        if moved:
+            extra.append((f"waiting while other threads worked ({fed_by})", "host work", moved))
+            for a in activities:
+                if a["category"] == "waiting for work":
+                    a["category"] = "waiting on other host threads"
+        activities += [dict(name=n, category=c, idle_fraction=round(v / max(idle_ns, 1), 4)) for n, c, v in extra]
+        activities = sorted((a for a in activities if a["idle_fraction"] >= 0.005),
+                            key=lambda a: -a["idle_fraction"])[:TOP_ACTIVITIES]
         basis = "host trace"
     else:
-        # no host trace: the size of each late gap stands in for what the host did
+        # no launching thread in the trace: the size of each late gap stands in for what the host did
         a, b = host_idle
         g = b - a
         short = g <= DISPATCH_GAP_NS
         causes["dispatch"] += int(g[short].sum())
         causes["host_work"] += int(g[~short].sum())
         causes["unattributed"] += length(unknown_next)
-        basis = "gap sizes (no host trace)"
+        basis = ("gap sizes (no host trace)" if ev is None or not len(ev)
+                 else "gap sizes (the host trace names no launching thread)")
     return dict(span_seconds=span / 1e9, busy_fraction=busy_ns / span, idle_fraction=idle_ns / span,
                 excluded=dict(profiler_seconds=length(excluded) / 1e9),
                 idle_causes={k: v / span for k, v in causes.items()}, basis=basis,
                 launching_thread=ev.threads[main] if main is not None else None,
                 host_during_idle=activities)
+
+
+def _category_name(cat: np.ndarray, names: np.ndarray, name: int) -> str:
+    """The category the name's events mostly had in context."""
+    c = cat[names == name]
+    return CATEGORY_NAMES[int(np.bincount(c).argmax())] if len(c) else "host work"
+
+
+def _waiting_on_others(ev: HostEvents, main: int, waiting, idle) -> tuple[float, str]:
+    """How long the launching thread waited while the GPU idled and other
+    host threads worked (an input pipeline feeding a consumer that blocks on
+    its queue: host-bound, not idle), and the work they did most."""
+    if not len(waiting[0]):
+        return 0.0, ""
+    other = (ev.thread != main) & (ev.end_ns > ev.start_ns)
+    cat = ev.category[ev.name_idx]
+    working = other & ((cat == OTHER) | (cat == TRANSFER) | (cat == DISPATCH))
+    if not working.any():
+        return 0.0, ""
+    when = intersect(intersect(waiting, idle), merge(ev.start_ns[working], ev.end_ns[working]))
+    fed = length(when)
+    if not fed:
+        return 0.0, ""
+    top = np.zeros(len(ev.names))
+    for t in np.unique(ev.thread[working]):         # innermost work on each thread, as for the launching one
+        m = (ev.thread == t) & (ev.end_ns > ev.start_ns)
+        s, e = ev.start_ns[m], ev.end_ns[m]
+        own = _self_time_in(s, e, _parents(s, e)[0], when) * working[m]
+        top += np.bincount(ev.name_idx[m], weights=own, minlength=len(ev.names))
+    return float(fed), ev.names[int(np.argmax(top))] or "(unnamed)"
 
 
 def _fit(own: np.ndarray, total: int) -> np.ndarray:

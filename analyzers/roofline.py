@@ -116,8 +116,17 @@ def _costs(trace: Trace, rows: list[dict], peaks: Peaks) -> None:
                 if r["time_s"] > 0:
                     r["fraction_of_peak"] = (r["achieved_flops_per_s"] / peaks.flops_per_s if r["bound"] == "compute"
                                              else r["achieved_bytes_per_s"] / peaks.bytes_per_s)
+                    if r["fraction_of_peak"] > OVER_PEAK:
+                        # faster than the hardware can go: the HLO's count is not what ran (an operand
+                        # read in part, a fusion the kernel does not cover); say so rather than place it
+                        what = "FLOPs" if r["bound"] == "compute" else "bytes"
+                        r["note"] = f"the HLO's {what} imply {r['fraction_of_peak']:.0%} of peak: not what ran"
+                        r["bound"], r["bound_source"] = None, "unknown"
             else:          # HLO costs, but no device peaks to place them against
                 _without_hlo(r, has_hlo=False)
+
+
+OVER_PEAK = 1.1      # an achieved rate this far past the device's peak is a miscount, not a measurement
 
 
 def _without_hlo(r: dict, has_hlo: bool) -> None:

@@ -68,7 +68,7 @@ def device_summary(trace: Trace, dev: DeviceTimeline, link: dict | None = None) 
     out: dict = dict(device=dev.name, name=dev.props.get("name"), span_seconds=timing["span_seconds"],
                      busy_fraction=timing["busy_fraction"], activities=int(len(dev)),
                      host_transfer_fraction=trace.host.transfer_ns / span, timing=timing)
-    out["kernels"] = dict(count=int(k.sum()), launch_rate_per_s=float(k.sum()) / (span / 1e9),
+    out["kernels"] = dict(count=int(k.sum()), launch_rate_per_s=float(k.sum()) / timing["span_seconds"],
                           duration_us=dict(p50=_us(_pct(kdur, 50)), p90=_us(_pct(kdur, 90)), p99=_us(_pct(kdur, 99)),
                                            mean=_us(float(kdur.mean()) if len(kdur) else None)))
     out["idle_gaps"] = _gaps(trace, dev, active)
@@ -189,8 +189,9 @@ def _verdict(s: dict, exposed_comm_ns: int, busy_ns: int, span: int) -> dict:
         by_name = roof["name_time_fraction"] > roof["hlo_time_fraction"]
         basis = ""
         if by_name:
-            basis = (f"; placed by kernel names ({roof['name_time_fraction']:.0%} of kernel time): the trace "
-                     f"carries no HLO for them")
+            why = "no HLO for them" if roof["peak_bytes_per_s"] and roof["peak_flops_per_s"] else \
+                "no device peaks to place HLO costs against"
+            basis = f"; placed by kernel names ({roof['name_time_fraction']:.0%} of kernel time): the trace carries {why}"
         if roof["unknown_time_fraction"] >= 0.005:
             basis += (f"; {roof['unknown_time_fraction']:.0%} of kernel time in kernels the HLO does not explain "
                       f"(not counted)")
@@ -216,6 +217,7 @@ def _copy_words(s: dict) -> str:
     return "; " + ", ".join(parts) + src
 
 
+DEVICE_WAIT_ON_COMM = 0.25    # device waits are on data movement when copies/collectives take this much of them
 _CAUSE_VERDICT = dict(dispatch=LAUNCH, host_work=HOST, host_transfer=HOST, waiting_for_work=IDLE,
                       unattributed=IDLE, device_wait=IDLE)
 
@@ -228,8 +230,8 @@ def _waiting_verdict(s: dict) -> dict:
     by_verdict: dict[str, float] = {}
     for cause, share in t["idle_causes"].items():
         v = _CAUSE_VERDICT[cause]
-        if cause == "device_wait" and s["communication"]["time_fraction"] > 0:
-            v = COMMUNICATION             # launched work waited on the device, with copies or collectives around
+        if cause == "device_wait" and s["communication"]["time_fraction"] >= DEVICE_WAIT_ON_COMM * share:
+            v = COMMUNICATION             # launched work waited on the device, with copies or collectives busy
         by_verdict[v] = by_verdict.get(v, 0.0) + share
     guessed = t["basis"].startswith("gap sizes")
     if guessed and k["launch_rate_per_s"] < 100:
@@ -241,22 +243,26 @@ def _waiting_verdict(s: dict) -> dict:
     excl = t["excluded"]["profiler_seconds"]
     head = f"GPU idle {idle:.0%} of the trace" + (f" (the profiler's own start/stop, {excl * 1e3:,.0f} ms, left out)"
                                                   if excl else "")
-    parts = [(c["dispatch"], "dispatching"), (c["host_work"] + c["host_transfer"], "doing other host work"),
-             (c["waiting_for_work"], "waiting for work")]
-    split = "while it waited the launching thread was " + ", ".join(
-        f"{what} {v / idle:.0%}" for v, what in parts if v / idle >= 0.005) + " of the time"
+    parts = [f"{what} {v / idle:.0%}" for v, what in
+             ((c["dispatch"], "dispatching"), (c["host_work"] + c["host_transfer"], "doing other host work"),
+              (c["waiting_for_work"], "waiting for work")) if v / idle >= 0.005]
+    split = [f"while it waited the launching thread was {', '.join(parts)} of the time"] if parts else []
     if c["device_wait"] / idle >= 0.005:
-        split += f"; launched work waited on the device {c['device_wait'] / idle:.0%}"
+        split.append(f"launched work waited on the device {c['device_wait'] / idle:.0%} of the time")
     if c["unattributed"] / idle >= 0.005:
-        split += f"; {c['unattributed'] / idle:.0%} unattributed (no launch record or host trace)"
+        split.append(f"{c['unattributed'] / idle:.0%} unattributed (no launch record or host trace)")
+    split = "; ".join(split) or "no cause could be measured"
     if guessed:
-        split = (f"no host trace, so gap sizes stand in: {c['dispatch'] / idle:.0%} of the idle time in gaps "
-                 f"as short as a dispatch, {c['host_work'] / idle:.0%} in longer ones")
+        split = (f"{t['basis']}: {c['dispatch'] / idle:.0%} of the idle time in gaps as short as a dispatch, "
+                 f"{c['host_work'] / idle:.0%} in longer ones")
+        if k["launch_rate_per_s"] < 100:
+            split = (f"{k['launch_rate_per_s']:,.0f} launches/s and no launching thread in the trace: nothing "
+                     f"says the GPU waits on the host")
     top = ", ".join(f"{a['name']} {a['idle_fraction']:.0%}" for a in t["host_during_idle"][:3])
     tail = f"; the host during GPU-idle time: {top}" if top and verdict in (LAUNCH, HOST) else ""
     rate = f"; {k['launch_rate_per_s']:,.0f} launches/s, median kernel {k['duration_us']['p50'] or 0:,.1f} µs"
     if verdict == IDLE:
-        return dict(verdict=IDLE, confidence=confidence, summary=f"{head} and not waiting on the host: {split}")
+        return dict(verdict=IDLE, confidence=confidence, summary=f"{head}, and not for want of host work: {split}")
     return dict(verdict=verdict, confidence=confidence, summary=f"{head}; {split}{rate}{tail}")
 
 

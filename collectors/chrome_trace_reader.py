@@ -100,7 +100,8 @@ def parse_chrome_trace(data: bytes, source: str = "<bytes>") -> Trace:
         why = f"; {sum(skipped.values())} unusable events skipped" if skipped else ""
         raise TraceError(f"{source}: no complete ('X') events with a usable ts and dur{why}")
     host = _host(host_rows, threads)
-    warnings = ["trace-event JSON: no HLO and no device peaks, so no roofline; summarize the .xplane.pb for one"]
+    warnings = ["trace-event JSON carries no HLO and no device peaks: ops are placed on the roofline by kernel "
+                "name only (a JAX job's .xplane.pb has both)"]
     if not builders:
         warnings.append("no GPU device process: a CPU-only job, or device tracing was off")
     warnings += skip_warning(skipped)

@@ -10,6 +10,7 @@ from event names, the same across XLA's TraceMes, the Python tracer
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,22 +25,25 @@ CATEGORY_NAMES = ("host work", "dispatch", "host transfer", "profiler", "waiting
 # name (XLA names its launch after the kernel: `loop_add_fusion`).
 DISPATCH_MARKERS = ("PjitFunction", "PjRt", "PJRT_", "Executable::Execute", "ExecuteHelper", "ExecutePrepare",
                     "GpuExecutable", "XLA GPU module", "Thunks::", "ThunkExecutor", "command_buffer::",
+                    "Build buffer allocations", "AllocateOutputBuffers", "BufferAllocations", "ExecuteOnStream",
                     "cuLaunch", "cudaLaunch", "hipLaunch", "LaunchKernel", "cudaGraphLaunch", "cuGraphLaunch")
 # Host-side events that move data between host and device (framework TraceMes).
 TRANSFER_MARKERS = ("H2D", "D2H", "Memcpy", "Staging", "DevicePut", "device_put", "BufferFromHostBuffer",
                     "ToLiteral", "CopyRawToHost", "TransferTo", "TransferFrom", "np.asarray(jax.Array)")
 # The profiler starting and stopping itself (jax.profiler.start_trace/stop_trace
 # and trace(), the C++ session, torch's profiler): time the job did not choose.
-PROFILER_MARKERS = ("start_trace", "stop_trace", "StartTrace", "StopTrace", "ProfilerSession", "StartProfiling",
-                    "StopProfiling", "ProfilerStart", "ProfilerStop", "profiler.start", "profiler.stop",
-                    "_start_trace", "_stop_trace", "cuptiActivityFlushAll", "ProfilerStep#")
+# Whole names only: a user's `start_trace_upload` is not the profiler, nor is
+# torch's `ProfilerStep#N` (the user's step, annotated).
+PROFILER_NAME = re.compile(r"(?<![\w])(start_trace|stop_trace|_start_trace|_stop_trace|StartTrace|StopTrace|"
+                           r"StartProfiling|StopProfiling|ProfilerStart|ProfilerStop|cuptiActivityFlushAll)(?![\w])"
+                           r"|^ProfilerSession::|^profiler\.(start|stop)\b")
 # Blocked with nothing to do: sleeping, polling a socket, waiting on a queue.
 WAITING_MARKERS = (" sleep", "time.sleep", "epoll_wait", "select.select", "selectors.py", "socket.recv",
                    "queue.py", "Condition.wait", "Event.wait", "threading.py", "asyncio")
 
 
 def category_of(name: str) -> int:
-    if any(m in name for m in PROFILER_MARKERS):
+    if PROFILER_NAME.search(name):
         return PROFILER
     if any(m in name for m in TRANSFER_MARKERS):      # before dispatch: PjRt...BufferFromHostBuffer moves data
         return TRANSFER
@@ -62,6 +66,7 @@ class HostEvents:
     category: np.ndarray               # int8 per name, see CATEGORY_NAMES
     threads: list[str]
     launches: np.ndarray               # int64 per thread: launches it issued (events with a correlation id)
+    launch_thread: np.ndarray          # int32 per launch (HostTimeline.launch_correlation order): its thread
 
     def __len__(self) -> int:
         return len(self.start_ns)
@@ -139,7 +144,8 @@ class HostBuilder:
             if d.any():
                 dispatch_ns += union_ns(start[lo:hi][d], end[lo:hi][d])
         xfer = cat == TRANSFER
-        events = HostEvents(start, end, name, thread, names, category, self._labels, launches)
+        events = HostEvents(start, end, name, thread, names, category, self._labels, launches,
+                            np.asarray(self._launch_thread, np.int32))
         return HostTimeline(np.asarray(self.corr, np.int64), np.asarray(self.launch, np.int64),
                             dispatch_ns=dispatch_ns, busy_ns=busiest, threads=n_threads,
                             transfer_ns=union_ns(start[xfer], end[xfer]), events=events)

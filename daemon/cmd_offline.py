@@ -30,6 +30,11 @@ def cmd_classify(ns) -> int:
     return 0
 
 
+_CAUSE_WORDS = dict(dispatch="dispatching", host_work="other host work", host_transfer="host transfers",
+                    device_wait="waiting on the device", waiting_for_work="waiting for work",
+                    unattributed="unattributed")
+
+
 def cmd_trace_summarize(ns) -> int:
     from gpuscope.analyzers.trace_analysis import summarize
     from gpuscope.collectors.trace_files import load_trace
@@ -39,20 +44,26 @@ def cmd_trace_summarize(ns) -> int:
         print_json(summary)
         return 0
     print(f"{summary['source']} ({summary['format']}, {summary['span_seconds'] * 1e3:.0f} ms)")
-    print(f"verdict: {summary['verdict'] or 'none'} (confidence {summary['confidence']:.2f}, decided by the trace)")
+    devices = summary.get("devices") or []
+    which = f" for {summary['device']}" if len(devices) > 1 and summary.get("device") else ""
+    print(f"verdict{which}: {summary['verdict'] or 'none'} (confidence {summary['confidence']:.2f}, "
+          f"decided by the trace)")
     print(f"  {summary['summary']}")
     t = summary.get("timing")
     if t:
-        causes = ", ".join(f"{k.replace('_', ' ')} {v:.1%}" for k, v in t["idle_causes"].items() if v >= 0.0005)
-        print(f"  time: busy {t['busy_fraction']:.1%} of {t['span_seconds'] * 1e3:,.0f} ms"
+        causes = ", ".join(f"{_CAUSE_WORDS[k]} {v:.1%}" for k, v in t["idle_causes"].items() if v >= 0.0005)
+        print(f"  shares of the {t['span_seconds'] * 1e3:,.0f} ms span"
               + (f" (profiler start/stop left out: {t['excluded']['profiler_seconds'] * 1e3:,.0f} ms)"
                  if t["excluded"]["profiler_seconds"] else "")
-              + (f"; idle: {causes}" if causes else ""))
+              + f": GPU busy {t['busy_fraction']:.1%}" + (f"; GPU idle while {causes}" if causes else ""))
         for a in t["host_during_idle"][:3]:
             print(f"  {a['idle_fraction']:6.1%} of GPU-idle time the host was in {a['name'][:60]} ({a['category']})")
     for op in summary.get("top_ops", [])[:5]:
         bound = f"{op.get('bound') or 'unknown'} ({op.get('bound_source', '?')})"
         print(f"  {op['time_fraction']:6.1%}  {op['count']:6d}x  {(op['op'] or '-')[:32]:<32} {op['kernel'][:40]:<40} {bound}")
+    for d in devices:
+        if len(devices) > 1 and d["device"] != summary.get("device"):
+            print(f"  {d['device']}: {d['verdict']} ({d['confidence']:.2f}) {d['summary'][:160]}")
     for w in summary["warnings"]:
         print(f"  note: {w}")
     return 0

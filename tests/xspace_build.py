@@ -38,34 +38,42 @@ class SpaceBuilder:
     def __init__(self, device_props: dict | None = H200):
         self.space = xplane_pb2.XSpace()
         self.space.hostnames.append("synthetic")
-        self._dev = _Plane(self.space.planes.add(id=1, name="/device:GPU:0"))
-        for key, value in (device_props or {}).items():
-            st = self._dev.plane.stats.add(metadata_id=self._dev.stat(key))
-            st.uint64_value = int(value)
+        self._props = device_props or {}
+        self._devs: dict[int, _Plane] = {}
+        self._device(0)
         self._host = _Plane(self.space.planes.add(id=2, name="/host:CPU"))
         self._meta = _Plane(self.space.planes.add(id=3, name="/host:metadata"))
-        self._streams: dict[int, object] = {}
+        self._streams: dict[tuple[int, int], object] = {}
         self._threads: dict[str, object] = {}
         self._corr = 0
 
     # -- device ---------------------------------------------------------------------------
+    def _device(self, gpu: int) -> _Plane:
+        if gpu not in self._devs:
+            dev = _Plane(self.space.planes.add(id=100 + gpu, name=f"/device:GPU:{gpu}"))
+            for key, value in self._props.items():
+                dev.plane.stats.add(metadata_id=dev.stat(key)).uint64_value = int(value)
+            self._devs[gpu] = dev
+        return self._devs[gpu]
+
     def kernel(self, start_us: float, dur_us: float, name: str = "loop_add_fusion", hlo_op: str = "",
-               program_id: str = "", stream: int = 7, corr: int | None = None) -> int:
-        """A device activity; returns its correlation id (for the launch)."""
-        if stream not in self._streams:
-            self._streams[stream] = self._dev.plane.lines.add(id=stream, name=f"Stream #{stream}(Compute)",
-                                                              timestamp_ns=0)
+               program_id: str = "", stream: int = 7, corr: int | None = None, gpu: int = 0) -> int:
+        """A device activity on GPU `gpu`; returns its correlation id (for the launch)."""
+        dev = self._device(gpu)
+        if (gpu, stream) not in self._streams:
+            self._streams[(gpu, stream)] = dev.plane.lines.add(id=stream, name=f"Stream #{stream}(Compute)",
+                                                               timestamp_ns=0)
         if corr is None:
             self._corr += 1
             corr = self._corr
-        ev = self._streams[stream].events.add(metadata_id=self._dev.event(name),
+        ev = self._streams[(gpu, stream)].events.add(metadata_id=dev.event(name),
                                               offset_ps=int(start_us * PS_PER_US),
                                               duration_ps=int(dur_us * PS_PER_US))
-        ev.stats.add(metadata_id=self._dev.stat("correlation_id"), int64_value=corr)
+        ev.stats.add(metadata_id=dev.stat("correlation_id"), int64_value=corr)
         if hlo_op:
-            ev.stats.add(metadata_id=self._dev.stat("hlo_op"), str_value=hlo_op)
+            ev.stats.add(metadata_id=dev.stat("hlo_op"), str_value=hlo_op)
         if program_id:
-            ev.stats.add(metadata_id=self._dev.stat("program_id"), str_value=program_id)
+            ev.stats.add(metadata_id=dev.stat("program_id"), str_value=program_id)
         return corr
 
     # -- host -----------------------------------------------------------------------------

@@ -12,6 +12,25 @@ BF16 = 16
 PROGRAM = "4242"
 
 
+def _ins(comp, id_, name, opcode, dims, operands=(), et=BF16, number=None):
+    i = comp.instructions.add(id=id_, name=name, opcode=opcode)
+    i.shape.element_type = et
+    i.shape.dimensions.extend(dims)
+    i.operand_ids.extend(operands)
+    if number is not None:
+        i.parameter_number = number
+    return i
+
+
+def _steady(proto, kernel: str, op: str, every_us: float, kernel_us: float, count: int) -> dict:
+    """One kernel launched back to back from one program, summarized."""
+    b = SpaceBuilder()
+    for k in range(count):
+        b.launch("python3", k * every_us, 2, k * every_us + 2, kernel_us, name=kernel, hlo_op=op, program_id=PROGRAM)
+    b.hlo_module(PROGRAM, "jit_step", proto.SerializeToString())
+    return summarize(parse_xspace(b.bytes(), "steady.xplane.pb"))
+
+
 def _decode_module(batch: int) -> bytes:
     """jit_decode: a fusion `gemm_fusion_dot.1` computing [batch, 8192] x
     [8192, 8192] in bf16, as XLA lays it out (the dot in a fused computation)."""
@@ -19,13 +38,7 @@ def _decode_module(batch: int) -> bytes:
     m = proto.hlo_module
     m.name = "jit_decode"
     fused = m.computations.add(id=1, name="fused_dot")
-
-    def ins(comp, id_, name, opcode, dims, operands=()):
-        i = comp.instructions.add(id=id_, name=name, opcode=opcode)
-        i.shape.element_type = BF16
-        i.shape.dimensions.extend(dims)
-        i.operand_ids.extend(operands)
-        return i
+    ins = _ins
     ins(fused, 11, "p0", "parameter", [batch, 8192])
     ins(fused, 12, "p1", "parameter", [8192, 8192])
     dot = ins(fused, 13, "dot.1", "dot", [batch, 8192], [11, 12])
@@ -115,11 +128,41 @@ def test_an_embedding_gather_is_memory_bound_from_the_hlo():
     f.shape.dimensions.extend([4096, 4096])
     f.operand_ids.extend([21, 22])
     f.called_computation_ids.append(1)
-    b = SpaceBuilder()
-    for k in range(100):
-        b.launch("python3", k * 500, 2, k * 500 + 2, 450, name="input_gather_fusion", hlo_op="input_gather_fusion",
-                 program_id=PROGRAM)
-    b.hlo_module(PROGRAM, "jit_embed", proto.SerializeToString())
-    s = summarize(parse_xspace(b.bytes(), "embed.xplane.pb"))
+    s = _steady(proto, "input_gather_fusion", "input_gather_fusion", every_us=500, kernel_us=450, count=100)
     assert s["verdict"] == "memory-bound", s["summary"]
     assert s["top_ops"][0]["bound_source"] == "hlo" and s["top_ops"][0]["intensity_flops_per_byte"] < 1
+
+
+def test_a_scan_body_reads_one_layer_of_the_stacked_weights():
+    """jax.lax.scan over 32 stacked layers: the body's fusion takes all the
+    weights [32, 4096, 4096] and dynamic-slices one layer; its bytes are one
+    layer's, so a 4096-token GEMM is compute-bound."""
+    proto = hlo_pb2.HloProto()
+    m = proto.hlo_module
+    ins = _ins
+    fused = m.computations.add(id=1, name="fused_dot")
+    ins(fused, 11, "p0", "parameter", [4096, 4096], number=0)
+    ins(fused, 12, "p1", "parameter", [32, 4096, 4096], number=1)
+    ins(fused, 13, "p2", "parameter", [], et=4, number=2)
+    ins(fused, 16, "zero", "constant", [], et=4)
+    ins(fused, 14, "dynamic-slice.1", "dynamic-slice", [1, 4096, 4096], [12, 13, 16, 16])
+    ins(fused, 17, "bitcast.1", "bitcast", [4096, 4096], [14])
+    dot = ins(fused, 15, "dot.1", "dot", [4096, 4096], [11, 17])
+    dot.dot_dimension_numbers.lhs_contracting_dimensions.append(1)
+    dot.dot_dimension_numbers.rhs_contracting_dimensions.append(0)
+    body = m.computations.add(id=2, name="body")
+    ins(body, 21, "x", "parameter", [4096, 4096], number=0)
+    ins(body, 22, "w", "parameter", [32, 4096, 4096], number=1)
+    ins(body, 23, "i", "parameter", [], et=4, number=2)
+    ins(body, 24, "gemm_fusion_dot.1", "fusion", [4096, 4096], [21, 22, 23]).called_computation_ids.append(1)
+    s = _steady(proto, "gemm_fusion_dot_1", "command_buffer_1", every_us=231, kernel_us=229, count=320)
+    assert s["verdict"] == "compute-bound", s["summary"]
+    assert 1300 < s["top_ops"][0]["intensity_flops_per_byte"] < 1400
+
+
+def test_an_op_faster_than_the_hardware_is_unknown_not_placed():
+    """128 MiB of weights in 10 µs would be 13 TB/s on a 4.8 TB/s H200: the
+    HLO's count is not what ran, so the op is not placed on the roofline."""
+    s = _decode_trace(batch=1, kernel_us=10)
+    op = s["top_ops"][0]
+    assert op["bound"] is None and op["bound_source"] == "unknown" and "of peak" in op["note"]

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16gpuscope/xla/hlo.proto\x12\x0cgpuscope.xla\"f\n\nShapeProto\x12\x14\n\x0c\x65lement_type\x18\x02 \x01(\x05\x12\x12\n\ndimensions\x18\x03 \x03(\x03\x12.\n\x0ctuple_shapes\x18\x04 \x03(\x0b\x32\x18.gpuscope.xla.ShapeProto\"\x99\x01\n\x13\x44otDimensionNumbers\x12\"\n\x1alhs_contracting_dimensions\x18\x01 \x03(\x03\x12\"\n\x1arhs_contracting_dimensions\x18\x02 \x03(\x03\x12\x1c\n\x14lhs_batch_dimensions\x18\x03 \x03(\x03\x12\x1c\n\x14rhs_batch_dimensions\x18\x04 \x03(\x03\"\xbc\x02\n\x13HloInstructionProto\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06opcode\x18\x02 \x01(\t\x12\'\n\x05shape\x18\x03 \x01(\x0b\x32\x18.gpuscope.xla.ShapeProto\x12\x13\n\x0b\x66usion_kind\x18\x0b \x01(\t\x12\x12\n\ndimensions\x18\x0e \x03(\x03\x12\x1a\n\x12\x63ustom_call_target\x18\x1c \x01(\t\x12@\n\x15\x64ot_dimension_numbers\x18\x1e \x01(\x0b\x32!.gpuscope.xla.DotDimensionNumbers\x12\n\n\x02id\x18# \x01(\x03\x12\x13\n\x0boperand_ids\x18$ \x03(\x03\x12\x1e\n\x16\x63\x61lled_computation_ids\x18& \x03(\x03\x12\x16\n\x0e\x62\x61\x63kend_config\x18+ \x01(\x0c\"\x98\x01\n\x13HloComputationProto\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x37\n\x0cinstructions\x18\x02 \x03(\x0b\x32!.gpuscope.xla.HloInstructionProto\x12\n\n\x02id\x18\x05 \x01(\x03\x12\x0f\n\x07root_id\x18\x06 \x01(\x03\x12\x1d\n\x15is_fusion_computation\x18\x07 \x01(\x08\"\xa1\x01\n\x0eHloModuleProto\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1e\n\x16\x65ntry_computation_name\x18\x02 \x01(\t\x12\x37\n\x0c\x63omputations\x18\x03 \x03(\x0b\x32!.gpuscope.xla.HloComputationProto\x12\n\n\x02id\x18\x05 \x01(\x03\x12\x1c\n\x14\x65ntry_computation_id\x18\x06 \x01(\x03\"<\n\x08HloProto\x12\x30\n\nhlo_module\x18\x01 \x01(\x0b\x32\x1c.gpuscope.xla.HloModuleProtob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16gpuscope/xla/hlo.proto\x12\x0cgpuscope.xla\"f\n\nShapeProto\x12\x14\n\x0c\x65lement_type\x18\x02 \x01(\x05\x12\x12\n\ndimensions\x18\x03 \x03(\x03\x12.\n\x0ctuple_shapes\x18\x04 \x03(\x0b\x32\x18.gpuscope.xla.ShapeProto\"\x99\x01\n\x13\x44otDimensionNumbers\x12\"\n\x1alhs_contracting_dimensions\x18\x01 \x03(\x03\x12\"\n\x1arhs_contracting_dimensions\x18\x02 \x03(\x03\x12\x1c\n\x14lhs_batch_dimensions\x18\x03 \x03(\x03\x12\x1c\n\x14rhs_batch_dimensions\x18\x04 \x03(\x03\"\xd6\x02\n\x13HloInstructionProto\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06opcode\x18\x02 \x01(\t\x12\'\n\x05shape\x18\x03 \x01(\x0b\x32\x18.gpuscope.xla.ShapeProto\x12\x18\n\x10parameter_number\x18\t \x01(\x03\x12\x13\n\x0b\x66usion_kind\x18\x0b \x01(\t\x12\x12\n\ndimensions\x18\x0e \x03(\x03\x12\x1a\n\x12\x63ustom_call_target\x18\x1c \x01(\t\x12@\n\x15\x64ot_dimension_numbers\x18\x1e \x01(\x0b\x32!.gpuscope.xla.DotDimensionNumbers\x12\n\n\x02id\x18# \x01(\x03\x12\x13\n\x0boperand_ids\x18$ \x03(\x03\x12\x1e\n\x16\x63\x61lled_computation_ids\x18& \x03(\x03\x12\x16\n\x0e\x62\x61\x63kend_config\x18+ \x01(\x0c\"\x98\x01\n\x13HloComputationProto\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x37\n\x0cinstructions\x18\x02 \x03(\x0b\x32!.gpuscope.xla.HloInstructionProto\x12\n\n\x02id\x18\x05 \x01(\x03\x12\x0f\n\x07root_id\x18\x06 \x01(\x03\x12\x1d\n\x15is_fusion_computation\x18\x07 \x01(\x08\"\xa1\x01\n\x0eHloModuleProto\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1e\n\x16\x65ntry_computation_name\x18\x02 \x01(\t\x12\x37\n\x0c\x63omputations\x18\x03 \x03(\x0b\x32!.gpuscope.xla.HloComputationProto\x12\n\n\x02id\x18\x05 \x01(\x03\x12\x1c\n\x14\x65ntry_computation_id\x18\x06 \x01(\x03\"<\n\x08HloProto\x12\x30\n\nhlo_module\x18\x01 \x01(\x0b\x32\x1c.gpuscope.xla.HloModuleProtob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,11 +36,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DOTDIMENSIONNUMBERS']._serialized_start=145
   _globals['_DOTDIMENSIONNUMBERS']._serialized_end=298
   _globals['_HLOINSTRUCTIONPROTO']._serialized_start=301
-  _globals['_HLOINSTRUCTIONPROTO']._serialized_end=617
-  _globals['_HLOCOMPUTATIONPROTO']._serialized_start=620
-  _globals['_HLOCOMPUTATIONPROTO']._serialized_end=772
-  _globals['_HLOMODULEPROTO']._serialized_start=775
-  _globals['_HLOMODULEPROTO']._serialized_end=936
-  _globals['_HLOPROTO']._serialized_start=938
-  _globals['_HLOPROTO']._serialized_end=998
+  _globals['_HLOINSTRUCTIONPROTO']._serialized_end=643
+  _globals['_HLOCOMPUTATIONPROTO']._serialized_start=646
+  _globals['_HLOCOMPUTATIONPROTO']._serialized_end=798
+  _globals['_HLOMODULEPROTO']._serialized_start=801
+  _globals['_HLOMODULEPROTO']._serialized_end=962
+  _globals['_HLOPROTO']._serialized_start=964
+  _globals['_HLOPROTO']._serialized_end=1024
 # @@protoc_insertion_point(module_scope)

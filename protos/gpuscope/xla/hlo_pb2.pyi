@@ -29,10 +29,11 @@ class DotDimensionNumbers(_message.Message):
     def __init__(self, lhs_contracting_dimensions: _Optional[_Iterable[int]] = ..., rhs_contracting_dimensions: _Optional[_Iterable[int]] = ..., lhs_batch_dimensions: _Optional[_Iterable[int]] = ..., rhs_batch_dimensions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HloInstructionProto(_message.Message):
-    __slots__ = ("name", "opcode", "shape", "fusion_kind", "dimensions", "custom_call_target", "dot_dimension_numbers", "id", "operand_ids", "called_computation_ids", "backend_config")
+    __slots__ = ("name", "opcode", "shape", "parameter_number", "fusion_kind", "dimensions", "custom_call_target", "dot_dimension_numbers", "id", "operand_ids", "called_computation_ids", "backend_config")
     NAME_FIELD_NUMBER: _ClassVar[int]
     OPCODE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
+    PARAMETER_NUMBER_FIELD_NUMBER: _ClassVar[int]
     FUSION_KIND_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     CUSTOM_CALL_TARGET_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +45,7 @@ class HloInstructionProto(_message.Message):
     name: str
     opcode: str
     shape: ShapeProto
+    parameter_number: int
     fusion_kind: str
     dimensions: _containers.RepeatedScalarFieldContainer[int]
     custom_call_target: str
@@ -52,7 +54,7 @@ class HloInstructionProto(_message.Message):
     operand_ids: _containers.RepeatedScalarFieldContainer[int]
     called_computation_ids: _containers.RepeatedScalarFieldContainer[int]
     backend_config: bytes
-    def __init__(self, name: _Optional[str] = ..., opcode: _Optional[str] = ..., shape: _Optional[_Union[ShapeProto, _Mapping]] = ..., fusion_kind: _Optional[str] = ..., dimensions: _Optional[_Iterable[int]] = ..., custom_call_target: _Optional[str] = ..., dot_dimension_numbers: _Optional[_Union[DotDimensionNumbers, _Mapping]] = ..., id: _Optional[int] = ..., operand_ids: _Optional[_Iterable[int]] = ..., called_computation_ids: _Optional[_Iterable[int]] = ..., backend_config: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., opcode: _Optional[str] = ..., shape: _Optional[_Union[ShapeProto, _Mapping]] = ..., parameter_number: _Optional[int] = ..., fusion_kind: _Optional[str] = ..., dimensions: _Optional[_Iterable[int]] = ..., custom_call_target: _Optional[str] = ..., dot_dimension_numbers: _Optional[_Union[DotDimensionNumbers, _Mapping]] = ..., id: _Optional[int] = ..., operand_ids: _Optional[_Iterable[int]] = ..., called_computation_ids: _Optional[_Iterable[int]] = ..., backend_config: _Optional[bytes] = ...) -> None: ...
 
 class HloComputationProto(_message.Message):
     __slots__ = ("name", "instructions", "id", "root_id", "is_fusion_computation")
