@@ -199,10 +199,18 @@ START_WAIT_S = 600.0       # a start blocked behind a previous stop is waited fo
 _STOP_SECONDS: dict[str, float] = {}       # engine -> its last measured stop time
 
 
+def expected_seconds(duration_ms: int, stop_timeout_s: float = 60.0, start_timeout_s: float = 10.0,
+                     margin_s: float = 15.0) -> float:
+    """How long a serving capture may take before it answers: what a caller
+    should give it (the CLI's deadline)."""
+    return start_timeout_s + duration_ms / 1e3 + max(stop_timeout_s, duration_ms / 1e3 * STOP_S_PER_CAPTURE_S) \
+        + margin_s
+
+
 class TorchProfilerHttp:
     def __init__(self, base_url: str, trace_dir: str | Path, stop_timeout_s: float = 60.0,
                  start_timeout_s: float = 10.0, pending: PendingStops | None = None, poll_s: float = 1.0,
-                 stop_s_per_capture_s: float = STOP_S_PER_CAPTURE_S):
+                 stop_s_per_capture_s: float = STOP_S_PER_CAPTURE_S, budget_s: float | None = None):
         self.base_url = base_url.rstrip("/")
         self.trace_dir = Path(trace_dir)
         self.stop_timeout_s = stop_timeout_s
@@ -210,6 +218,7 @@ class TorchProfilerHttp:
         self.pending = pending or PENDING_STOPS
         self.poll_s = poll_s
         self.stop_s_per_capture_s = stop_s_per_capture_s
+        self.budget_s = budget_s          # the caller's time: the capture answers within it
 
     def stop_deadline(self, duration_ms: int) -> float:
         """Seconds to wait for a stop: the configured floor, the duration
@@ -222,7 +231,7 @@ class TorchProfilerHttp:
         t0 = time.time()
         start = _Request(self.base_url, "/start_profile", START_WAIT_S)
         start.start()
-        start.join(self.start_timeout_s)
+        start.join(self._within(self.start_timeout_s, t0))
         if start.is_alive():
             # vLLM blocks a start while a previous stop writes, then starts: stop it then
             self.pending.add(self.base_url, in_flight=start)
@@ -243,7 +252,7 @@ class TorchProfilerHttp:
         self.pending.started(self.base_url)
         try:
             time.sleep(duration_ms / 1e3)
-            wait_s = self.stop_deadline(duration_ms) + margin_s
+            wait_s = self._within(self.stop_deadline(duration_ms) + margin_s, t0)
             stopper = _Request(self.base_url, "/stop_profile", wait_s)
             stopper.start()
             path, extras = self._await_trace(stopper, since=t0, wait_s=wait_s)
@@ -254,6 +263,12 @@ class TorchProfilerHttp:
                 # every way out of a started session ends with a stop, now or later
                 self.pending.add(self.base_url, in_flight=stopper)
             self.pending.stopped(self.base_url)
+
+    def _within(self, wait_s: float, t0: float) -> float:
+        """`wait_s`, cut to what is left of the caller's budget (at least 1 s)."""
+        if self.budget_s is None:
+            return wait_s
+        return max(1.0, min(wait_s, self.budget_s - (time.time() - t0)))
 
     def _await_trace(self, stopper: "_Request", since: float, wait_s: float) -> tuple[Path, list[Path]]:
         """The session's trace once complete on disk, or once the stop

@@ -174,7 +174,8 @@ class Agent:
         return self.discovery.discover(self.gpu_pids()) if self.discovery is not None else []
 
     def capture(self, duration_ms: int, address: str = "", pid: int | None = None,
-                trigger: str = "on-call", gpu: int | None = None) -> tuple[CaptureRecord, bytes]:
+                trigger: str = "on-call", gpu: int | None = None,
+                budget_s: float | None = None) -> tuple[CaptureRecord, bytes]:
         """Deep capture of one job now: by profiler address, by pid, or (for
         the analyzer's commands) the job on a GPU. Only targets the agent
         knows are captured: discovered jobs and configured addresses.
@@ -197,7 +198,8 @@ class Agent:
         client = None
         if job.kind == "torch-http":
             from gpuscope.collectors.serving_profiler import TorchProfilerHttp
-            client = TorchProfilerHttp(job.address, job.trace_dir)
+            # the caller's deadline bounds our waits: it hears "slow", with the capture id, before it gives up
+            client = TorchProfilerHttp(job.address, job.trace_dir, budget_s=budget_s)
         rec, data = self.captures.capture(
             job.address, duration_ms, pid=job.pid, gpus=job.gpus,
             job=redact_command(f"pid:{job.pid} {job.command}".strip()) if job.pid else "", trigger=trigger,

@@ -18,7 +18,7 @@ from gpuscope.collectors.recording import RecordingError
 from gpuscope.collectors.xspace_reader import TraceError
 
 from . import clients, logs
-from .cliutil import VERDICTS, UsageError, default_db, duration, positive_int
+from .cliutil import VERDICTS, UsageError, default_db, duration, positive_float, positive_int
 from .cmd_accuracy import cmd_accuracy
 from .cmd_certs import add_certs_parser
 from .cmd_offline import cmd_classify, cmd_metrics, cmd_trace_summarize
@@ -159,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--jax", metavar="HOST:PORT", help="the job's profiler server, as the agent reaches it")
     target.add_argument("--pid", type=int, help="a process on the agent's GPUs; its profiler port is discovered")
     sp.add_argument("--duration-ms", type=int, default=2000, help="trace length (default 2000)")
+    sp.add_argument("--timeout", type=positive_float, default=None, metavar="S",
+                    help="how long to wait for the agent's answer (default: long enough for a serving engine's "
+                         "stop, 60 s + 100 s per second of capture + margins); the agent answers before it, "
+                         "'slow' with the capture id if the engine has not finished")
     sp.set_defaults(fn=cmd_capture)
 
     sp = sub.add_parser("watch", help="findings, anomalies, capture decisions and captures as they happen")

@@ -9,6 +9,7 @@ import json
 import grpc
 from google.protobuf import json_format
 
+from gpuscope.collectors.serving_profiler import expected_seconds
 from gpuscope.security.tls import INSECURE, ClientSecurity, explain_failure
 from gpuscope.v1 import agent_pb2, agent_pb2_grpc, analyzer_pb2 as apb, analyzer_pb2_grpc
 
@@ -61,14 +62,16 @@ def _record_dict(r) -> dict:
 
 
 def capture(server: str, jax: str | None, pid: int | None, duration_ms: int, *,
-            security: ClientSecurity = INSECURE) -> tuple[dict, bytes]:
+            security: ClientSecurity = INSECURE, timeout_s: float | None = None) -> tuple[dict, bytes]:
     req = agent_pb2.CaptureRequest(duration_ms=duration_ms, trigger="on-call")
     if jax:
         req.jax_address = jax
     else:
         req.pid = pid
+    # longer than the agent may take (a serving engine's stop can take minutes): the agent
+    # sizes its waits to this deadline and always answers, with the capture id, before it
     reply = _call(server, lambda ch, t: agent_pb2_grpc.AgentStub(ch).Capture(req, timeout=t),
-                  timeout=duration_ms / 1e3 + 60, security=security)
+                  timeout=timeout_s or expected_seconds(duration_ms) + 30, security=security)
     return _record_dict(reply.record), reply.xspace
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import json
 import os
 import re
@@ -30,6 +31,16 @@ def positive_int(value: str) -> int:
     if not 1 <= n <= 2**31 - 1:
         raise argparse.ArgumentTypeError(f"{value!r} is not a whole number from 1 to {2**31 - 1}")
     return n
+
+
+def positive_float(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        x = math.nan
+    if not 0 < x <= 86_400 * 7:          # NaN fails too
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds above 0 (at most a week)")
+    return x
 
 
 def age(seconds: float) -> str:

@@ -113,7 +113,7 @@ def cmd_capture(ns) -> int:
     if ns.duration_ms <= 0:
         raise UsageError(f"--duration-ms: must be > 0, got {ns.duration_ms}")
     record, xspace = clients.capture(ns.server, ns.jax, ns.pid, ns.duration_ms,
-                                     security=client_security(ns))
+                                     security=client_security(ns), timeout_s=ns.timeout)
     summary = summarize(parse_trace(xspace, record["path"])) if xspace else None
     if ns.json:
         out = dict(summary) if summary else dict(verdict=None, summary=f"capture {record['status']}: {record['error']}")

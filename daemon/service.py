@@ -24,6 +24,9 @@ def _reader_only() -> bool:
     return caller is not None and not sees_full_commands(caller)
 
 
+ANSWER_MARGIN_S = 5.0     # a capture answers this long before its caller's deadline
+
+
 class AgentServicer(agent_pb2_grpc.AgentServicer):
     def __init__(self, agent: Agent, analyzer_target: str = ""):
         self.agent = agent
@@ -56,9 +59,11 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         if target is None:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "target: give jax_address (HOST:PORT) or pid")
         try:
+            remaining = context.time_remaining()
             rec, data = self.agent.capture(request.duration_ms or DEFAULT_CAPTURE_MS,
                                            address=request.jax_address, pid=request.pid if target == "pid" else None,
-                                           trigger=request.trigger or "on-call")
+                                           trigger=request.trigger or "on-call",
+                                           budget_s=remaining - ANSWER_MARGIN_S if remaining is not None else None)
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"duration_ms: {exc}")
         except LookupError as exc:

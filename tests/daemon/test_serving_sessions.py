@@ -173,3 +173,37 @@ def test_completeness_of_a_gzip_trace(tmp_path):
     cut = tmp_path / "b.pt.trace.json.gz"
     cut.write_bytes(whole.read_bytes()[:-9])
     assert complete(whole) and not complete(cut) and not complete(tmp_path / "missing.gz")
+
+
+def test_the_agent_answers_before_its_callers_deadline_with_the_capture_id(tmp_path):
+    """Through the real agent API: the engine's stop takes 30 s, the caller
+    gives 8 s; the agent sizes its waits to that and answers 'slow', with
+    the capture id, and the stop goes on being followed."""
+    import grpc
+    from gpuscope.collectors.jobs import JobDiscovery
+    from gpuscope.collectors.nvml import NvmlCollector
+    from gpuscope.collectors.serving_profiler import PENDING_STOPS
+    from gpuscope.daemon import clients
+    from gpuscope.daemon.agent import Agent, AgentConfig
+    from gpuscope.daemon.serve import build_server, shutdown
+    from gpuscope.daemon.service import AgentServicer
+    from gpuscope.v1 import agent_pb2_grpc
+    from tests.fakes.nvml import FakeNvml, h200
+
+    engine = VllmLike(tmp_path / "engine", write_s=30.0)
+    agent = Agent(AgentConfig(host="h", interval_s=0.1, slow_interval_s=1.0), NvmlCollector(nvml=FakeNvml([h200()])))
+    agent.captures = CaptureRunner(CaptureConfig(tmp_path / "caps"), "h")
+    agent.discovery = JobDiscovery(lambda a: None, serving={engine.url: str(engine.trace_dir)})
+    server, port, health = build_server("127.0.0.1:0", [
+        (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent), "gpuscope.v1.Agent")])
+    server.start()
+    try:
+        t0 = time.monotonic()
+        rec, data = clients.capture(f"127.0.0.1:{port}", engine.url, None, 100, timeout_s=8)
+        assert time.monotonic() - t0 < 8
+        assert rec["status"] == "slow" and rec["id"] and not data
+        assert engine.url in PENDING_STOPS.pending()          # the session is still followed
+        assert PENDING_STOPS.wait(40) and not engine.active
+    finally:
+        shutdown(server, health)
+        engine.close()
