@@ -30,7 +30,10 @@ ELEMENT_BYTES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 2, 8: 4, 9: 8, 10: 2, 11
 NO_DATA = {"parameter", "constant", "bitcast", "get-tuple-element", "tuple", "reshape", "broadcast", "iota",
            "copy-start", "copy-done", "after-all", "partition-id", "replica-id", "slice", "dynamic-slice",
            "transpose", "copy", "concatenate", "pad", "reverse", "gather", "convert"}
-GEMM_TARGETS = ("gemm", "matmul", "cublas", "cudnn$conv")
+# Convolutions are not here: their FLOPs need the window and feature dimensions
+# (2 x outputs x input features x window), which a matmul formula gets wrong by
+# the window's size; they stay unknown rather than misplaced.
+GEMM_TARGETS = ("gemm", "matmul", "cublas")
 MAX_ELEMENTS = 1 << 62          # a shape's element count is capped here; every cost stays a finite float
 MAX_CALL_DEPTH = 32             # fusions inside fusions; deeper (or cyclic) calls add nothing
 MAX_FLOPS = 1e40                # a called computation's FLOPs are capped here, so sums of them stay finite
@@ -149,6 +152,8 @@ class Program:
             return sum(self._computation_flops(cid, depth + 1, active) for cid in ins.called_computation_ids)
         if op == "custom-call":
             target = ins.custom_call_target.lower()
+            if "conv" in target:
+                return None
             if any(t in target for t in GEMM_TARGETS) and len(operands) >= 2:
                 return _custom_gemm_flops(ins, operands)
             return None

@@ -30,13 +30,15 @@ from __future__ import annotations
 import numpy as np
 
 from gpuscope.collectors.host_model import (CATEGORY_NAMES, DISPATCH, OTHER, PROFILER, TRANSFER, WAITING,
-                                            HostEvents)
+                                            HostEvents, category_of)
 from gpuscope.collectors.intervals import EMPTY, complement, covered_before, intersect, length, merge, minus
 from gpuscope.collectors.trace_model import DeviceTimeline, Trace
 
 CAUSES = ("dispatch", "host_work", "host_transfer", "device_wait", "waiting_for_work", "unattributed")
 DISPATCH_GAP_NS = 100_000    # without a host trace: gaps this short are the dispatch path itself
 LATE_SLACK_NS = 1_000        # a launch within 1 µs of the GPU running dry counts as late
+FRAMEWORK_OPS = ("aten::", "torch::", "c10d::")
+DEVICE_LAUNCH_GAP_NS = 10_000   # between queued kernels, up to this is the GPU's own launch latency
 TOP_ACTIVITIES = 5
 _CAUSE_OF = {DISPATCH: "dispatch", OTHER: "host_work", TRANSFER: "host_transfer", WAITING: "waiting_for_work",
              PROFILER: "waiting_for_work"}
@@ -49,17 +51,22 @@ def launching_thread(ev: HostEvents, launch_corr: np.ndarray, dev: DeviceTimelin
     most time dispatching; None when neither."""
     if not len(ev):
         return None
+    # time in the runtime's dispatch path proper (by name: PjitFunction, Execute, cuLaunch...),
+    # not counting events that are dispatch only because they carry a launch's id
+    path = np.asarray([category_of(n) == DISPATCH for n in ev.names], bool)[ev.name_idx]
+    per = np.bincount(ev.thread[path], weights=(ev.end_ns - ev.start_ns)[path], minlength=len(ev.threads))
+    top = None
     if len(ev.launch_thread) and dev is not None and len(dev):
         mine = np.isin(launch_corr, dev.correlation[dev.correlation >= 0])
         if mine.any():
-            return int(np.argmax(np.bincount(ev.launch_thread[mine], minlength=len(ev.threads))))
-    if ev.launches.any():
-        return int(np.argmax(ev.launches))
-    dispatch = ev.category[ev.name_idx] == DISPATCH
-    if not dispatch.any():
-        return None
-    per = np.bincount(ev.thread[dispatch], weights=(ev.end_ns - ev.start_ns)[dispatch], minlength=len(ev.threads))
-    return int(np.argmax(per))
+            top = int(np.argmax(np.bincount(ev.launch_thread[mine], minlength=len(ev.threads))))
+    if top is None and ev.launches.any():
+        top = int(np.argmax(ev.launches))
+    # A runtime worker (PjRt's async runner) that only issues the launches: the job's
+    # thread is the one running the dispatch path, and its time is what decides.
+    if per.max(initial=0) > 0 and (top is None or per[top] == 0):
+        return int(np.argmax(per))
+    return top
 
 
 def _parents(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -85,15 +92,26 @@ def _categories(ev: HostEvents, names: np.ndarray, parent: np.ndarray, depth: np
                 dev: DeviceTimeline) -> np.ndarray:
     """What each event of the launching thread is, in context: an event named
     after one of the device's ops or kernels is the runtime launching it (XLA's
-    thunk `custom-call.1`), and plain work nested in the dispatch path is part
-    of it (`Build buffer allocations` under PjRt's Execute)."""
+    thunk `custom-call.1`), plain work nested in the dispatch path is part of
+    it (`Build buffer allocations` under PjRt's Execute), and plain frames
+    inside a wait are the wait (`sched_yield` under `acquire_read`)."""
     cat = ev.category[names].copy()
     device_names = set(dev.names) | {op for _, op in dev.ops if op}
     ids = [i for i, n in enumerate(ev.names) if n in device_names]
     cat[np.isin(names, ids) & (cat == OTHER)] = DISPATCH
+    # torch eager: an op (aten::add) that launches kernels is the framework's path to them;
+    # one that launches nothing (aten::index_select on the CPU) is host work
+    framework = np.asarray([n.startswith(FRAMEWORK_OPS) for n in ev.names], bool)[names]
+    for d in range(int(depth.max(initial=0)), 0, -1):
+        kids = np.flatnonzero((depth == d) & (parent >= 0) & (cat == DISPATCH))
+        up = parent[kids]
+        cat[up[framework[up] & (cat[up] == OTHER)]] = DISPATCH
     for d in range(1, int(depth.max(initial=0)) + 1):
+        # plain frames inside the dispatch path, or inside a wait (a lock, a spin), are that too
         kids = np.flatnonzero((depth == d) & (parent >= 0) & (cat == OTHER))
-        cat[kids[cat[parent[kids]] == DISPATCH]] = DISPATCH
+        up = cat[parent[kids]]
+        inherit = (up == DISPATCH) | (up == WAITING)
+        cat[kids[inherit]] = up[inherit]
     return cat
 
 
@@ -126,7 +144,11 @@ def account(trace: Trace, dev: DeviceTimeline, active) -> dict:
     causes = dict.fromkeys(CAUSES, 0.0)
     # device wait: idle stretches before an activity launched before they began
     waited, late, unknown_next = _by_launch(trace, dev, active, idle)
-    causes["device_wait"] = length(waited)
+    # a few microseconds between kernels already queued is the GPU launching the next one
+    # (a CUDA graph of tiny kernels): launch overhead, not a wait on a dependency
+    short = (waited[1] - waited[0]) <= DEVICE_LAUNCH_GAP_NS
+    causes["dispatch"] += float((waited[1] - waited[0])[short].sum())
+    causes["device_wait"] = float((waited[1] - waited[0])[~short].sum())
     if main is None:        # no host trace: an idle stretch before a known next activity is the host's too
         followed = unknown_next[1] < hi
         late = _merged_union(late, (unknown_next[0][followed], unknown_next[1][followed]))
@@ -160,9 +182,7 @@ def account(trace: Trace, dev: DeviceTimeline, active) -> dict:
         extra = [("no traced event", "host work", untraced)]
         if moved:
             extra.append((f"waiting while other threads worked ({fed_by})", "host work", moved))
-            for a in activities:
-                if a["category"] == "waiting for work":
-                    a["category"] = "waiting on other host threads"
+            activities = [a for a in activities if a["category"] != "waiting for work"]   # that row says it
         activities += [dict(name=n, category=c, idle_fraction=round(v / max(idle_ns, 1), 4)) for n, c, v in extra]
         activities = sorted((a for a in activities if a["idle_fraction"] >= 0.005),
                             key=lambda a: -a["idle_fraction"])[:TOP_ACTIVITIES]
@@ -198,19 +218,25 @@ def _waiting_on_others(ev: HostEvents, main: int, waiting, idle) -> tuple[float,
         return 0.0, ""
     other = (ev.thread != main) & (ev.end_ns > ev.start_ns)
     cat = ev.category[ev.name_idx]
-    working = other & ((cat == OTHER) | (cat == TRANSFER) | (cat == DISPATCH))
+    # the innermost frames of the other threads: an outer frame (`serve_forever`, a
+    # thread's `run`) is where a thread is, not what it does
+    leaf = np.zeros(len(ev), bool)
+    for t in np.unique(ev.thread[other]):
+        idx = np.flatnonzero(other & (ev.thread == t))
+        parent = _parents(ev.start_ns[idx], ev.end_ns[idx])[0]
+        is_leaf = np.ones(len(idx), bool)
+        is_leaf[parent[parent >= 0]] = False
+        leaf[idx[is_leaf]] = True
+    working = leaf & ((cat == OTHER) | (cat == TRANSFER) | (cat == DISPATCH))
     if not working.any():
         return 0.0, ""
     when = intersect(intersect(waiting, idle), merge(ev.start_ns[working], ev.end_ns[working]))
     fed = length(when)
     if not fed:
         return 0.0, ""
-    top = np.zeros(len(ev.names))
-    for t in np.unique(ev.thread[working]):         # innermost work on each thread, as for the launching one
-        m = (ev.thread == t) & (ev.end_ns > ev.start_ns)
-        s, e = ev.start_ns[m], ev.end_ns[m]
-        own = _self_time_in(s, e, _parents(s, e)[0], when) * working[m]
-        top += np.bincount(ev.name_idx[m], weights=own, minlength=len(ev.names))
+    s, e = ev.start_ns[working], ev.end_ns[working]
+    inside = covered_before(when, e) - covered_before(when, s)
+    top = np.bincount(ev.name_idx[working], weights=inside, minlength=len(ev.names))
     return float(fed), ev.names[int(np.argmax(top))] or "(unnamed)"
 
 

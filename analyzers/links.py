@@ -12,7 +12,9 @@ from __future__ import annotations
 PCIE_LANE_BYTES_PER_S = {1: 0.25e9, 2: 0.5e9, 3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9}
 
 # The host link each GPU ships with (SXM and PCIe cards alike), by name.
-_BY_NAME = (("H200", 5, 16), ("H100", 5, 16), ("H800", 5, 16), ("GH200", 5, 16), ("A100", 4, 16),
+# GH200/GB200 reach their host over NVLink-C2C, not PCIe: no PCIe link to judge by.
+_NOT_PCIE = ("GH200", "GB200", "GB300")
+_BY_NAME = (("H200", 5, 16), ("H100", 5, 16), ("H800", 5, 16), ("A100", 4, 16),
             ("A800", 4, 16), ("L40", 4, 16), ("L4", 4, 16), ("A10", 4, 16), ("V100", 3, 16), ("T4", 3, 16))
 
 
@@ -21,6 +23,8 @@ def pcie_link(generation: int | None = None, width: int | None = None, device_na
     if generation in PCIE_LANE_BYTES_PER_S and width and 0 < width <= 64:
         return dict(generation=generation, width=width, peak_bytes_per_s=PCIE_LANE_BYTES_PER_S[generation] * width,
                     source="device info")
+    if device_name and any(m in device_name for m in _NOT_PCIE):
+        return None
     for marker, gen, lanes in _BY_NAME:
         if device_name and marker in device_name:
             return dict(generation=gen, width=lanes, peak_bytes_per_s=PCIE_LANE_BYTES_PER_S[gen] * lanes,

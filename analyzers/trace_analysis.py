@@ -39,6 +39,9 @@ from .roofline import Peaks, device_peaks, op_table
 from .rules.common import COMMUNICATION, COMPUTE, HOST, IDLE, LAUNCH, MEMORY
 
 GUESS_CONFIDENCE = 0.6          # the verdict rests on gap sizes, not on what the host did
+OVER_LINK = 1.1                 # copies this far past an assumed link's peak: not that link
+MIN_KERNELS = 20                # fewer kernels than this say little about a waiting GPU
+FEW_KERNELS_CONFIDENCE = 0.3
 TOP_OPS = 10
 COMM_KINDS = (MEMCPY_H2D, MEMCPY_D2H, MEMCPY_P2P, COLLECTIVE)
 
@@ -88,7 +91,9 @@ def device_summary(trace: Trace, dev: DeviceTimeline, link: dict | None = None) 
             c["direction"] = direction
             if link is not None and c["bytes_per_s"]:
                 # each direction has its own lanes: a copy is judged against one direction's peak
-                c["link_fraction"] = c["bytes_per_s"] / link["peak_bytes_per_s"]
+                fraction = c["bytes_per_s"] / link["peak_bytes_per_s"]
+                if fraction <= OVER_LINK or link["source"] == "device info":
+                    c["link_fraction"] = fraction       # past an assumed link's peak: the link is not what we assumed
     out["memcpy"] = copies
     out["pcie_link"] = link
     coll_ns = length(coll_iv)       # zero when every collective lasted 0 ns
@@ -239,6 +244,9 @@ def _waiting_verdict(s: dict) -> dict:
     verdict = max(by_verdict, key=by_verdict.get)
     share = by_verdict[verdict] / idle
     confidence = round(min(1.0, share * min(1.0, idle / 0.5)) * (GUESS_CONFIDENCE if guessed else 1.0), 3)
+    few = k["count"] < MIN_KERNELS
+    if few:
+        confidence = min(confidence, FEW_KERNELS_CONFIDENCE)
     c = t["idle_causes"]
     excl = t["excluded"]["profiler_seconds"]
     head = f"GPU idle {idle:.0%} of the trace" + (f" (the profiler's own start/stop, {excl * 1e3:,.0f} ms, left out)"
@@ -261,8 +269,11 @@ def _waiting_verdict(s: dict) -> dict:
     top = ", ".join(f"{a['name']} {a['idle_fraction']:.0%}" for a in t["host_during_idle"][:3])
     tail = f"; the host during GPU-idle time: {top}" if top and verdict in (LAUNCH, HOST) else ""
     rate = f"; {k['launch_rate_per_s']:,.0f} launches/s, median kernel {k['duration_us']['p50'] or 0:,.1f} µs"
+    if few:
+        rate = f"; only {k['count']} kernel{'s' if k['count'] != 1 else ''} in the trace: too few to judge a rate"
     if verdict == IDLE:
-        return dict(verdict=IDLE, confidence=confidence, summary=f"{head}, and not for want of host work: {split}")
+        return dict(verdict=IDLE, confidence=confidence,
+                    summary=f"{head}, and not for want of host work: {split}" + (rate if few else ""))
     return dict(verdict=verdict, confidence=confidence, summary=f"{head}; {split}{rate}{tail}")
 
 

@@ -84,6 +84,8 @@ def parse_chrome_trace(data: bytes, source: str = "<bytes>") -> Trace:
         lo = ts if lo is None else min(lo, ts)
         hi = ts + dur if hi is None else max(hi, ts + dur)
         b = builders.get(pid)
+        if b is not None and e.get("cat") == "gpu_user_annotation":
+            continue            # torch's record_function / ProfilerStep ranges drawn on the GPU row: not activity
         if b is not None:
             stream = threads.get((pid, tid), "")
             op = _text(args.get("hlo_op", ""))

@@ -36,10 +36,13 @@ TRANSFER_MARKERS = ("H2D", "D2H", "Memcpy", "Staging", "DevicePut", "device_put"
 # torch's `ProfilerStep#N` (the user's step, annotated).
 PROFILER_NAME = re.compile(r"(?<![\w])(start_trace|stop_trace|_start_trace|_stop_trace|StartTrace|StopTrace|"
                            r"StartProfiling|StopProfiling|ProfilerStart|ProfilerStop|cuptiActivityFlushAll)(?![\w])"
-                           r"|^ProfilerSession::|^profiler\.(start|stop)\b")
+                           r"|^ProfilerSession::|^profiler\.(start|stop)\b|^PyTorch Profiler \(\d+\)$")
 # Blocked with nothing to do: sleeping, polling a socket, waiting on a queue.
-WAITING_MARKERS = (" sleep", "time.sleep", "epoll_wait", "select.select", "selectors.py", "socket.recv",
-                   "queue.py", "Condition.wait", "Event.wait", "threading.py", "asyncio")
+# (whole words: `threading.py:... run` is every thread's root, not a wait)
+WAITING_NAME = re.compile(r"(?:^|[\s.])(sleep|epoll_wait|select|poll|sched_yield|nanosleep|futex_wait|"
+                          r"wait|wait_for|acquire|acquire_read|join|recv|recv_into|accept|dequeue)$|"
+                          r"\$(queue|selectors|asyncio/[\w/]+|threading)\.py:\d+ (get|select|wait|acquire|join|"
+                          r"_run_once|run_forever)$")
 
 
 def category_of(name: str) -> int:
@@ -49,7 +52,7 @@ def category_of(name: str) -> int:
         return TRANSFER
     if any(m in name for m in DISPATCH_MARKERS):
         return DISPATCH
-    if any(m in name for m in WAITING_MARKERS):
+    if WAITING_NAME.search(name) and not name.startswith("aten::"):     # aten::select is a tensor op
         return WAITING
     return OTHER
 

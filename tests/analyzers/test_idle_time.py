@@ -307,3 +307,50 @@ def test_one_tiny_copy_does_not_make_device_waits_communication():
         b.launch(MAIN, i * 2, 1.5, 1000 + i * 500, 50)
     b.kernel(900, 2, name="MemcpyH2D", stream=9)
     assert _summary(b)["verdict"] == "idle"
+
+
+def test_a_server_thread_sitting_in_select_is_not_work():
+    """A serving loop that sleeps between requests, its HTTP thread parked in
+    serve_forever > select: idle, not 'waiting on other threads'."""
+    b, t = SpaceBuilder(), 0.0
+    b.host("http", 0, 2_000_000, "$socketserver.py:230 serve_forever")
+    b.host("http", 1, 1_999_990, "$selectors.py:451 select")
+    for _ in range(40):
+        for _ in range(5):
+            b.launch(MAIN, t, 10, t + 11, 100)
+            t += 111
+        b.host(MAIN, t, 45_000, "$time sleep")
+        t += 45_000
+    s = _summary(b)
+    assert s["verdict"] == "idle", s["summary"]
+
+
+def test_when_a_runtime_worker_issues_the_launches_the_dispatching_thread_decides():
+    """JAX's async dispatch: the Python thread runs PjitFunction back to back;
+    PjRt's worker thread issues the launches."""
+    b, t = SpaceBuilder(), 0.0
+    for _ in range(1000):
+        corr = b.kernel(t + 30, 2)
+        b.host(MAIN, t, 28, "PjitFunction(step)")
+        b.host("pjrt_async_work_runner", t + 25, 3, "loop_add_fusion", corr=corr)
+        t += 33
+    s = _summary(b)
+    assert s["verdict"] == "launch-bound" and s["timing"]["launching_thread"] == MAIN, s["summary"]
+
+
+def test_microsecond_gaps_between_queued_kernels_are_launch_overhead():
+    """A CUDA graph of 1 µs kernels, all launched at once, 3 µs apart on the GPU."""
+    b = SpaceBuilder()
+    for k in range(300):                 # CUPTI gives a graph's kernels the launch's correlation id
+        b.kernel(100 + k * 4, 1, corr=1)
+    b.host(MAIN, 0, 90, "cudaGraphLaunch", corr=1)
+    s = _summary(b)
+    assert s["verdict"] == "launch-bound", s["summary"]
+
+
+def test_a_handful_of_kernels_gets_a_low_confidence():
+    b = SpaceBuilder()
+    b.host(MAIN, 0, 5_000_000, "$train.py:3 load_everything")
+    b.launch(MAIN, 5_000_000, 10, 5_000_011, 5)
+    s = _summary(b)
+    assert s["confidence"] <= 0.3 and "too few" in s["summary"]

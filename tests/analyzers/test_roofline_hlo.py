@@ -166,3 +166,20 @@ def test_an_op_faster_than_the_hardware_is_unknown_not_placed():
     s = _decode_trace(batch=1, kernel_us=10)
     op = s["top_ops"][0]
     assert op["bound"] is None and op["bound_source"] == "unknown" and "of peak" in op["note"]
+
+
+def test_a_cudnn_convolution_is_unknown_not_costed_as_a_matmul():
+    proto = hlo_pb2.HloProto()
+    entry = proto.hlo_module.computations.add(id=1, name="main")
+    _ins(entry, 1, "x", "parameter", [32, 256, 56, 56])
+    _ins(entry, 2, "w", "parameter", [256, 256, 3, 3])
+    conv = _ins(entry, 3, "custom-call.7", "custom-call", [32, 256, 56, 56], [1, 2])
+    conv.custom_call_target = "__cudnn$convForward"
+    s = _steady(proto, "sm90_xmma_fprop_implicit_gemm", "custom-call.7", every_us=50, kernel_us=46, count=200)
+    assert s["top_ops"][0]["bound_source"] == "unknown"
+
+
+def test_copies_on_a_gh200_are_not_judged_against_a_pcie_link():
+    from gpuscope.analyzers.links import pcie_link
+    assert pcie_link(device_name="NVIDIA GH200 480GB") is None
+    assert pcie_link(device_name="NVIDIA H200")["generation"] == 5

@@ -1,0 +1,75 @@
+"""Kineto-shaped torch traces (what torch.profiler and vLLM write), with
+known truth: annotations drawn on the GPU row are not GPU work, an eager
+op that launches kernels is the framework's launch path while one that
+computes on the CPU is host work, and a worker polling for its next batch
+is idle."""
+import gzip
+import json
+
+from gpuscope.analyzers.trace_analysis import summarize
+from gpuscope.collectors.chrome_trace_reader import parse_chrome_trace
+
+GPU, HOST = 0, 4242
+HEADER = [{"ph": "M", "name": "process_name", "pid": GPU, "tid": 0, "args": {"name": "GPU 0"}},
+          {"ph": "M", "name": "thread_name", "pid": GPU, "tid": 7, "args": {"name": "stream 7 "}},
+          {"ph": "M", "name": "process_name", "pid": HOST, "tid": 0, "args": {"name": "python3"}},
+          {"ph": "M", "name": "thread_name", "pid": HOST, "tid": HOST, "args": {"name": "thread 4242 (python3)"}}]
+
+
+def X(name, ts, dur, pid=HOST, tid=HOST, cat="cpu_op", **args):
+    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+class Steps:
+    def __init__(self):
+        self.events, self.corr = [], 0
+
+    def launch(self, t, dispatch_us, kernel_at, kernel_us, op="aten::add", kernel="vectorized_elementwise_kernel"):
+        """An eager op launching one kernel: op > cudaLaunchKernel, then the kernel."""
+        self.corr += 1
+        self.events += [X(op, t, dispatch_us), X("cudaLaunchKernel", t + dispatch_us * 0.6, dispatch_us * 0.3,
+                                                 cat="cuda_runtime", correlation=self.corr),
+                        X(kernel, kernel_at, kernel_us, pid=GPU, tid=7, cat="kernel", correlation=self.corr)]
+
+    def summary(self) -> dict:
+        data = gzip.compress(json.dumps({"traceEvents": HEADER + self.events}).encode())
+        return summarize(parse_chrome_trace(data, "torch.pt.trace.json.gz"))
+
+
+def test_gpu_annotations_are_not_gpu_work_and_cpu_ops_are_host_work():
+    s, t = Steps(), 1000.0
+    for step in range(30):
+        start = t
+        s.events.append(X("aten::index_select", t, 5000))           # on CPU tensors: host work
+        t += 5000
+        for _ in range(10):
+            s.launch(t, 10, t + 11, 100, op="aten::mm", kernel="sm90_xmma_gemm_bf16")
+            t += 111
+        s.events.append(X(f"ProfilerStep#{step}", start, t - start, cat="user_annotation"))
+        s.events.append(X(f"ProfilerStep#{step}", start, t - start, pid=GPU, tid=7, cat="gpu_user_annotation"))
+    r = s.summary()
+    assert r["verdict"] == "host-bound", r["summary"]
+    assert all("ProfilerStep" not in op["kernel"] for op in r["top_ops"])
+
+
+def test_tiny_eager_ops_are_launch_bound():
+    s, t = Steps(), 1000.0
+    for _ in range(2000):
+        s.launch(t, 20, t + 21, 2)
+        t += 25
+    assert s.summary()["verdict"] == "launch-bound"
+
+
+def test_a_worker_polling_for_its_next_batch_is_idle():
+    """vLLM's worker between requests: shm_broadcast dequeue > acquire_read >
+    wait > sched_yield, the frames the bundled vLLM trace has."""
+    s, t = Steps(), 1000.0
+    for _ in range(20):
+        for k in range(5):
+            s.launch(t, 10, t + 11, 50)
+            t += 61
+        s.events += [X("$shm_broadcast.py:500 dequeue", t, 20_000), X("$shm_broadcast.py:420 acquire_read", t + 1, 19_990),
+                     X("$shm_broadcast.py:300 wait", t + 2, 19_980), X("sched_yield", t + 3, 19_970)]
+        t += 20_000
+    r = s.summary()
+    assert r["verdict"] == "idle", r["summary"]
