@@ -207,7 +207,7 @@ def _host(plane, names: dict[int, str], skipped: dict[str, int], device_names: s
         thread = hb.thread_index(line.id, line.display_name or line.name)
         # field by field through C (attrgetter), then array arithmetic: the
         # largest bundled trace has 395,000 host events on one line
-        cols = np.array(list(map(_EVENT_FIELDS, events)), dtype=np.int64)
+        cols = np.fromiter(map(_EVENT_FIELDS, events), dtype=_THREE_INT64, count=len(events))
         off, dur, mids = _ps_to_ns(cols[:, 0]), _ps_to_ns(cols[:, 1]), cols[:, 2]
         t = off + line.timestamp_ns if 0 <= line.timestamp_ns <= MAX_TIME_NS else np.full(len(off), -1, np.int64)
         ok = (off >= 0) & (dur >= 0) & (t >= 0) & (t <= MAX_TIME_NS)
@@ -231,6 +231,7 @@ def _host(plane, names: dict[int, str], skipped: dict[str, int], device_names: s
 
 
 _EVENT_FIELDS = operator.attrgetter("offset_ps", "duration_ps", "metadata_id")
+_THREE_INT64 = np.dtype((np.int64, 3))
 LAUNCH_API_MARKERS = ("Launch", "Memcpy", "Memset", "memcpy", "memset", "Graph", "nccl", "Nccl")
 _NO_LAUNCH = np.iinfo(np.int64).min        # not a launch (-1 is a launch whose id is unreadable)
 
