@@ -103,7 +103,7 @@ def device_summary(trace: Trace, dev: DeviceTimeline, link: dict | None = None) 
                                                                  if coll_ns else None))
     peaks = device_peaks(dev)
     ops = op_table(trace, dev, peaks)
-    out["roofline"] = _roofline(peaks, ops)
+    out["roofline"] = dict(_roofline(peaks, ops), hlo_available=bool(trace.programs))
     out["top_ops"] = [{k2: (round(v, 9) if isinstance(v, float) else v) for k2, v in r.items() if k2 != "program"}
                       for r in ops[:TOP_OPS]]
     out.update(_verdict(out, exposed_comm_ns, busy_ns, span))
@@ -194,8 +194,9 @@ def _verdict(s: dict, exposed_comm_ns: int, busy_ns: int, span: int) -> dict:
         by_name = roof["name_time_fraction"] > roof["hlo_time_fraction"]
         basis = ""
         if by_name:
-            why = "no HLO for them" if roof["peak_bytes_per_s"] and roof["peak_flops_per_s"] else \
-                "no device peaks to place HLO costs against"
+            why = ("no device peaks to place HLO costs against"
+                   if roof["hlo_available"] and not (roof["peak_bytes_per_s"] and roof["peak_flops_per_s"])
+                   else "no HLO for them")
             basis = f"; placed by kernel names ({roof['name_time_fraction']:.0%} of kernel time): the trace carries {why}"
         if roof["unknown_time_fraction"] >= 0.005:
             basis += (f"; {roof['unknown_time_fraction']:.0%} of kernel time in kernels the HLO does not explain "

@@ -55,8 +55,11 @@ def parse_chrome_trace(data: bytes, source: str = "<bytes>") -> Trace:
             else:
                 threads[(pid, tid)] = label
     device_pids = {pid: name for pid, name in procs.items() if name.startswith(DEVICE_PREFIXES)}
-    builders = {pid: _Builder(name if name.startswith("/device") else f"/device:GPU:{name.split()[-1]}", {})
-                for pid, name in device_pids.items()}
+    props = _device_properties(doc)
+    builders = {}
+    for pid, name in device_pids.items():
+        index = name.split()[-1] if not name.startswith("/device") else name.rsplit(":", 1)[-1]
+        builders[pid] = _Builder(name if name.startswith("/device") else f"/device:GPU:{index}", props.get(index, {}))
     host_rows: list[tuple] = []
     lo, hi = None, None
     for e in events:
@@ -126,6 +129,26 @@ def _host(rows: list[tuple], thread_names: dict) -> HostTimeline:
                     np.asarray(ends, np.int64), np.fromiter(map(name_of.__getitem__, names), np.int32, n),
                     np.asarray(corrs, np.int64), _NO_LAUNCH)
     return hb.build()
+
+
+def _device_properties(doc) -> dict[str, dict]:
+    """Kineto's `deviceProperties` (torch traces): GPU index -> the props the
+    analysis reads (name, compute capability, SMs). Anything odd is ignored:
+    the trace's events do not depend on it."""
+    out: dict[str, dict] = {}
+    entries = doc.get("deviceProperties") if isinstance(doc, dict) else None
+    for d in entries if isinstance(entries, list) else []:
+        if not isinstance(d, dict) or isinstance(d.get("id"), bool) or not isinstance(d.get("id"), int):
+            continue
+        p: dict = {}
+        if isinstance(d.get("name"), str):
+            p["name"] = d["name"][:128]
+        for key, prop in (("computeMajor", "cc_major"), ("computeMinor", "cc_minor"), ("numSms", "core_count")):
+            v = d.get(key)
+            if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 100_000:
+                p[prop] = float(v)
+        out[str(d["id"])] = p
+    return out
 
 
 def _gunzip(data: bytes, source: str) -> bytes:

@@ -57,7 +57,8 @@ def cmd_trace_summarize(ns) -> int:
                  if t["excluded"]["profiler_seconds"] else "")
               + f": GPU busy {t['busy_fraction']:.1%}" + (f"; GPU idle while {causes}" if causes else ""))
         for a in t["host_during_idle"][:3]:
-            print(f"  {a['idle_fraction']:6.1%} of GPU-idle time the host was in {a['name'][:60]} ({a['category']})")
+            name = a["name"] if len(a["name"]) <= 60 else a["name"][:59] + "…"
+            print(f"  {a['idle_fraction']:6.1%} of GPU-idle time the host was in {name} ({a['category']})")
     for op in summary.get("top_ops", [])[:5]:
         bound = f"{op.get('bound') or 'unknown'} ({op.get('bound_source', '?')})"
         print(f"  {op['time_fraction']:6.1%}  {op['count']:6d}x  {(op['op'] or '-')[:32]:<32} {op['kernel'][:40]:<40} {bound}")

@@ -73,3 +73,17 @@ def test_a_worker_polling_for_its_next_batch_is_idle():
         t += 20_000
     r = s.summary()
     assert r["verdict"] == "idle", r["summary"]
+
+
+def test_kineto_device_properties_name_the_gpu_and_its_link():
+    s = Steps()
+    s.events = [{"ph": "M", "name": "process_name", "pid": GPU, "tid": 0, "args": {"name": "GPU 0"}}]
+    for i in range(20):
+        s.events += [X("Memcpy HtoD (Pinned -> Device)", i * 1000, 500, pid=GPU, tid=7, cat="gpu_memcpy",
+                       bytes=25_000_000, correlation=i),
+                     X("cudaMemcpyAsync", i * 1000, 10, cat="cuda_runtime", correlation=i)]
+    data = gzip.compress(json.dumps({"traceEvents": HEADER[2:] + s.events, "deviceProperties": [
+        {"id": 0, "name": "NVIDIA H100 80GB HBM3", "computeMajor": 9, "computeMinor": 0, "numSms": 132}]}).encode())
+    r = summarize(parse_chrome_trace(data, "copies.pt.trace.json.gz"))
+    assert r["devices"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    assert 0.7 < r["memcpy"]["memcpy_h2d"]["link_fraction"] < 0.9      # 50 GB/s of a Gen5 x16 link
