@@ -196,6 +196,10 @@ class Agent:
                               f"jax.profiler.start_server(PORT), set GPUSCOPE_PROFILER_PORT in its environment, "
                               f"or give the agent --serving URL=TRACE_DIR)")
         client = None
+        if job.kind == "torch-http" and not job.trace_dir:
+            raise LookupError(f"{job.address} ({job.found_by}) does not say where it writes its traces: start it "
+                              f"with --profiler-config '{{\"profiler\":\"torch\",\"torch_profiler_dir\":DIR}}' "
+                              f"(or VLLM_TORCH_PROFILER_DIR=DIR), or give the agent --serving {job.address}=DIR")
         if job.kind == "torch-http":
             from gpuscope.collectors.serving_profiler import TorchProfilerHttp
             # the caller's deadline bounds our waits: it hears "slow", with the capture id, before it gives up

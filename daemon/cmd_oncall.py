@@ -152,7 +152,7 @@ def cmd_jobs(ns) -> int:
         print_json({"jobs": rows})
         return 0
     if not rows:
-        print("no JAX/XLA jobs with a profiler server on this host's GPUs")
+        print("no JAX profiler servers or serving engines (vLLM, SGLang, TensorRT-LLM) on this host's GPUs")
     for j in rows:
         print(f"pid {j['pid'] or '-':>7}  {j['address']:<21} gpus {','.join(map(str, j['gpus'])) or '-':<8} "
               f"({j['found_by']})  {j['command'][:60]}")
