@@ -110,8 +110,23 @@ def parse_chrome_trace(data: bytes, source: str = "<bytes>") -> Trace:
     if not builders:
         warnings.append("no GPU device process: a CPU-only job, or device tracing was off")
     warnings += skip_warning(skipped)
+    start_unix, hostnames = _origin(doc, lo)
     return Trace(source=source, format="chrome-json", devices=[b.build() for b in builders.values()], host=host,
-                 start_ns=lo, end_ns=hi, warnings=warnings, skipped=skipped)
+                 start_ns=lo, end_ns=hi, warnings=warnings, skipped=skipped, start_unix_ns=start_unix,
+                 hostnames=hostnames)
+
+
+def _origin(doc, lo: int) -> tuple[int | None, list[str]]:
+    """Kineto's `baseTimeNanoseconds` (what its `ts` microseconds count from)
+    and `host_name`: the trace's wall-clock start and where it ran."""
+    if not isinstance(doc, dict):
+        return None, []
+    base = doc.get("baseTimeNanoseconds")
+    start = None
+    if isinstance(base, int) and not isinstance(base, bool) and 0 < base and 0 < base + lo < (1 << 63):
+        start = base + lo
+    host = doc.get("host_name")
+    return start, [host[:253]] if isinstance(host, str) and host else []
 
 
 _NO_LAUNCH = -(1 << 63)          # not a launch (-1 is a launch whose id is unreadable)

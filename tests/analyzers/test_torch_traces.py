@@ -87,3 +87,13 @@ def test_kineto_device_properties_name_the_gpu_and_its_link():
     r = summarize(parse_chrome_trace(data, "copies.pt.trace.json.gz"))
     assert r["devices"][0]["name"] == "NVIDIA H100 80GB HBM3"
     assert 0.7 < r["memcpy"]["memcpy_h2d"]["link_fraction"] < 0.9      # 50 GB/s of a Gen5 x16 link
+
+
+def test_the_vllm_trace_says_when_and_where_it_ran(fixture_dir):
+    """The bundled vLLM 0.32 worker trace: kineto's baseTimeNanoseconds plus
+    the first event's ts is the session's wall-clock start (2026-11-29)."""
+    from gpuscope.collectors.trace_files import load_trace
+    path = next((fixture_dir.parent / "vllm-0.32-cpu" / "traces").glob("rank0.*.pt.trace.json.gz"))
+    s = summarize(load_trace(path))
+    assert s["hostnames"] == ["vm"]
+    assert 1_795_990_000 < s["start_unix"] < 1_796_000_000
