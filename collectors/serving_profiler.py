@@ -102,19 +102,28 @@ def healthy(base_url: str, timeout: float = 5.0) -> bool:
 
 
 class PendingStops:
-    """Stops that must still reach an engine: retried in the background until
-    the engine answers that no session runs (200 to the stop, or 400/404: none
-    running), or `give_up_s` passes (the engine is gone: nothing to stop)."""
+    """Stops that must still reach an engine, each followed in its own thread
+    until the engine answers that no session runs (200 to the stop, or
+    400/404: none running). The follow-up ends too when the engine is gone
+    (connection refused: its session died with it, and a restarted engine's
+    new session is not ours to stop), or after `give_up_s`."""
 
     def __init__(self, retry_s: float = 5.0, give_up_s: float = 3600.0, stop_timeout_s: float = 600.0):
         self.retry_s, self.give_up_s, self.stop_timeout_s = retry_s, give_up_s, stop_timeout_s
         self._lock = threading.Lock()
-        self._pending: dict[str, threading.Thread] = {}
+        self._followers: list[tuple[str, threading.Thread]] = []
+        self._starting: dict[int, tuple[str, "_Request"]] = {}   # starts sent, not yet answered
         self._active: dict[str, int] = {}                # engines with a session we started, not yet stopped
         self.done: list[tuple[str, int | None]] = []     # (url, last status) of stops that finished
 
-    def started(self, base_url: str) -> None:
+    def starting(self, base_url: str, start: "_Request") -> None:
         with self._lock:
+            self._starting[id(start)] = (base_url, start)
+
+    def started(self, base_url: str, start: "_Request | None" = None) -> None:
+        with self._lock:
+            if start is not None:
+                self._starting.pop(id(start), None)
             self._active[base_url] = self._active.get(base_url, 0) + 1
 
     def stopped(self, base_url: str) -> None:
@@ -125,38 +134,49 @@ class PendingStops:
             else:
                 self._active.pop(base_url, None)
 
-    def shutdown(self, timeout_s: float = 5.0) -> None:
-        """The agent is stopping: every engine with a session of ours, or a
-        stop still pending, is sent a stop now. vLLM stops once the request
-        is in, so an answer is not waited for beyond a few seconds."""
-        with self._lock:
-            urls = set(self._active) | {u for u, th in self._pending.items() if th.is_alive()}
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """The agent is stopping. Starts still in flight are given what is left
+        of `timeout_s` to answer (a stop sent before a blocked start takes
+        effect would end nothing); then every engine with a session of ours,
+        or a stop still being followed, is sent a stop. vLLM stops once the
+        request is in, so an answer is not awaited beyond a few seconds."""
         deadline = time.monotonic() + timeout_s
+        with self._lock:
+            starting = list(self._starting.values())
+        for _, start in starting:
+            start.join(max(0.0, deadline - time.monotonic() - 3.0))
+        with self._lock:
+            urls = set(self._active) | {u for u, th in self._followers if th.is_alive()}
+            urls |= {u for u, start in starting if start.is_alive() or _may_have_started(start)}
+        left_running = []
         for url in sorted(urls):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                log.error("profiling sessions left running at shutdown", engines=sorted(urls))
-                return
             try:
-                post(url, "/stop_profile", min(left, 3.0))
-            except (_Timeout, ProfilerError):
-                pass                              # sent, or the engine is gone: either way nothing more to do
+                status = post(url, "/stop_profile", max(0.5, min(deadline - time.monotonic(), 3.0)))
+            except _Timeout:
+                continue                          # sent: the engine is stopping
+            except ProfilerError:
+                continue                          # gone: nothing of ours runs there
+            if status not in (200, 400, 404):
+                left_running.append(f"{url} (stop answered {status})")
+        still = [u for u, start in starting if start.is_alive()]
+        if still or left_running:
+            log.error("profiling sessions this agent started may still run after it exits",
+                      engines=sorted(set(still) | set(left_running)),
+                      what_to_do="POST /stop_profile to each engine once it answers")
 
     def add(self, base_url: str, in_flight: "_Request | None" = None) -> None:
         """Stop `base_url`'s session later. `in_flight`: the start or stop
         request still running: a start that ends up refused leaves nothing
         to stop; a stop that ends up answering 200 is all it takes."""
+        th = threading.Thread(target=self._run, args=(base_url, in_flight), name="pending-stop", daemon=True)
         with self._lock:
-            if base_url in self._pending and self._pending[base_url].is_alive():
-                return
-            th = threading.Thread(target=self._run, args=(base_url, in_flight), name="pending-stop", daemon=True)
-            self._pending[base_url] = th
-        log.warning("profiling session left to stop; retrying its stop", engine=base_url)
+            self._followers = [(u, t) for u, t in self._followers if t.is_alive()] + [(base_url, th)]
+        log.warning("profiling session left to stop; following it", engine=base_url)
         th.start()
 
     def pending(self) -> list[str]:
         with self._lock:
-            return [u for u, th in self._pending.items() if th.is_alive()]
+            return sorted({u for u, th in self._followers if th.is_alive()})
 
     def wait(self, timeout: float) -> bool:
         """True when no stop is pending (for shutdown and tests)."""
@@ -168,10 +188,14 @@ class PendingStops:
     def _run(self, base_url: str, in_flight: "_Request | None") -> None:
         if in_flight is not None:
             in_flight.join()
-            if in_flight.path == "/start_profile" and in_flight.status != 200:
-                self.done.append((base_url, in_flight.status))
-                return                             # refused or never reached: nothing started
-            if in_flight.path == "/stop_profile" and in_flight.status == 200:
+            if in_flight.path == "/start_profile":
+                with self._lock:
+                    self._starting.pop(id(in_flight), None)
+                if not _may_have_started(in_flight):
+                    self.done.append((base_url, in_flight.status))
+                    return                         # refused: nothing started
+            elif in_flight.status == 200:
+                _STOP_SECONDS[base_url] = in_flight.seconds
                 self.done.append((base_url, 200))
                 return
         deadline = time.monotonic() + self.give_up_s
@@ -182,7 +206,9 @@ class PendingStops:
             except _Timeout:
                 status = None                  # still writing: ask again
             except ProfilerUnreachable:
-                status = None
+                log.info("engine gone; its profiling session went with it", engine=base_url)
+                self.done.append((base_url, None))
+                return
             if status in (200, 400, 404):      # stopped, or nothing running
                 log.info("pending profiling stop done", engine=base_url, status=status)
                 self.done.append((base_url, status))
@@ -192,10 +218,20 @@ class PendingStops:
         self.done.append((base_url, status))
 
 
+def _may_have_started(start: "_Request") -> bool:
+    """A start that answered 200, or whose answer says nothing (no answer in
+    time, a 5xx from the engine or a proxy in front of it): only a clear
+    refusal (404, 409, other 4xx) or a refused connection means no session."""
+    if start.error is not None:
+        return False                          # never reached the engine
+    return start.status is None or start.status == 200 or start.status >= 500
+
+
 PENDING_STOPS = PendingStops()
 # measured on vLLM 0.32, 2 cores under load: 185-211 s of stop for 2 s of capture
 STOP_S_PER_CAPTURE_S = 100.0
 START_WAIT_S = 600.0       # a start blocked behind a previous stop is waited for this long, in the background
+STOP_WAIT_S = 900.0        # a stop is waited for this long, in the background, before it is sent again
 _STOP_SECONDS: dict[str, float] = {}       # engine -> its last measured stop time
 
 
@@ -229,7 +265,11 @@ class TorchProfilerHttp:
     def capture(self, duration_ms: int, repository_root: Path, session_id: str, host_name: str = "gpuscope",
                 margin_s: float = 15.0) -> CaptureResult:
         t0 = time.time()
+        if self.budget_s is not None and self.budget_s < duration_ms / 1e3 + 2:
+            raise ProfilerError(f"the caller allows {self.budget_s:.0f} s, less than the {duration_ms / 1e3:g} s "
+                                f"capture itself; nothing was started (give a longer timeout)")
         start = _Request(self.base_url, "/start_profile", START_WAIT_S)
+        self.pending.starting(self.base_url, start)
         start.start()
         start.join(self._within(self.start_timeout_s, t0))
         if start.is_alive():
@@ -237,25 +277,34 @@ class TorchProfilerHttp:
             self.pending.add(self.base_url, in_flight=start)
             raise self._late(f"/start_profile did not answer within {self.start_timeout_s:g} s (a previous "
                              f"session may still be writing its trace); a stop is pending so that no session "
-                             f"this capture started keeps running")
+                             f"this capture started keeps running", t0)
         if start.error is not None:
             raise start.error
         status = start.status
+        if status != 200:
+            self.pending.add(self.base_url, in_flight=start)     # a 5xx may hide a session that started
         if status == 404:
             raise NotAProfiler(f"{self.base_url}/start_profile answers 404: profiling is not enabled (start vLLM "
                                "with --profiler-config '{\"profiler\":\"torch\",\"torch_profiler_dir\":DIR}')")
         if status == 409:
             raise ProfilerBusy(f"{self.base_url}: a profiling session is already running")
         if status != 200:
-            raise ProfilerError(f"{self.base_url}/start_profile answered {status}")
+            raise ProfilerError(f"{self.base_url}/start_profile answered {status}"
+                                + ("; a stop follows in case it started anyway" if status >= 500 else ""))
+        # What is on disk once the start answered belongs to earlier sessions: vLLM answers a start
+        # blocked behind a previous stop only after that stop wrote its files.
+        before = self._existing()
         stopper = None
-        self.pending.started(self.base_url)
+        self.pending.started(self.base_url, start)
         try:
             time.sleep(duration_ms / 1e3)
             wait_s = self._within(self.stop_deadline(duration_ms) + margin_s, t0)
-            stopper = _Request(self.base_url, "/stop_profile", wait_s)
+            # The request itself waits as long as a stop can take: if this capture stops
+            # waiting first, the follow-up takes over this same request rather than send
+            # another stop, which could end the next session once this one is written.
+            stopper = _Request(self.base_url, "/stop_profile", max(wait_s, STOP_WAIT_S))
             stopper.start()
-            path, extras = self._await_trace(stopper, since=t0, wait_s=wait_s)
+            path, extras = self._await_trace(stopper, before, wait_s, t0)
             return ServingTrace(b"", path, False, time.time() - t0, source_root=self.trace_dir,
                                 extra_paths=extras)
         finally:
@@ -270,8 +319,9 @@ class TorchProfilerHttp:
             return wait_s
         return max(1.0, min(wait_s, self.budget_s - (time.time() - t0)))
 
-    def _await_trace(self, stopper: "_Request", since: float, wait_s: float) -> tuple[Path, list[Path]]:
-        """The session's trace once complete on disk, or once the stop
+    def _await_trace(self, stopper: "_Request", before: dict, wait_s: float,
+                     t0: float) -> tuple[Path, list[Path]]:
+        """The session's traces once all are whole on disk, or once the stop
         answered; raises when neither happens in time."""
         deadline = time.monotonic() + wait_s
         seen: dict[Path, int] = {}
@@ -280,37 +330,42 @@ class TorchProfilerHttp:
             if done and stopper.error is not None:
                 raise stopper.error
             if done and stopper.status is None:
-                raise self._late(f"/stop_profile has not answered in {wait_s:.0f} s; the stop stays pending")
+                raise self._late(f"/stop_profile has not answered in {STOP_WAIT_S:.0f} s", t0)
             if done and stopper.status != 200:
                 raise ProfilerError(f"{self.base_url}/stop_profile answered {stopper.status}")
-            found = self.session_files(since)
+            found = self.session_files(before)
             main = self.pick(found)
             if main is not None:
-                size = _size(main)
-                # the engine said it is written, or it is whole on disk while the answer is pending
-                if done or (seen.get(main) == size and complete(main)):
+                traces = [f for f in found if any(fnmatch(f.name, pat) for pat in TRACE_PATTERNS)]
+                sizes = {f: _size(f) for f in traces}
+                # the engine said it is written, or every trace of the session is whole on disk
+                # while its answer is pending (vLLM writes the API server's after the worker's)
+                if done or all(seen.get(f) == n and complete(f) for f, n in sizes.items()):
                     if stopper.status == 200:
                         _STOP_SECONDS[self.base_url] = stopper.seconds
                     return main, [f for f in found if f != main]
-                seen[main] = size
+                seen = sizes
             elif done:
                 raise ProfilerError(f"{self.base_url}: stopped, but no new trace file under {self.trace_dir}")
             if time.monotonic() >= deadline:
                 raise self._late(f"/stop_profile has not finished in {wait_s:.0f} s and no complete "
                                  f"trace is on disk yet; the stop stays pending, and the engine will write its "
-                                 f"trace under {self.trace_dir}")
+                                 f"trace under {self.trace_dir}", t0)
             stopper.join(self.poll_s)
 
-    def _late(self, what: str) -> ProfilerError:
-        if healthy(self.base_url):
+    def _late(self, what: str, t0: float) -> ProfilerError:
+        # a hung /health must not push the answer past the caller's deadline
+        if healthy(self.base_url, timeout=min(5.0, max(0.5, self._within(5.0, t0) - 1.0))):
             return ProfilerSlow(f"{self.base_url} is alive (its /health answers) but {what}")
-        return ProfilerUnreachable(f"{self.base_url}: {what}; and /health does not answer: the server may have "
-                                   f"exited")
+        return ProfilerUnreachable(f"{self.base_url}: {what}; and /health does not answer in time: the server "
+                                   f"may have exited or be stalled")
 
-    def session_files(self, since: float) -> list[Path]:
-        """Every trace and table file written since `since` below the trace
+    def _existing(self) -> dict[Path, tuple[int, float]]:
+        return {p: (st.st_size, st.st_mtime) for p, st in self._files()}
+
+    def _files(self):
+        """(path, lstat) of every trace and table file below the trace
         directory (regular files only; links are neither followed nor kept)."""
-        out: list[Path] = []
         for top, dirs, files in os.walk(self.trace_dir, followlinks=False):
             for name in files:
                 if not any(fnmatch(name, pat) for pat in TRACE_PATTERNS + TABLE_PATTERNS):
@@ -320,9 +375,14 @@ class TorchProfilerHttp:
                     st = path.lstat()
                 except OSError:
                     continue                       # removed meanwhile
-                if stat.S_ISREG(st.st_mode) and st.st_mtime >= since - 1:
-                    out.append(path)
-        return out
+                if stat.S_ISREG(st.st_mode):
+                    yield path, st
+
+    def session_files(self, before: dict[Path, tuple[int, float]]) -> list[Path]:
+        """The files this session wrote: those not in `before` (the listing
+        taken once the start answered), or changed since (a table every
+        session rewrites)."""
+        return [p for p, st in self._files() if before.get(p) != (st.st_size, st.st_mtime)]
 
     @staticmethod
     def pick(files: list[Path]) -> Path | None:
@@ -333,9 +393,6 @@ class TorchProfilerHttp:
             return None
         traces.sort(key=lambda f: ("async_llm" in f[0].name, -f[1]))
         return traces[0][0]
-
-    def newest_trace(self, since: float) -> Path | None:
-        return self.pick(self.session_files(since))
 
 
 class _Request(threading.Thread):
@@ -377,7 +434,13 @@ def complete(path: Path) -> bool:
     try:
         with os.fdopen(fd, "rb", closefd=False) as f:
             if not path.name.endswith(".gz"):
-                return os.fstat(fd).st_size > 0
+                size = os.fstat(fd).st_size
+                if size == 0:
+                    return False
+                if path.name.endswith(".json"):       # a JSON document ends with its closing bracket
+                    f.seek(max(0, size - 64))
+                    return f.read().rstrip().endswith((b"}", b"]"))
+                return True
             d = zlib.decompressobj(wbits=47)
             while not d.eof:
                 chunk = f.read(1 << 20)

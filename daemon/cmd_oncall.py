@@ -112,6 +112,9 @@ def cmd_capture(ns) -> int:
 
     if ns.duration_ms <= 0:
         raise UsageError(f"--duration-ms: must be > 0, got {ns.duration_ms}")
+    if ns.timeout is not None and ns.timeout < ns.duration_ms / 1e3 + 10:
+        raise UsageError(f"--timeout {ns.timeout:g}: must leave the {ns.duration_ms / 1e3:g} s capture 10 s or "
+                         f"more to start, stop and answer")
     record, xspace = clients.capture(ns.server, ns.jax, ns.pid, ns.duration_ms,
                                      security=client_security(ns), timeout_s=ns.timeout)
     summary = summarize(parse_trace(xspace, record["path"])) if xspace else None

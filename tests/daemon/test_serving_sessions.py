@@ -36,7 +36,10 @@ class VllmLike:
         self.start_block_s, self.write_s, self.answer_s, self.stop_never = start_block_s, write_s, answer_s, stop_never
         self.active = False
         self.starts = self.stops = 0
+        self.start_status = 200
+        self.written: list[str] = []
         self._lock = threading.Lock()
+        self._writing = threading.Lock()      # vLLM: a start waits for a stop still writing
         engine = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -58,7 +61,10 @@ class VllmLike:
                     self.rfile.read(n)
                 if self.path == "/start_profile":
                     time.sleep(engine.start_block_s)
-                    with engine._lock:
+                    with engine._writing, engine._lock:
+                        if engine.start_status != 200:
+                            engine.active = engine.start_status >= 500      # a proxy's 502: it did start
+                            return self._answer(engine.start_status)
                         if engine.active:
                             return self._answer(409)
                         engine.active, engine.starts = True, engine.starts + 1
@@ -70,13 +76,18 @@ class VllmLike:
                         engine.stops += 1
                     if engine.stop_never:
                         time.sleep(3600)
-                    time.sleep(engine.write_s)
-                    stamp = time.time_ns()
-                    (engine.trace_dir / f"rank0.{stamp}.pt.trace.json.gz").write_bytes(TRACE)
-                    (engine.trace_dir / f"host_1.async_llm.{stamp}.pt.trace.json.gz").write_bytes(TRACE)
-                    (engine.trace_dir / "profiler_out_0.txt").write_text("Name  Self CPU %\n")
-                    with engine._lock:
-                        engine.active = False
+                    with engine._writing:
+                        with engine._lock:
+                            if not engine.active:             # a stop before ours ended the session
+                                return self._answer(400)
+                        time.sleep(engine.write_s)
+                        stamp = time.time_ns()
+                        (engine.trace_dir / f"rank0.{stamp}.pt.trace.json.gz").write_bytes(TRACE)
+                        (engine.trace_dir / f"host_1.async_llm.{stamp}.pt.trace.json.gz").write_bytes(TRACE)
+                        (engine.trace_dir / "profiler_out_0.txt").write_text(f"Name  Self CPU % {stamp}\n")
+                        engine.written.append(f"rank0.{stamp}.pt.trace.json.gz")
+                        with engine._lock:
+                            engine.active = False
                     time.sleep(engine.answer_s)          # post-processing, after the files are whole
                     return self._answer(200)
                 self._answer(404)
@@ -207,3 +218,46 @@ def test_the_agent_answers_before_its_callers_deadline_with_the_capture_id(tmp_p
     finally:
         shutdown(server, health)
         engine.close()
+
+
+def test_a_capture_behind_a_previous_stop_takes_its_own_trace_and_leaves_nothing_running(tmp_path, stops):
+    """Capture 1 answers 'slow' while vLLM still writes its trace; capture 2
+    starts at once, its start blocked until that write ends: it must not
+    take capture 1's files, and both sessions end stopped."""
+    engine = VllmLike(tmp_path / "engine", write_s=3.0)
+    first, _ = CaptureRunner(CaptureConfig(tmp_path / "c1", margin_s=0.0), "h").capture(
+        engine.url, 100, kind="torch-http", client=_client(engine, stops, stop_timeout_s=0.5))
+    assert first.status == "slow"
+    second, data = CaptureRunner(CaptureConfig(tmp_path / "c2"), "h").capture(
+        engine.url, 100, kind="torch-http", client=_client(engine, stops, start_timeout_s=10, stop_timeout_s=10))
+    assert second.status == "ok", second.error
+    assert Path(second.path).name == engine.written[-1] != engine.written[0]
+    assert stops.wait(20) and not engine.active
+
+
+def test_a_start_answered_5xx_is_followed_by_a_stop(tmp_path, stops):
+    engine = VllmLike(tmp_path / "engine")
+    engine.start_status = 502                 # a proxy in front of vLLM; the session did start
+    rec, _ = CaptureRunner(CaptureConfig(tmp_path / "c"), "h").capture(engine.url, 100, kind="torch-http",
+                                                                       client=_client(engine, stops))
+    assert rec.status == "failed" and "a stop follows" in rec.error
+    assert stops.wait(10) and not engine.active
+
+
+def test_a_follow_up_ends_when_the_engine_is_gone(tmp_path):
+    stops = PendingStops(retry_s=0.1, give_up_s=3600)
+    engine = VllmLike(tmp_path / "engine", stop_never=True)
+    url = engine.url
+    engine.close()
+    stops.add(url)
+    assert stops.wait(5)                      # not an hour of retries against whatever comes up on the port
+    assert stops.done[-1] == (url, None)
+
+
+def test_the_cli_refuses_a_timeout_shorter_than_the_capture(tmp_path):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "gpuscope.daemon.cli", "capture", "--server", "127.0.0.1:1",
+                        "--jax", "http://127.0.0.1:2", "--duration-ms", "30000", "--timeout", "20", "--insecure"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "--timeout 20" in r.stderr
