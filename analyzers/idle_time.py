@@ -227,7 +227,9 @@ def _waiting_on_others(ev: HostEvents, main: int, waiting, idle) -> tuple[float,
         is_leaf = np.ones(len(idx), bool)
         is_leaf[parent[parent >= 0]] = False
         leaf[idx[is_leaf]] = True
-    working = leaf & ((cat == OTHER) | (cat == TRANSFER) | (cat == DISPATCH))
+    # a frame as long as half the trace is a thread's whole life (a server's serve()), not a task
+    task = (ev.end_ns - ev.start_ns) < max(1, ev.end_ns.max(initial=0) - ev.start_ns.min(initial=0)) // 2
+    working = leaf & task & ((cat == OTHER) | (cat == TRANSFER) | (cat == DISPATCH))
     if not working.any():
         return 0.0, ""
     when = intersect(intersect(waiting, idle), merge(ev.start_ns[working], ev.end_ns[working]))

@@ -41,6 +41,7 @@ PROFILER_NAME = re.compile(r"(?<![\w])(start_trace|stop_trace|_start_trace|_stop
 # (whole words: `threading.py:... run` is every thread's root, not a wait)
 WAITING_NAME = re.compile(r"(?:^|[\s.])(sleep|epoll_wait|select|poll|sched_yield|nanosleep|futex_wait|"
                           r"wait|wait_for|acquire|acquire_read|join|recv|recv_into|accept|dequeue)$|"
+                          r"::Timer::Run$|"
                           r"\$(queue|selectors|asyncio/[\w/]+|threading)\.py:\d+ (get|select|wait|acquire|join|"
                           r"_run_once|run_forever)$")
 

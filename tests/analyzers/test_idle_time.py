@@ -354,3 +354,21 @@ def test_a_handful_of_kernels_gets_a_low_confidence():
     b.launch(MAIN, 5_000_000, 10, 5_000_011, 5)
     s = _summary(b)
     assert s["confidence"] <= 0.3 and "too few" in s["summary"]
+
+
+@pytest.mark.parametrize("thread, frames", [
+    ("uvicorn", [(0, 2_000_000, "$server.py:60 serve")]),                    # one frame, the thread's whole life
+    ("grpc-timer", [(k * 10_000, 9_000, "grpc_core::Timer::Run") for k in range(200)]),
+])
+def test_background_threads_that_only_wait_are_not_work(thread, frames):
+    b, t = SpaceBuilder(), 0.0
+    for start, dur, name in frames:
+        b.host(thread, start, dur, name)
+    for _ in range(40):
+        for _ in range(5):
+            b.launch(MAIN, t, 10, t + 11, 100)
+            t += 111
+        b.host(MAIN, t, 45_000, "$queue.py:171 get")
+        t += 45_000
+    s = _summary(b)
+    assert s["verdict"] == "idle", s["summary"]
