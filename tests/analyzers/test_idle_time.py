@@ -309,19 +309,25 @@ def test_one_tiny_copy_does_not_make_device_waits_communication():
     assert _summary(b)["verdict"] == "idle"
 
 
-def test_a_server_thread_sitting_in_select_is_not_work():
-    """A serving loop that sleeps between requests, its HTTP thread parked in
-    serve_forever > select: idle, not 'waiting on other threads'."""
-    b, t = SpaceBuilder(), 0.0
-    b.host("http", 0, 2_000_000, "$socketserver.py:230 serve_forever")
-    b.host("http", 1, 1_999_990, "$selectors.py:451 select")
+def _bursts_between(b: SpaceBuilder, wait: str) -> SpaceBuilder:
+    """40 bursts of 5 kernels, the launching thread in `wait` for 45 ms between."""
+    t = 0.0
     for _ in range(40):
         for _ in range(5):
             b.launch(MAIN, t, 10, t + 11, 100)
             t += 111
-        b.host(MAIN, t, 45_000, "$time sleep")
+        b.host(MAIN, t, 45_000, wait)
         t += 45_000
-    s = _summary(b)
+    return b
+
+
+def test_a_server_thread_sitting_in_select_is_not_work():
+    """A serving loop that sleeps between requests, its HTTP thread parked in
+    serve_forever > select: idle, not 'waiting on other threads'."""
+    b = SpaceBuilder()
+    b.host("http", 0, 2_000_000, "$socketserver.py:230 serve_forever")
+    b.host("http", 1, 1_999_990, "$selectors.py:451 select")
+    s = _summary(_bursts_between(b, "$time sleep"))
     assert s["verdict"] == "idle", s["summary"]
 
 
@@ -361,14 +367,8 @@ def test_a_handful_of_kernels_gets_a_low_confidence():
     ("grpc-timer", [(k * 10_000, 9_000, "grpc_core::Timer::Run") for k in range(200)]),
 ])
 def test_background_threads_that_only_wait_are_not_work(thread, frames):
-    b, t = SpaceBuilder(), 0.0
+    b = SpaceBuilder()
     for start, dur, name in frames:
         b.host(thread, start, dur, name)
-    for _ in range(40):
-        for _ in range(5):
-            b.launch(MAIN, t, 10, t + 11, 100)
-            t += 111
-        b.host(MAIN, t, 45_000, "$queue.py:171 get")
-        t += 45_000
-    s = _summary(b)
+    s = _summary(_bursts_between(b, "$queue.py:171 get"))
     assert s["verdict"] == "idle", s["summary"]
