@@ -258,24 +258,34 @@ def _merged_union(x, y):
     return merge(np.concatenate([x[0], y[0]]), np.concatenate([x[1], y[1]]))
 
 
+def next_launch(trace: Trace, dev: DeviceTimeline, block_starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For blocks of device activity starting at `block_starts`: whether the
+    launch of each block's first activity is in the host trace (by
+    correlation id), and when it was issued."""
+    host = trace.host
+    known = np.zeros(len(block_starts), bool)
+    launch = np.full(len(block_starts), -1, np.int64)
+    if len(host.launch_correlation) and len(dev) and len(block_starts):
+        order = np.argsort(host.launch_correlation, kind="stable")
+        corr_sorted, launch_sorted = host.launch_correlation[order], host.launch_start_ns[order]
+        first = np.minimum(np.searchsorted(dev.start_ns, block_starts), len(dev) - 1)
+        nxt_corr = dev.correlation[first]
+        pos = np.minimum(np.searchsorted(corr_sorted, nxt_corr), len(corr_sorted) - 1)
+        known = (corr_sorted[pos] == nxt_corr) & (nxt_corr >= 0)
+        launch = launch_sorted[pos]
+    return known, launch
+
+
 def _by_launch(trace: Trace, dev: DeviceTimeline, active, idle):
     """Splits idle stretches by when the activity after them was launched:
     before the stretch began (the device waited), after (the host was late),
     or unknown (no correlation id, or no activity after it)."""
     a, b = idle
-    host = trace.host
-    nxt = np.searchsorted(active[0], b)                  # the block that ends each idle stretch
-    has_next = nxt < len(active[0])
-    launch = np.full(len(a), -1, np.int64)
-    known = np.zeros(len(a), bool)
-    if len(host.launch_correlation) and len(dev):
-        order = np.argsort(host.launch_correlation, kind="stable")
-        corr_sorted, launch_sorted = host.launch_correlation[order], host.launch_start_ns[order]
-        first = np.searchsorted(dev.start_ns, active[0][np.minimum(nxt, len(active[0]) - 1)])
-        nxt_corr = dev.correlation[np.minimum(first, len(dev) - 1)]
-        pos = np.minimum(np.searchsorted(corr_sorted, nxt_corr), len(corr_sorted) - 1)
-        known = has_next & (corr_sorted[pos] == nxt_corr) & (nxt_corr >= 0)
-        launch = launch_sorted[pos]
+    starts = active[0]
+    nxt = np.searchsorted(starts, b)                     # the block that ends each idle stretch
+    block = starts[np.minimum(nxt, len(starts) - 1)] if len(starts) else np.zeros(len(a), np.int64)
+    known, launch = next_launch(trace, dev, block)
+    known &= nxt < len(starts)
     waited = known & (launch < a - LATE_SLACK_NS)
     late = known & ~waited
     unknown = ~known

@@ -33,7 +33,7 @@ from gpuscope.collectors.intervals import intersect, length, merge
 from gpuscope.collectors.trace_model import (COLLECTIVE, KERNEL, KIND_NAMES, MEMCPY_D2D, MEMCPY_D2H, MEMCPY_H2D,
                                              MEMCPY_P2P, DeviceTimeline, Trace)
 
-from .idle_time import account
+from .idle_time import LATE_SLACK_NS, account, next_launch
 from .links import describe as describe_link, pcie_link
 from .roofline import Peaks, device_peaks, op_table
 from .rules.common import COMMUNICATION, COMPUTE, HOST, IDLE, LAUNCH, MEMORY
@@ -123,20 +123,8 @@ def _gaps(trace: Trace, dev: DeviceTimeline, active) -> dict:
                     host_caused_median_us=None)
     gap_start, gap_end = ends[:-1], starts[1:]
     gaps = gap_end - gap_start
-    host = trace.host
-    caused = np.zeros(len(gaps), bool)
-    known = np.zeros(len(gaps), bool)
-    if len(host.launch_correlation):
-        order = np.argsort(host.launch_correlation)
-        corr_sorted, launch_sorted = host.launch_correlation[order], host.launch_start_ns[order]
-        first_of_block = np.searchsorted(dev.start_ns, gap_end)   # first activity of each next block
-        nxt_corr = dev.correlation[np.minimum(first_of_block, len(dev) - 1)]
-        pos = np.searchsorted(corr_sorted, nxt_corr)
-        pos = np.minimum(pos, len(corr_sorted) - 1)
-        found = (corr_sorted[pos] == nxt_corr) & (nxt_corr >= 0)
-        launch = launch_sorted[pos]
-        known = found
-        caused = found & (launch >= gap_start - 1_000)       # launched after the GPU ran dry (1 µs slack)
+    known, launch = next_launch(trace, dev, gap_end)
+    caused = known & (launch >= gap_start - LATE_SLACK_NS)      # launched after the GPU ran dry
     total = float(gaps.sum())
     host_gaps = gaps[caused]
     return dict(count=int(len(gaps)), total_seconds=total / 1e9,
