@@ -321,12 +321,7 @@ class Store:
         if verdicts:
             where.append(f"verdict IN ({', '.join('?' * len(verdicts))})")
             args.extend(verdicts)
-        if start is not None:
-            where.append('coalesce("end", 1e300) >= ?')
-            args.append(start)
-        if end is not None:
-            where.append("start <= ?")
-            args.append(end)
+        _where_range(where, args, 'coalesce("end", 1e300)', "start", start, end)
         if open_only:
             where.append('"end" IS NULL')
         sql = "SELECT * FROM findings" + (" WHERE " + " AND ".join(where) if where else "")
@@ -501,12 +496,7 @@ class Store:
     def verdict_pairs(self, start: float | None = None, end: float | None = None, host: str = "") -> list[dict]:
         """(model, counters_verdict, trace_verdict, pairs) over [start, end]."""
         where, args = _where_host_gpu([], [], host, None)
-        if start is not None:
-            where.append("t >= ?")
-            args.append(start)
-        if end is not None:
-            where.append("t <= ?")
-            args.append(end)
+        _where_range(where, args, "t", "t", start, end)
         sql = ("SELECT coalesce(model, '') AS model, counters_verdict, trace_verdict, count(*) AS pairs "
                "FROM verdict_pairs" + (" WHERE " + " AND ".join(where) if where else "")
                + " GROUP BY ALL ORDER BY model, counters_verdict, trace_verdict")
@@ -577,6 +567,18 @@ def _arrow(names: Sequence[str], rows: Sequence[tuple]) -> pa.Table:
     # an all-None column has no type for Arrow to infer; DuckDB casts on insert
     return pa.table({n: pa.array(list(c), type=pa.null() if all(v is None for v in c) else None)
                      for n, c in zip(names, cols)})
+
+
+def _where_range(where: list[str], args: list, ends_col: str, starts_col: str, start: float | None,
+                 end: float | None) -> None:
+    """Rows overlapping [start, end]: those ending at or after `start` and
+    starting at or before `end` (a point in time is both its own ends)."""
+    if start is not None:
+        where.append(f"{ends_col} >= ?")
+        args.append(start)
+    if end is not None:
+        where.append(f"{starts_col} <= ?")
+        args.append(end)
 
 
 def _dicts(cur: Any) -> list[dict]:

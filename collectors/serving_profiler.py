@@ -239,8 +239,13 @@ def expected_seconds(duration_ms: int, stop_timeout_s: float = 60.0, start_timeo
                      margin_s: float = 15.0) -> float:
     """How long a serving capture may take before it answers: what a caller
     should give it (the CLI's deadline)."""
-    return start_timeout_s + duration_ms / 1e3 + max(stop_timeout_s, duration_ms / 1e3 * STOP_S_PER_CAPTURE_S) \
-        + margin_s
+    return start_timeout_s + duration_ms / 1e3 + stop_floor(duration_ms, stop_timeout_s) + margin_s
+
+
+def stop_floor(duration_ms: int, stop_timeout_s: float, s_per_capture_s: float = STOP_S_PER_CAPTURE_S) -> float:
+    """What a stop may take before anything is known of this engine: the
+    configured floor, or the duration scaled by what stops cost."""
+    return max(stop_timeout_s, duration_ms / 1e3 * s_per_capture_s)
 
 
 class TorchProfilerHttp:
@@ -259,7 +264,7 @@ class TorchProfilerHttp:
     def stop_deadline(self, duration_ms: int) -> float:
         """Seconds to wait for a stop: the configured floor, the duration
         scaled by what stops cost, and 1.5x this engine's last stop."""
-        return max(self.stop_timeout_s, duration_ms / 1e3 * self.stop_s_per_capture_s,
+        return max(stop_floor(duration_ms, self.stop_timeout_s, self.stop_s_per_capture_s),
                    1.5 * _STOP_SECONDS.get(self.base_url, 0.0))
 
     def capture(self, duration_ms: int, repository_root: Path, session_id: str, host_name: str = "gpuscope",
