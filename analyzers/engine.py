@@ -24,6 +24,7 @@ resend), queries fail, and the parent starts a new child on the same file.
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
 import multiprocessing as mp
 import queue
@@ -103,6 +104,24 @@ class _Pipe:
                 return
             if last:
                 return
+
+
+def _settle_on_loops(settle: list[tuple]) -> None:
+    """Resolves asyncio futures from another thread: one wake-up per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple]] = {}
+    for item in settle:
+        by_loop.setdefault(item[0].get_loop(), []).append(item)
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle, items)
+        except RuntimeError:          # the loop is closed: nobody waits for these
+            pass
+
+
+def _settle(items: list[tuple]) -> None:
+    for fut, ok, value in items:
+        if not fut.done():
+            (fut.set_result if ok else fut.set_exception)(value)
 
 
 # -- the child ---------------------------------------------------------------------------
@@ -359,18 +378,26 @@ class EngineClient:
                 bundle = conn.recv()
             except (EOFError, OSError):
                 break
+            settle: list[tuple] = []
             for msg in bundle:
-                self._handle(msg)
+                if msg[0] == "result":
+                    self._result(msg, settle)
+                else:
+                    self._handle(msg)
+            _settle_on_loops(settle)
         self._down(proc)
+
+    def _result(self, msg: tuple, settle: list[tuple]) -> None:
+        with self._lock:
+            fut = self._pending.pop(msg[1], None)
+        if isinstance(fut, asyncio.Future):
+            settle.append((fut, msg[2], msg[3]))
+        elif fut is not None and not fut.done():
+            (fut.set_result if msg[2] else fut.set_exception)(msg[3])
 
     def _handle(self, msg: tuple) -> None:
         kind = msg[0]
-        if kind == "result":
-            with self._lock:
-                fut = self._pending.pop(msg[1], None)
-            if fut is not None and not fut.done():
-                (fut.set_result if msg[2] else fut.set_exception)(msg[3])
-        elif kind == "event":
+        if kind == "event":
             self.events.publish(msg[1])
         elif kind == "command":
             cmd = apb.Command.FromString(msg[2])
@@ -387,9 +414,14 @@ class EngineClient:
         self._pipe.close()
         with self._lock:
             pending, self._pending = self._pending, {}
+        gone = EngineUnavailable("the analysis process stopped; resend later")
+        settle = []
         for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(EngineUnavailable("the analysis process stopped; resend later"))
+            if isinstance(fut, asyncio.Future):
+                settle.append((fut, False, gone))
+            elif not fut.done():
+                fut.set_exception(gone)
+        _settle_on_loops(settle)
         if self._closing:
             return
         proc.join(1)
@@ -414,10 +446,12 @@ class EngineClient:
         if self._up:
             self._pipe.put(msg)
 
-    def _request(self, msg_of: Callable[[int], tuple], rid: int | None = None) -> Future:
+    def _request(self, msg_of: Callable[[int], tuple], rid: int | None = None,
+                 loop: asyncio.AbstractEventLoop | None = None) -> Future | asyncio.Future:
         """Sends msg_of(rid); the future resolves with the child's answer to rid
-        (rid -1: drain and close, which answer once)."""
-        fut: Future = Future()
+        (rid -1: drain and close, which answer once). With `loop`, an asyncio
+        future of that loop."""
+        fut = loop.create_future() if loop is not None else Future()
         if not self._up:
             fut.set_exception(EngineUnavailable("the analysis process is restarting; resend later"))
             return fut
@@ -428,15 +462,21 @@ class EngineClient:
         return fut
 
     # -- what the servicer uses
-    def submit(self, batch: pb.SampleBatch) -> Future:
+    def submit(self, batch: pb.SampleBatch) -> Future | asyncio.Future:
         """Validate, decode, and hand to the child; raises BatchError (nothing
-        sent) for invalid input."""
+        sent) for invalid input. Called on an event loop, the future is one of
+        that loop: the reader thread then wakes the loop once per bundle of
+        answers, not once per batch."""
         try:
             decoded = decode(batch)
         except ValueError as exc:
             self.count_rejected(batch, str(exc))
             raise
-        return self._request(lambda rid: ("batch", rid, decoded))
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        return self._request(lambda rid: ("batch", rid, decoded), loop=loop)
 
     def count_rejected(self, batch: pb.SampleBatch | None, error: str) -> None:
         self._tell(("rejected", batch.host[:253] if batch is not None else "", batch.seq if batch is not None else 0,

@@ -99,6 +99,37 @@ class BatchError(ValueError):
 
 
 @dataclass
+class ProcessRows:
+    """A batch's process samples as columns. Plain lists and arrays, not an
+    Arrow table: a decoded batch crosses a pipe to the analysis process, and
+    pickling a table cost more than the rest of the batch together
+    (docs/benchmarks.md); the writer makes one table per commit group."""
+    host: str
+    gpu: np.ndarray                      # int32
+    t: np.ndarray                        # float64
+    pid: list[int]
+    used_memory_bytes: list[int | None]
+    cpu_cores: list[float | None]
+    command: list[str]                   # cleaned and redacted
+
+    @staticmethod
+    def table(rows: list["ProcessRows"]) -> pa.Table:
+        """The `processes` rows of several batches, in one table."""
+        def cat(name: str) -> list:
+            return [v for r in rows for v in getattr(r, name)]
+        return pa.table({
+            # typed: an untyped pa.array tries (and fails) to import dateutil, per call
+            "host": pa.array([r.host for r in rows for _ in r.pid], pa.string()),
+            "gpu": pa.array(np.concatenate([r.gpu for r in rows]), pa.int32()),
+            "t": pa.array(np.concatenate([r.t for r in rows]), pa.float64()),
+            "pid": pa.array(cat("pid"), pa.int64()),
+            "used_memory_bytes": pa.array(cat("used_memory_bytes"), pa.int64()),
+            "cpu_cores": pa.array(cat("cpu_cores"), pa.float64()),
+            "command": pa.array(cat("command"), pa.string()),
+        })
+
+
+@dataclass
 class DecodedBatch:
     host: str
     boot_id: str
@@ -108,7 +139,7 @@ class DecodedBatch:
     gpu: np.ndarray
     names: tuple[str, ...]                # the catalogue metrics the batch carries, in catalogue order
     values: np.ndarray                    # samples x names, float64, NaN = missing (valid values are finite)
-    processes: pa.Table | None
+    processes: ProcessRows | None
     devices: list[pb.Device]
     health: list[tuple]                   # rows for the health table
     dropped_samples: int = 0
@@ -413,7 +444,7 @@ def _process_columns(batch: pb.SampleBatch, n: int) -> tuple[list, ...] | None:
 
 
 def _processes(host: str, cols: tuple[list, ...] | None, t: np.ndarray,
-               gpu: np.ndarray) -> tuple[pa.Table | None, dict[int, str]]:
+               gpu: np.ndarray) -> tuple[ProcessRows | None, dict[int, str]]:
     if cols is None:
         return None, {}
     sample, pid, mem, cpu, raw = cols
@@ -428,17 +459,8 @@ def _processes(host: str, cols: tuple[list, ...] | None, t: np.ndarray,
         cur = job.get(g)
         if cur is None or ts > cur[0] or (ts == cur[0] and m > cur[1]):
             job[g] = (ts, m, f"pid:{p}" + (f" {command}" if command else ""))
-    table = pa.table({
-        # typed: an untyped pa.array tries (and fails) to import dateutil, per call
-        "host": pa.array([host] * len(pid), pa.string()),
-        "gpu": pa.array(g_rows, pa.int32()),
-        "t": pa.array(t_rows, pa.float64()),
-        "pid": pa.array(pid, pa.int64()),
-        "used_memory_bytes": pa.array(mem, pa.int64()),
-        "cpu_cores": pa.array(cpu, pa.float64()),
-        "command": pa.array(commands, pa.string()),
-    })
-    return table, {g: v[2] for g, v in job.items()}
+    rows = ProcessRows(host, g_rows, t_rows, pid, mem, cpu, commands)
+    return rows, {g: v[2] for g, v in job.items()}
 
 
 # -- captures ------------------------------------------------------------------------

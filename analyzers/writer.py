@@ -26,7 +26,7 @@ import structlog
 
 from .features import stack_columns
 from .flow import ByteBudget, take_queued
-from .ingest import METRIC_NAMES, DecodedBatch
+from .ingest import METRIC_NAMES, DecodedBatch, ProcessRows
 from .seqset import SeqSet
 from .store import Store, encode_ranges
 
@@ -241,7 +241,7 @@ class Writer:
             store.append("samples", samples_table(sampled))
         procs = [b.processes for b, _ in group if b.processes is not None]
         if procs:
-            store.append("processes", pa.concat_tables(procs))
+            store.append("processes", ProcessRows.table(procs))
         health = [h for b, _ in group for h in b.health]
         if health:
             store.insert_health(health)

@@ -172,7 +172,7 @@ def test_control_characters_in_a_command_are_shown_not_refused_and_redaction_see
 
 def test_processes_and_the_job_are_stored_redacted():
     d = decode(make_batch(command="python train.py --hf-token=hf_SECRET HF_TOKEN=hf_SECRET2 --lr 3e-4"), now=time.time())
-    commands = set(d.processes.column("command").to_pylist())
+    commands = set(d.processes.command)
     assert commands == {"python train.py --hf-token=<redacted> HF_TOKEN=<redacted> --lr 3e-4"}
     assert d.job[0] == "pid:4242 python train.py --hf-token=<redacted> HF_TOKEN=<redacted> --lr 3e-4"
     assert all("SECRET" not in j for j in d.job.values())

@@ -270,7 +270,7 @@ def _check_accepted(batch: pb.SampleBatch, d: ingest.DecodedBatch) -> None:
     assert table.column("gpu").to_pylist() == np.frombuffer(batch.gpu_u32le, "<u4").tolist()
     assert not np.isinf(d.values).any()          # missing is NaN (NULL when stored), a value is finite
     if d.processes is not None:
-        for command in d.processes.column("command").to_pylist():
+        for command in d.processes.command:
             assert SECRET not in command and len(command.encode()) <= ingest.MAX_COMMAND_BYTES
     assert all(SECRET not in job for job in d.job.values())
 
