@@ -47,6 +47,7 @@ from .links import pcie_link
 from .live import LiveWindows
 from .report import build_report
 from .retention import PassResult, Retention, RetentionConfig
+from .status import GpuRow, summarize as summarize_status
 from .store import FINDING_COLUMNS, Store, StoreConfig, finding_row
 from .trace_analysis import summarize
 from .trigger import Decision, TriggerConfig, TriggerPolicy
@@ -100,6 +101,9 @@ class Analyzer:
         self._names: dict[tuple[str, int], str] = {}
         self._lost: set[tuple[str, int]] = set()
         self._dirty: set[tuple[str, int]] = set()      # GPUs whose state changed since the last snapshot
+        self._status_dirty: set[tuple[str, int]] = set()   # ... since the last _publish_status
+        self.on_status: Callable[[list[GpuRow], dict], None] | None = None
+        self._hosts_heard_at, self._hosts_heard_n = -math.inf, 0
         self._snapshot_at = -math.inf
         last_windows = self._restore_gpus()
         self.findings = FindingsTracker(self.window_s, max_gap_s=self.stale_after_s)
@@ -108,6 +112,7 @@ class Analyzer:
         # what the store holds of each open finding: a change of these is written at once
         self._findings_stored = {f["id"]: (f["verdict"], f["decided_by"]) for f in self.findings.open.values()}
         self._samples_at_start, _ = self.store.sample_rows()
+        self._status_dirty = set(self.gpus)           # a mirror of a new process learns every GPU
         self._newest_seen: dict[str, float] = {}       # host -> newest sample time received
         self._first_window: dict[str, float] = {}      # host -> start of the first window received
         self._analysed: dict[str, float] = {}          # host -> start of the window of its newest analysed sample
@@ -249,14 +254,17 @@ class Analyzer:
         now = self._clock()
         for b in batches:
             for d in b.devices:
-                self._names[(b.host, d.gpu)] = d.name
+                key = (b.host, d.gpu)
+                if self._names.get(key) != d.name or (d.lost and key not in self._lost):
+                    self._status_dirty.add(key)
+                self._names[key] = d.name
                 if d.lost:
-                    self._lost.add((b.host, d.gpu))
+                    self._lost.add(key)
             for g, newest in self.live.add(b, now).items():
                 st = self._state(b.host, g)
                 st.last_sample = max(st.last_sample, newest)
                 st.last_arrival = now
-                self._dirty.add((b.host, g))
+                self._touch((b.host, g))
             if b.count:
                 ws = math.floor(float(b.t.max()) / self.window_s) * self.window_s
                 with self._lock:
@@ -267,6 +275,7 @@ class Analyzer:
             if health:
                 self._act_on(health)
         self._record(self.live.close_pending())
+        self._publish_status()
 
     def _state(self, host: str, gpu: int) -> GpuState:
         st = self.gpus.get((host, gpu))
@@ -284,7 +293,7 @@ class Analyzer:
             st = self._state(host, c.gpu)
             st.verdict, st.confidence, st.flags = c.verdict, c.confidence, tuple(c.flags)
             st.last_window_end = max(st.last_window_end or c.end, c.end)
-            self._dirty.add((host, c.gpu))
+            self._touch((host, c.gpu))
             judged[host] = max(judged.get(host, c.end), c.end)
             windows.append((host, c.gpu, c.start, c.end, c.verdict, c.confidence,
                             json.dumps(c.flags) if c.flags else "[]", c.summary))
@@ -348,7 +357,7 @@ class Analyzer:
     def _act_on(self, anomalies: list[Anomaly]) -> None:
         """Decide on each anomaly, send the captures, then store everything in
         one write: a storm of thousands of anomalies must not stall ingest."""
-        hosts_known = len(self._hosts_heard()) or 1
+        hosts_known = self._hosts_heard() or 1
         rows, decisions = [], []
         for a in anomalies:
             row = asdict(a)
@@ -411,6 +420,7 @@ class Analyzer:
             if f is not None:
                 row["finding_id"] = f["id"]
                 self._persist_findings([f])
+                self._status_dirty.update((record.host, g) for g in record.gpus)
             st.upsert_capture(row)
             pair = self._verdict_pair(record, verdict, confidence, f)
             if pair is not None:
@@ -460,6 +470,7 @@ class Analyzer:
                 heard = max(st.last_arrival if st is not None else 0.0, self.started)
                 if heard < now - self.stale_after_s:
                     closed.append(self.findings.close(key, reason=self._silence(key, st, now)))
+                    self._status_dirty.add(key)
             if closed:
                 self._persist_findings(closed)
                 self._log_findings(closed)
@@ -470,6 +481,7 @@ class Analyzer:
             if expired:
                 self._decided(expired)
             self._snapshot(now)
+            self._publish_status()
         return self.writer.call(run)
 
     def _silence(self, key: tuple[str, int], st: GpuState | None, now: float) -> str:
@@ -479,9 +491,16 @@ class Analyzer:
             return "agent went silent (not heard from since the analyzer restarted)"
         return f"agent went silent (no samples for {now - st.last_arrival:.0f} s)"
 
-    def _hosts_heard(self) -> set[str]:
-        horizon = self._clock() - self.stale_after_s
-        return {h for (h, _), st in list(self.gpus.items()) if st.last_arrival >= horizon}
+    def _hosts_heard(self) -> int:
+        """Hosts heard from within the staleness horizon, counted at most once
+        a second: a count walks every GPU of the fleet (16,000: ~4 ms), and
+        anomalies come every commit group once the detector has history."""
+        now = self._clock()
+        if not now - 1.0 < self._hosts_heard_at <= now:
+            horizon = now - self.stale_after_s
+            self._hosts_heard_n = len({h for (h, _), st in list(self.gpus.items()) if st.last_arrival >= horizon})
+            self._hosts_heard_at = now
+        return self._hosts_heard_n
 
     # -- retention --------------------------------------------------------------------------
     def _retention_job(self) -> None:
@@ -500,38 +519,43 @@ class Analyzer:
 
     # -- queries ----------------------------------------------------------------------------
     def status(self, host: str = "", gpu_limit: int | None = None) -> dict:
-        """Totals over the whole fleet; `gpus` lists the GPUs of `host` (all
-        when empty), ordered by host and index, at most `gpu_limit` (None:
-        all): a fleet's full list is thousands of entries, and this runs
-        beside ingest under one GIL."""
-        now = self._clock()
-        horizon = now - self.stale_after_s
-        host_fresh: dict[str, bool] = {}
-        stale_n = 0
+        """Totals over the whole fleet, and the GPUs of `host` (all when
+        empty), at most `gpu_limit` (None: all): see status.summarize."""
         items = list(self.gpus.items())       # list(): the writer thread may add a GPU
-        for (h, _), st in items:
-            fresh = bool(st.last_arrival) and st.last_arrival >= horizon
-            stale_n += not fresh
-            host_fresh[h] = host_fresh.get(h, False) or fresh
-        keys = sorted(k for k, _ in items if not host or k[0] == host)
-        matching = len(keys)
-        if gpu_limit is not None:
-            keys = keys[:gpu_limit]
-        gpus = []
-        for key in keys:
-            st = self.gpus[key]
-            f = self.findings.open.get(key)
-            age = now - st.last_arrival if st.last_arrival else None
-            gpus.append(dict(host=st.host, gpu=st.gpu, name=self._names.get(key, ""), verdict=st.verdict,
-                             confidence=st.confidence, flags=list(st.flags), last_sample=st.last_sample,
-                             open_finding=f["id"] if f else None, lost=key in self._lost,
-                             stale=age is None or age > self.stale_after_s, last_seen_age_s=age))
+        return summarize_status(((k, st.last_arrival) for k, st in items), self._row, self._totals(), self._clock(),
+                         host, gpu_limit)
+
+    def publish_status(self) -> Future:
+        """Publishes every GPU touched so far (a new mirror's first rows)."""
+        return self.writer.call(lambda _store: self._publish_status())
+
+    def _publish_status(self) -> None:
+        """Writer thread, after each commit group's analysis and each sweep:
+        the rows of the GPUs touched since, and the totals, to whoever keeps
+        a StatusMirror (the engine's parent process)."""
+        if self.on_status is None:
+            return
+        keys, self._status_dirty = self._status_dirty, set()
+        try:
+            self.on_status([self._row(k) for k in keys if k in self.gpus], self._totals())
+        except Exception:  # the mirror is a view: its failure must not stop analysis
+            log.exception("status not published")
+
+    def _touch(self, key: tuple[str, int]) -> None:
+        self._dirty.add(key)
+        self._status_dirty.add(key)
+
+    def _row(self, key: tuple[str, int]) -> GpuRow:
+        st = self.gpus[key]
+        f = self.findings.open.get(key)
+        return GpuRow(st.host, st.gpu, self._names.get(key, ""), st.verdict, st.confidence, st.flags,
+                      st.last_sample, st.last_arrival, f["id"] if f else None, key in self._lost)
+
+    def _totals(self) -> dict:
         w = self.writer
         return dict(started=self.started, batches_committed=w.batches, batches_duplicate=w.duplicates,
                     batches_rejected=self.rejected, samples_committed=w.samples,
                     samples_stored=self._samples_at_start + w.samples - self.retention.samples_deleted,
-                    hosts=len(host_fresh), hosts_stale=sum(1 for fresh in host_fresh.values() if not fresh),
-                    gpus=gpus, gpus_total=len(items), gpus_matching=matching, gpus_stale=stale_n,
                     stale_after_seconds=self.stale_after_s, analysis_lag_seconds=self.analysis_lag(),
                     findings_open=len(self.findings.open),
                     db_path=self.config.db_path, window_seconds=self.window_s, anomalies=self.anomalies_total,

@@ -42,6 +42,7 @@ from .commands import CommandHub
 from .events import EventBus, Watch
 from .flow import ByteBudget, take_queued
 from .ingest import decode
+from .status import StatusMirror
 from .writer import DEFAULT_QUEUE_BYTES, StoreUnavailable
 
 log = structlog.get_logger("gpuscope.engine")
@@ -171,6 +172,8 @@ class _Child:
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="engine-call")
         self._forwards: dict[str, Callable] = {}
         self._watch: int | None = None
+        analyzer.on_status = lambda rows, totals: self.send(("status", rows, totals))
+        analyzer.publish_status()
 
     def serve(self) -> None:
         while True:
@@ -335,6 +338,9 @@ class EngineClient:
         self.events = _Bus(lambda on: self._tell(("watch", on)))
         self.writer = _Writer()
         self.store = _Store(self)
+        self.mirror = StatusMirror()
+        # the child publishes after every commit group and every sweep (one a window)
+        self.mirror_max_age_s = 3 * config.window_s + 5.0
 
     # -- life of the child
     def start(self) -> None:
@@ -397,7 +403,9 @@ class EngineClient:
 
     def _handle(self, msg: tuple) -> None:
         kind = msg[0]
-        if kind == "event":
+        if kind == "status":
+            self.mirror.apply(msg[1], msg[2])
+        elif kind == "event":
             self.events.publish(msg[1])
         elif kind == "command":
             cmd = apb.Command.FromString(msg[2])
@@ -494,7 +502,11 @@ class EngineClient:
             raise EngineUnavailable(f"the analysis process did not answer within {timeout:g} s") from None
 
     def status(self, host: str = "", gpu_limit: int | None = None) -> dict:
-        return self.call("status", host, gpu_limit)
+        """Answered here, from the mirror of the child's state as of its last
+        commit group or sweep: the child's GIL belongs to its writer."""
+        if self.mirror.age() > self.mirror_max_age_s:     # none yet, or the child is stuck: ask it
+            return self.call("status", host, gpu_limit)
+        return self.mirror.status(time.time(), host, gpu_limit, agents_connected=len(self.commands.hosts))
 
     def list_findings(self, **query) -> list[dict]:
         return self.call("list_findings", **query)

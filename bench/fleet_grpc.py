@@ -44,6 +44,7 @@ import os
 import platform
 import random
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -436,7 +437,7 @@ def analyzer_cli_flags() -> set[str]:
 
 
 class AnalyzerProcess:
-    def __init__(self, workdir: Path, window: float, max_streams: int, tls_dir: str | None):
+    def __init__(self, workdir: Path, window: float, max_streams: int, tls_dir: str | None, extra: str = ""):
         self.port = free_port()
         self.target = f"127.0.0.1:{self.port}"
         flags = analyzer_cli_flags()
@@ -454,6 +455,7 @@ class AnalyzerProcess:
             cmd += ["--insecure"]
         else:
             self.notes.append("analyzer has no --insecure flag yet: started without it")
+        cmd += shlex.split(extra)
         self.cmd = cmd
         self.log_path = workdir / "analyzer.log"
         self._log = open(self.log_path, "wb")
@@ -769,7 +771,7 @@ def ramp(ns, workdir: Path) -> dict:
     if ns.tls:
         tls_dir = str(workdir / "tls")
         res["certs"] = make_certs(Path(tls_dir), max(steps))
-    an = AnalyzerProcess(workdir, ns.window, ns.max_streams or 2 * max(steps) + 200, tls_dir)
+    an = AnalyzerProcess(workdir, ns.window, ns.max_streams or 2 * max(steps) + 200, tls_dir, ns.analyzer_args)
     res["analyzer_cmd"] = " ".join(an.cmd[1:])
     res["notes"] = list(an.notes)
     gen = mon = None
@@ -855,7 +857,7 @@ def count_log(path: Path) -> dict:
 
 def connect_only(ns, workdir: Path) -> dict:
     n = ns.connect_only
-    an = AnalyzerProcess(workdir, ns.window, ns.max_streams or 2 * n + 200, None)
+    an = AnalyzerProcess(workdir, ns.window, ns.max_streams or 2 * n + 200, None, ns.analyzer_args)
     res: dict = dict(mode="connect-only", agents=n, send_one=not ns.send_nothing, analyzer_cmd=" ".join(an.cmd[1:]),
                      notes=list(an.notes))
     gen = mon = None
@@ -964,6 +966,8 @@ def main():
     ap.add_argument("--slow", type=int, default=1, metavar="N",
                     help="hold each recording row N seconds: phases (and verdicts) change N times less often")
     ap.add_argument("--tls", action="store_true", help="mutual TLS: `gpuscope certs`, one certificate per agent")
+    ap.add_argument("--analyzer-args", default="", metavar="ARGS",
+                    help="more `gpuscope analyzer` flags, e.g. '--memory-limit 256MB'")
     ap.add_argument("--profile", action="store_true", help="py-spy the analyzer in every step")
     ap.add_argument("--connect-only", type=int, default=0, metavar="N", help="N agents connect, send one batch, idle")
     ap.add_argument("--send-nothing", action="store_true", help="with --connect-only: open the streams only")

@@ -80,6 +80,8 @@ def test_a_stalled_child_cannot_stall_the_analyzer_or_its_stop(tmp_path):
             srv.analyzer._tell(("watch", bool(big)))       # never blocks the caller
             srv.analyzer._pipe.put(("rejected", "h", 1, big.decode()))
         assert time.monotonic() - t0 < 1.0
+        assert clients.status(srv.target)["gpus_total"] == 0     # answered here, from the mirror
+        srv.analyzer.mirror_max_age_s = 0.0                      # ... until the mirror is old: then asked
         with pytest.raises(clients.ClientError) as err:
             clients.status(srv.target)
         assert "did not answer" in str(err.value)

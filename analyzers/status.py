@@ -1,0 +1,96 @@
+"""The analyzer's status (what `GetStatus` answers), from one row per GPU and
+the analyzer's totals.
+
+Two places answer it: the Analyzer itself (one process), and, when the
+analysis runs in a process of its own, the gRPC process from a mirror that
+the analysis process keeps current (StatusMirror). Why a mirror: a fleet's
+analysis process is a whole core of Python at 2,000 agents, and a status
+answered there waited for its writer thread's GIL (0.7-0.9 s at p95,
+docs/benchmarks.md); the gRPC process has the slack, and the rows that
+changed cost the analysis process a few milliseconds a second to send.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Callable, Iterable, NamedTuple
+
+Key = tuple[str, int]
+
+class GpuRow(NamedTuple):
+    host: str
+    gpu: int
+    name: str
+    verdict: str
+    confidence: float
+    flags: tuple[str, ...]
+    last_sample: float            # sample time (the agent's clock); 0: none
+    last_arrival: float           # the analyzer's clock; 0: never heard from
+    open_finding: str | None
+    lost: bool
+
+
+def summarize(arrivals: Iterable[tuple[Key, float]], row_of: Callable[[Key], GpuRow], totals: dict,
+              now: float, host: str = "", gpu_limit: int | None = None) -> dict:
+    """The status: fleet counts over every GPU (`arrivals`: each GPU's last
+    arrival), and the GPUs of `host` (all when empty) ordered by host and
+    index, at most `gpu_limit` (None: all) — a fleet's full list is
+    thousands of entries."""
+    stale_after_s = totals["stale_after_seconds"]
+    horizon = now - stale_after_s
+    host_fresh: dict[str, bool] = {}
+    stale_n = total = 0
+    keys = []
+    for key, last in arrivals:
+        fresh = bool(last) and last >= horizon
+        total += 1
+        stale_n += not fresh
+        host_fresh[key[0]] = host_fresh.get(key[0], False) or fresh
+        if not host or key[0] == host:
+            keys.append(key)
+    keys.sort()
+    matching = len(keys)
+    if gpu_limit is not None:
+        keys = keys[:gpu_limit]
+    gpus = []
+    for key in keys:
+        r = row_of(key)
+        age = now - r.last_arrival if r.last_arrival else None
+        gpus.append(dict(host=r.host, gpu=r.gpu, name=r.name, verdict=r.verdict, confidence=r.confidence,
+                         flags=list(r.flags), last_sample=r.last_sample, open_finding=r.open_finding, lost=r.lost,
+                         stale=age is None or age > stale_after_s, last_seen_age_s=age))
+    return dict(totals, hosts=len(host_fresh), hosts_stale=sum(1 for fresh in host_fresh.values() if not fresh),
+                gpus=gpus, gpus_total=total, gpus_matching=matching, gpus_stale=stale_n)
+
+
+class StatusMirror:
+    """The analysis process's GPU rows and totals, as last published: the
+    rows a commit group's analysis or a sweep touched come after it. GPUs are never forgotten by the
+    analyzer, so a row is only ever added or replaced."""
+
+    def __init__(self) -> None:
+        self._rows: dict[Key, GpuRow] = {}
+        self._totals: dict | None = None
+        self._at = -math.inf               # monotonic time of the last publication
+        self._lock = threading.Lock()
+
+    def age(self) -> float:
+        """Seconds since the last publication (inf: none yet)."""
+        return time.monotonic() - self._at
+
+    def apply(self, rows: list[GpuRow], totals: dict) -> None:
+        with self._lock:
+            for r in rows:
+                self._rows[(r.host, r.gpu)] = r
+            self._totals = totals
+            self._at = time.monotonic()
+
+    def status(self, now: float, host: str = "", gpu_limit: int | None = None, **fresher) -> dict:
+        """`fresher`: totals this process knows better (who is connected)."""
+        with self._lock:
+            rows, totals = dict(self._rows), self._totals
+        if totals is None:
+            raise LookupError("nothing published yet")
+        return summarize(((k, r.last_arrival) for k, r in rows.items()), rows.__getitem__, {**totals, **fresher},
+                         now, host, gpu_limit)

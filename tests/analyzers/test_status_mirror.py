@@ -1,0 +1,63 @@
+"""GetStatus answered by the gRPC process from a mirror of the analysis
+process's state (analyzers/status.py): it must say what the analysis
+process itself would say."""
+import time
+
+import pytest
+
+from gpuscope.analyzers.status import GpuRow, StatusMirror
+from tests.analyzers.test_lifecycle import COMPUTE, MEMORY, _batch
+from tests.helpers import AnalyzerServer, wait_for
+
+TIMING = ("last_seen_age_s", "analysis_lag_seconds")
+
+
+def _without_timing(status: dict) -> dict:
+    out = {k: v for k, v in status.items() if k not in TIMING}
+    out["gpus"] = [{k: v for k, v in g.items() if k not in TIMING} for g in status["gpus"]]
+    return out
+
+
+def test_the_mirror_answers_what_the_analysis_process_would(tmp_path):
+    srv = AnalyzerServer(tmp_path / "m.duckdb", engine=True, window_s=1.0)
+    engine = srv.analyzer
+    try:
+        t0 = int(time.time()) - 20
+        for s in range(6):     # windows close, verdicts and findings open
+            for host, gpus in (("host-b", {0: MEMORY, 1: COMPUTE}), ("host-a", {0: COMPUTE, 3: MEMORY})):
+                assert engine.submit(_batch(host, "boot-1", s + 1, t0 + s, gpus)).result(timeout=10) == "committed"
+        wait_for(lambda: engine.status()["gpus_total"] == 4 and all(g["verdict"] for g in engine.status()["gpus"]),
+                 timeout=15)
+        wait_for(lambda: _without_timing(engine.status()) == _without_timing(engine.call("status", "", None)),
+                 timeout=10)
+        mirrored = engine.status("host-a", 1)
+        assert _without_timing(mirrored) == _without_timing(engine.call("status", "host-a", 1))
+        assert [(g["host"], g["gpu"]) for g in mirrored["gpus"]] == [("host-a", 0)]
+        assert mirrored["gpus_matching"] == 2 and mirrored["hosts"] == 2
+        assert engine.status()["findings_open"] >= 1
+        assert any(g["open_finding"] for g in engine.status()["gpus"])
+    finally:
+        srv.stop()
+
+
+def _row(host: str, gpu: int, verdict: str = "compute_bound", arrival: float = 0.0) -> GpuRow:
+    return GpuRow(host, gpu, "NVIDIA H200", verdict, 0.9, ("x",), arrival - 1, arrival, None, False)
+
+
+def test_rows_are_replaced_and_staleness_is_judged_when_asked():
+    m = StatusMirror()
+    assert m.age() == float("inf")
+    with pytest.raises(LookupError):
+        m.status(time.time())
+    now = time.time()
+    totals = dict(stale_after_seconds=15.0, agents_connected=1, findings_open=0)
+    m.apply([_row("h1", 0, arrival=now), _row("h2", 0, arrival=now - 60)], totals)
+    m.apply([_row("h1", 0, "memory_bound", arrival=now)], totals)     # only what changed comes again
+    s = m.status(now, agents_connected=2)
+    assert s["agents_connected"] == 2                  # what this process knows better wins
+    assert [(g["host"], g["verdict"], g["stale"]) for g in s["gpus"]] == [
+        ("h1", "memory_bound", False), ("h2", "compute_bound", True)]
+    assert (s["hosts"], s["hosts_stale"], s["gpus_total"], s["gpus_stale"]) == (2, 1, 2, 1)
+    later = m.status(now + 30)                         # nothing new published: ages grow all the same
+    assert later["gpus_stale"] == 2 and later["gpus"][0]["last_seen_age_s"] == pytest.approx(30)
+    assert m.age() < 5
