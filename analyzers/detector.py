@@ -15,6 +15,14 @@ windows (5 min by default) once `warmup_windows` of them exist:
 - host-starved-rise: the "starved by the host" score rises above its
   baseline median by `starved_rise_abs` for `confirm_windows` windows;
 - throttle: a power-capped or thermal-throttled flag the baseline rarely had;
+- serving (a GPU running vLLM, SGLang or TensorRT-LLM, from its /metrics):
+  serving-latency when TTFT or ITL p99 rises to `latency_rise_ratio` x the
+  baseline median and by at least `latency_rise_abs_s`; serving-queue when
+  waiting requests reach max(`queue_min`, `queue_rise_ratio` x the
+  baseline median); serving-kv-cache when the KV cache is at least
+  `kv_cache_full` used while requests wait; serving-preemption when
+  preemptions start on an engine whose baseline had none — each for
+  `confirm_windows` windows, and each able to trigger a capture;
 - xid / ecc / gpu-lost: health events, at once (no debounce: they are facts).
 
 An anomaly fires once per episode: it re-arms when the window is back to the
@@ -35,7 +43,9 @@ from .rules.common import HOST, IDLE, LAUNCH, activity, starved
 from .rules.transitional import TRANSITIONAL
 
 BOTTLENECK, ACTIVITY_DROP, STARVED_RISE, THROTTLE = "bottleneck-changed", "activity-drop", "host-starved-rise", "throttle"
-DEEP_KINDS = (BOTTLENECK, ACTIVITY_DROP, STARVED_RISE)
+SERVING_LATENCY, SERVING_QUEUE, SERVING_KV, SERVING_PREEMPTION = (
+    "serving-latency", "serving-queue", "serving-kv-cache", "serving-preemption")
+DEEP_KINDS = (BOTTLENECK, ACTIVITY_DROP, STARVED_RISE, SERVING_LATENCY, SERVING_QUEUE, SERVING_KV, SERVING_PREEMPTION)
 # Counters cannot reliably tell launch-bound from host-bound (each names the
 # other as its alternative), so a flip between them is no change of bottleneck.
 FAMILY = {LAUNCH: "starved by the host", HOST: "starved by the host"}
@@ -57,6 +67,11 @@ class DetectorConfig:
     busy_baseline: float = 0.30         # a drop only matters from a GPU that was doing work
     starved_rise_abs: float = 0.50      # half the "starved" scale: host suddenly feeding a waiting GPU
     rare_flag_rate: float = 0.20        # a flag seen in under 20 % of the baseline is new
+    latency_rise_ratio: float = 3.0     # TTFT / ITL p99 at 3x its usual: users feel it; jitter does not reach it
+    latency_rise_abs_s: float = 0.05    # ... and 50 ms more: a 2 -> 6 ms ITL is noise, not an incident
+    queue_min: float = 10.0             # waiting requests: a few always queue between steps
+    queue_rise_ratio: float = 4.0
+    kv_cache_full: float = 0.95         # vLLM preempts from ~100 %; 95 % with a queue is already refusing work
 
 
 @dataclass
@@ -79,6 +94,12 @@ class _Point:
     activity: float | None
     starved: float
     flags: tuple[str, ...]
+    serving: dict[str, float] | None = None
+
+
+# the serving numbers a baseline keeps (evidence keys, analyzers/features.py)
+SERVING_BASELINE = ("serving_ttft_p99_seconds", "serving_itl_p99_seconds", "serving_requests_waiting",
+                    "serving_preemptions_per_second")
 
 
 _FLAG_SETS: dict[tuple[str, ...], tuple[str, ...]] = {}
@@ -88,7 +109,7 @@ class _History:
     """A GPU's baseline, the last `size` windows, kept in columns: as a
     deque of window objects a full baseline of 60 cost 11.9 KB (190 MB for
     16,000 GPUs, reached five minutes after start); in columns 2.4 KB."""
-    __slots__ = ("size", "verdict", "activity", "starved", "flags")
+    __slots__ = ("size", "verdict", "activity", "starved", "flags", "serving")
 
     def __init__(self, size: int):
         self.size = size
@@ -96,6 +117,7 @@ class _History:
         self.activity = array("d")          # NaN: no activity signal in that window
         self.starved = array("d")
         self.flags: list[tuple[str, ...]] = []
+        self.serving: dict[str, array] | None = None     # SERVING_BASELINE columns, once an engine was seen
 
     def __len__(self) -> int:
         return len(self.verdict)
@@ -110,8 +132,23 @@ class _History:
         self.activity.append(math.nan if p.activity is None else p.activity)
         self.starved.append(p.starved)
         self.flags.append(flags)
+        if p.serving is not None and self.serving is None:      # NaN for the windows before the engine
+            self.serving = {k: array("d", [math.nan] * (len(self.verdict) - 1)) for k in SERVING_BASELINE}
+        if self.serving is not None:
+            for k, col in self.serving.items():
+                v = (p.serving or {}).get(k)
+                col.append(math.nan if v is None else v)
         if len(self.verdict) > self.size:
             del self.verdict[0], self.activity[0], self.starved[0], self.flags[0]
+            if self.serving is not None:
+                for col in self.serving.values():
+                    del col[0]
+
+    def usual(self, k: str) -> tuple[float, int]:
+        """Median of a serving number over the baseline's windows that had it, and how many had it."""
+        col = self.serving.get(k) if self.serving is not None else None
+        known = [x for x in col if x == x] if col is not None else []
+        return (statistics.median(known) if known else math.nan), len(known)
 
 
 class _GpuState:
@@ -145,7 +182,8 @@ class Detector:
         if st is None or (job_key and st.job and job_key != st.job):
             st = self._gpus[(host, c.gpu)] = _GpuState(cfg.baseline_windows)
         st.job = job_key or st.job
-        point = _Point(c.verdict, act, starv, tuple(c.flags))
+        serving = {k: c.evidence[k] for k in SERVING_BASELINE if k in c.evidence} or None
+        point = _Point(c.verdict, act, starv, tuple(c.flags), serving)
         anomaly = None
         if len(st.history) >= cfg.warmup_windows:
             anomaly = self._compare(host, c, st, point, job, finding_id)
@@ -204,6 +242,9 @@ class Detector:
         for key in [k for k in st.fired if k.startswith(THROTTLE) and k.split(":", 1)[1] not in p.flags]:
             st.fired.discard(key)
 
+        if p.serving is not None:
+            self._serving(st, c, p, hits)
+
         fresh = {k: v for k, v in hits.items() if k not in st.fired}
         st.fired.update(fresh)
         if not fresh:
@@ -215,6 +256,45 @@ class Detector:
         return Anomaly(id=uuid.uuid4().hex[:12], t=c.end, host=host, gpu=c.gpu, job=job, kind=kinds[0],
                        kinds=kinds, reason="; ".join(r for r, _ in fresh.values()), details=details,
                        finding_id=finding_id)
+
+    def _serving(self, st: _GpuState, c: Classification, p: _Point, hits: dict) -> None:
+        """The serving engine's own regressions against its baseline."""
+        cfg, now, base = self.config, p.serving, st.history
+        for key, words in (("serving_ttft_p99_seconds", "TTFT"), ("serving_itl_p99_seconds", "ITL")):
+            v = now.get(key)
+            usual, n = base.usual(key)
+            if v is None or n < cfg.warmup_windows:
+                continue
+            rose = v >= cfg.latency_rise_ratio * usual and v - usual >= cfg.latency_rise_abs_s
+            name = f"{SERVING_LATENCY}:{words}"
+            self._streak(st, name, rose, recovered=v < (1 + cfg.latency_rise_ratio) / 2 * usual)
+            if rose and st.streak[name] >= cfg.confirm_windows:
+                hits[name] = (f"{words} p99 {v * 1e3:.0f} ms against a usual {usual * 1e3:.0f} ms "
+                              f"({v / usual if usual > 0 else math.inf:.1f}x)",
+                              {f"{key}": v, f"baseline_{key}": usual})
+        waiting = now.get("serving_requests_waiting")
+        usual, n = base.usual("serving_requests_waiting")
+        if waiting is not None and n >= cfg.warmup_windows:
+            grew = waiting >= max(cfg.queue_min, cfg.queue_rise_ratio * usual)
+            self._streak(st, SERVING_QUEUE, grew, recovered=waiting < max(cfg.queue_min, 2 * usual) / 2)
+            if grew and st.streak[SERVING_QUEUE] >= cfg.confirm_windows:
+                hits[SERVING_QUEUE] = (f"{waiting:.0f} requests waiting against a usual {usual:.0f}",
+                                       {"serving_requests_waiting": waiting, "baseline_requests_waiting": usual})
+        kv = c.evidence.get("serving_kv_cache_usage_ratio")
+        if kv is not None:
+            full = kv >= cfg.kv_cache_full and (waiting or 0) > 0
+            self._streak(st, SERVING_KV, full, recovered=kv < cfg.kv_cache_full - 0.1 or not waiting)
+            if full and st.streak[SERVING_KV] >= cfg.confirm_windows:
+                hits[SERVING_KV] = (f"KV cache {kv:.0%} full with {waiting:.0f} requests waiting",
+                                    {"serving_kv_cache_usage_ratio": kv, "serving_requests_waiting": waiting})
+        pre = now.get("serving_preemptions_per_second")
+        usual, n = base.usual("serving_preemptions_per_second")
+        if pre is not None and n >= cfg.warmup_windows:
+            began = pre > 0 and usual == 0
+            self._streak(st, SERVING_PREEMPTION, began, recovered=pre == 0)
+            if began and st.streak[SERVING_PREEMPTION] >= cfg.confirm_windows:
+                hits[SERVING_PREEMPTION] = (f"{pre:.2g} preemptions/s on an engine that had none",
+                                            {"serving_preemptions_per_second": pre})
 
     @staticmethod
     def _streak(st: _GpuState, key: str, hit: bool, recovered: bool) -> None:

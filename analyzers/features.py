@@ -102,7 +102,9 @@ FEATURES = ("util_gpu_ratio", "util_mem_ratio", "sm_util_ratio", "sm_occupancy_r
             "pcie_bytes_per_second", "nvlink_bytes_per_second", "interconnect_bytes_per_second",
             "pcie_link_util_ratio", "power_watts", "power_limit_ratio", "sm_clock_hertz",
             "power_capped_time_ratio", "thermal_throttled_time_ratio", "power_reason_sample_ratio",
-            "thermal_reason_sample_ratio", "activity_shift_ratio")
+            "thermal_reason_sample_ratio", "activity_shift_ratio",
+            # the serving engine on the GPU, when there is one: window means of what its /metrics gave
+            *cat.SERVING)
 FEATURE_INDEX = {n: i for i, n in enumerate(FEATURES)}
 
 
@@ -251,6 +253,8 @@ def feature_matrix(s: Stack) -> np.ndarray:
     f["power_reason_sample_ratio"] = x.bits_fraction(POWER_REASONS)
     f["thermal_reason_sample_ratio"] = x.bits_fraction(THERMAL_REASONS)
     f["activity_shift_ratio"] = x.activity_shift()
+    for name in cat.SERVING:
+        f[name] = x.mean(name)
     m = np.column_stack([f[n] for n in FEATURES]) if x.k else np.empty((0, len(FEATURES)))
     return np.round(m, EVIDENCE_DECIMALS)
 

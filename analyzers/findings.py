@@ -30,6 +30,7 @@ from .classify import Classification
 from .detector import family
 from .rules.common import IDLE
 from .rules.transitional import TRANSITIONAL
+from .serving import SERVING_WORDS
 
 TRACE_DECIDES_AT = 0.5      # a trace verdict below this confidence is recorded, not adopted
 
@@ -40,8 +41,12 @@ class FindingsTracker:
         self.max_gap_s = max_gap_s       # None: a gap never closes a finding by itself
         self.open: dict[tuple[str, int], dict] = {}
         self._sums: dict[str, dict[str, float]] = {}
+        # windows of a finding that lacked a number its others have (a serving engine's /metrics,
+        # scraped once a window, can miss one): its mean is over the windows that had it
+        self._missing: dict[str, dict[str, int]] = {}
         self._votes: dict[str, collections.Counter] = {}
         self._first_summary: dict[str, str] = {}      # the opening window's words, under any split prefix
+        self._serving: dict[str, str] = {}            # the newest window's serving words (analyzers/serving.py)
 
     def load(self, rows: list[dict], last_window_ends: dict[tuple[str, int], float] | None = None) -> None:
         """Resume the findings left open by a previous run of the analyzer.
@@ -58,7 +63,7 @@ class FindingsTracker:
             self.open[key] = f
             self._sums[f["id"]] = {k: v * f["windows"] for k, v in f["evidence"].items()}
             self._votes[f["id"]] = collections.Counter({f["counters_verdict"]: f["windows"]})
-            self._first_summary[f["id"]] = f["summary"] or ""
+            self._first_summary[f["id"]], self._serving[f["id"]] = _split_serving(f["summary"] or "")
 
     def observe(self, host: str, c: Classification, job: str) -> list[dict]:
         """Returns the findings that changed (closed, opened or extended).
@@ -78,6 +83,12 @@ class FindingsTracker:
         if cur is not None and family(cur["counters_verdict"]) == family(c.verdict):
             n = cur["windows"] + 1
             sums = self._sums[cur["id"]]
+            if sums.keys() != c.evidence.keys():
+                missing = self._missing.setdefault(cur["id"], {})
+                for k in sums.keys() - c.evidence.keys():
+                    missing[k] = missing.get(k, 0) + 1
+                for k in c.evidence.keys() - sums.keys():
+                    missing[k] = n - 1
             for k, v in c.evidence.items():
                 sums[k] = sums.get(k, 0.0) + v
             votes = self._votes.setdefault(cur["id"], collections.Counter())
@@ -93,7 +104,11 @@ class FindingsTracker:
                 cur["verdict"] = majority
                 if majority != c.verdict or len(votes) > 1:
                     cur["alternatives"] = sorted(set(votes) - {majority}) or cur["alternatives"]
-                cur["summary"] = _split_words(votes, n) + self._first_summary.get(cur["id"], "")
+                serving = _split_serving(c.summary)[1]
+                if serving:                # what the engine does now, not when the episode began
+                    self._serving[cur["id"]] = serving
+                cur["summary"] = (_split_words(votes, n) + self._first_summary.get(cur["id"], "")
+                                  + self._serving.get(cur["id"], ""))
             return [cur]
         if cur is not None:
             changed.append(self.close(key, reason="GPU went idle" if c.verdict == IDLE else f"became {c.verdict}"))
@@ -104,7 +119,7 @@ class FindingsTracker:
                      alternatives=list(c.alternatives), decided_by="counters", counters_verdict=c.verdict,
                      trace_verdict=None, captures=[], last_window_end=c.end)
             self.open[key] = f
-            self._first_summary[f["id"]] = c.summary
+            self._first_summary[f["id"]], self._serving[f["id"]] = _split_serving(c.summary)
             self._sums[f["id"]] = dict(c.evidence)
             self._votes[f["id"]] = collections.Counter({c.verdict: 1})
             changed.append(f)
@@ -118,7 +133,12 @@ class FindingsTracker:
             return f["evidence"]
         sums = dict(sums)
         n = f["windows"]
-        out = {k: round(v / n, 6) for k, v in sums.items()}
+        missing = self._missing.get(f["id"])
+        if missing:
+            missing = dict(missing)
+            out = {k: round(v / max(n - missing.get(k, 0), 1), 6) for k, v in sums.items()}
+        else:
+            out = {k: round(v / n, 6) for k, v in sums.items()}
         votes = self._votes.get(f["id"])
         if votes:
             out["verdict_share"] = round(votes[f["counters_verdict"]] / max(sum(votes.values()), 1), 3)
@@ -141,8 +161,10 @@ class FindingsTracker:
         appended to its summary."""
         f = self.current(self.open.pop(key))
         self._sums.pop(f["id"], None)
+        self._missing.pop(f["id"], None)
         self._votes.pop(f["id"], None)
         self._first_summary.pop(f["id"], None)
+        self._serving.pop(f["id"], None)
         f["end"] = max(self.last_end(f) if end is None else end, f["start"])
         if reason:
             f["ended_because"] = reason
@@ -184,3 +206,9 @@ def _split_words(votes: collections.Counter, n: int) -> str:
     names = " or ".join(v.replace("-bound", "") for v, _ in ranked[:2])
     counts = ", ".join(f"{v} in {k} of {n} windows" for v, k in ranked)
     return f"{names}-bound ({counts}): counters cannot tell them apart, a capture decides; "
+
+
+def _split_serving(summary: str) -> tuple[str, str]:
+    """(the verdict's words, the serving engine's words) of a summary."""
+    i = summary.find(SERVING_WORDS)
+    return (summary, "") if i < 0 else (summary[:i], summary[i:])

@@ -60,7 +60,7 @@ RATIO_CEILING = 1.5              # GPM ratios may overshoot 1 a little; 1.5 is g
 # spare: a value past it is a unit or encoding bug (1e308 W), and it would
 # poison every mean it enters. Counters only must fit SQL's BIGINT.
 PLAUSIBLE_MAX = {"watts": 1e5, "hertz": 1e11, "celsius": 1e3, "bytes": 1e15, "bytes/s": 1e14,
-                 "cores": 1e5, "count": 1e9, "bitmask": 2.0 ** 64}
+                 "cores": 1e5, "count": 1e9, "bitmask": 2.0 ** 64, "1/s": 1e12, "seconds": 1e7}
 COUNTER_MAX = 2.0 ** 63
 
 

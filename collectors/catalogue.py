@@ -78,9 +78,25 @@ METRICS: tuple[Metric, ...] = (
     _m("gpm_pcie_rx_bytes_per_second", "bytes/s", G, "GPM: PCIe bytes/s into the GPU", "MiB/s", MIB, "gpm_pcie_rx_per_sec"),
     _m("gpm_nvlink_tx_bytes_per_second", "bytes/s", G, "GPM: NVLink bytes/s out of the GPU", "MiB/s", MIB, "gpm_nvlink_tx_per_sec"),
     _m("gpm_nvlink_rx_bytes_per_second", "bytes/s", G, "GPM: NVLink bytes/s into the GPU", "MiB/s", MIB, "gpm_nvlink_rx_per_sec"),
+    # The serving engine (vLLM, SGLang, TensorRT-LLM) that runs on the GPU, from its /metrics
+    # (collectors/serving_metrics.py): every GPU of an engine carries the engine's numbers.
+    _m("serving_requests_running", "count", G, "serving engine: requests running (all its engines)", "count"),
+    _m("serving_requests_waiting", "count", G, "serving engine: requests waiting in its queue", "count"),
+    _m("serving_kv_cache_usage_ratio", "ratio", R, "serving engine: KV-cache blocks in use / total (fullest engine)", "ratio"),
+    _m("serving_requests_per_second", "1/s", G, "serving engine: requests finished per second", "1/s"),
+    _m("serving_prompt_tokens_per_second", "1/s", G, "serving engine: prompt tokens processed per second", "1/s"),
+    _m("serving_generation_tokens_per_second", "1/s", G, "serving engine: tokens generated per second", "1/s"),
+    _m("serving_preemptions_per_second", "1/s", G, "serving engine: preemptions (SGLang: retractions) per second", "1/s"),
+    _m("serving_ttft_p50_seconds", "seconds", G, "serving engine: time to first token, median of the interval", "s"),
+    _m("serving_ttft_p99_seconds", "seconds", G, "serving engine: time to first token, 99th percentile of the interval", "s"),
+    _m("serving_itl_p50_seconds", "seconds", G, "serving engine: inter-token latency, median of the interval", "s"),
+    _m("serving_itl_p99_seconds", "seconds", G, "serving engine: inter-token latency, 99th percentile of the interval", "s"),
+    _m("serving_queue_time_p99_seconds", "seconds", G, "serving engine: time requests waited in the queue, 99th percentile", "s"),
+    _m("serving_e2e_p99_seconds", "seconds", G, "serving engine: request latency end to end, 99th percentile", "s"),
 )
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+SERVING: tuple[str, ...] = tuple(m.name for m in METRICS if m.name.startswith("serving_"))
 BY_CSV: dict[str, Metric] = {m.csv: m for m in METRICS if m.csv}
 NAMES: tuple[str, ...] = tuple(m.name for m in METRICS)
 

@@ -47,6 +47,7 @@ class AgentConfig:
     interval_s: float = 1.0
     slow_interval_s: float = 10.0
     ring_seconds: float = 600.0
+    serving_interval_s: float = 5.0       # serving engines' /metrics (0: never)
 
 
 class Agent:
@@ -72,6 +73,7 @@ class Agent:
         self.health: collections.deque[HealthRecord] = collections.deque(maxlen=256)
         self.captures: CaptureRunner | None = None
         self.discovery = None                       # collectors.jobs.JobDiscovery
+        self.serving = None                         # collectors.serving_sampler.ServingSampler
         self.capture_reporter: Callable[[CaptureRecord, bytes], None] | None = None
         self._burst_until = 0.0                          # sample at BURST_INTERVAL_S until then
 
@@ -92,6 +94,9 @@ class Agent:
         self._scheduler = BackgroundScheduler(daemon=True)
         self._scheduler.add_job(self._slow_tick, "interval", seconds=self.config.slow_interval_s,
                                 max_instances=1, coalesce=True, id="slow-scrape")
+        if self.serving is not None and self.config.serving_interval_s > 0:
+            self._scheduler.add_job(self._serving_tick, "interval", seconds=self.config.serving_interval_s,
+                                    max_instances=1, coalesce=True, id="serving-scrape")
         self._scheduler.start()
         self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
         self._thread.start()
@@ -123,6 +128,13 @@ class Agent:
         except Exception as exc:  # top of a loop that must survive
             self._count_error(f"slow scrape: {type(exc).__name__}: {exc}")
             log.exception("slow scrape failed", host=self.config.host)
+
+    def _serving_tick(self) -> None:
+        try:
+            self._handle(self.serving.scrape())
+        except Exception as exc:  # top of a loop that must survive
+            self._count_error(f"serving scrape: {type(exc).__name__}: {exc}")
+            log.exception("serving scrape failed", host=self.config.host)
 
     def _handle(self, scrape: Scrape) -> None:
         if scrape.samples:
@@ -291,5 +303,7 @@ class Agent:
         if self.captures is not None:
             from gpuscope.collectors.serving_profiler import PENDING_STOPS
             PENDING_STOPS.shutdown()      # no engine keeps profiling because this agent went away
+        if self.serving is not None:
+            self.serving.close()
         self.collector.close()
         log.info("agent stopped", host=self.config.host, ticks=self.ticks)

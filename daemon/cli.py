@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a JAX profiler server to know about (repeat); others are discovered")
         sp.add_argument("--serving", action="append", metavar="URL=TRACE_DIR",
                         help="a vLLM/SGLang server with /start_profile and the directory it writes traces to (repeat)")
+        sp.add_argument("--serving-interval", type=float, default=5.0, metavar="S",
+                        help="seconds between scrapes of each serving engine's /metrics, 1-300, 0 for never "
+                             "(default 5: one analysis window)")
 
     def analyzer_args(sp):
         sp.add_argument("--db", default=default_db(), help=f"DuckDB file (default {default_db()})")

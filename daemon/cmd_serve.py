@@ -63,6 +63,7 @@ def _setup_captures(agent: Agent, ns, analyzer_target: str | None, links) -> Non
     """Deep captures: runner under --capture-dir, job discovery, and reports
     to the analyzer (which summarizes, stores and links them)."""
     from gpuscope.collectors.jobs import JobDiscovery
+    from gpuscope.collectors.serving_sampler import ServingSampler
     from gpuscope.collectors.xla_profiler import XlaProfilerClient
     from .captures import CaptureConfig, CaptureRunner
     from .convert import capture_pb
@@ -76,9 +77,16 @@ def _setup_captures(agent: Agent, ns, analyzer_target: str | None, links) -> Non
         serving[url] = trace_dir
     agent.discovery = JobDiscovery(lambda addr: XlaProfilerClient(addr).probe(), configured=ns.profiler or [],
                                    serving=serving)
+    agent.serving = ServingSampler(lambda: [(j.address, j.gpus) for j in agent.jobs() if j.kind == "torch-http"])
     if analyzer_target:
         agent.capture_reporter = lambda rec, data: clients.report_capture(analyzer_target, capture_pb(rec), data,
                                                                           security=links)
+
+
+def _serving_interval(ns) -> float:
+    if ns.serving_interval != 0 and not 1 <= ns.serving_interval <= 300:
+        raise UsageError(f"--serving-interval: {ns.serving_interval:g} s, expected 0 (off) or 1 to 300")
+    return ns.serving_interval
 
 
 def _analyzer_config(ns, dry_run: bool):
@@ -209,7 +217,8 @@ def cmd_up(ns) -> int:
     # A replay has no real process to capture: decisions are recorded as dry runs.
     analyzer = Analyzer(_analyzer_config(ns, dry_run=ns.dry_run or source.startswith("replay:")))
     analyzer.start()
-    agent_cfg = AgentConfig(host=ns.host, source=source, interval_s=ns.interval)
+    agent_cfg = AgentConfig(host=ns.host, source=source, interval_s=ns.interval,
+                              serving_interval_s=_serving_interval(ns))
     agent = Agent(agent_cfg, collector)
     servicer = AnalyzerServicer(analyzer)
     server, port, health = build_server(ns.listen, [
@@ -252,7 +261,8 @@ def cmd_agent(ns) -> int:
     links = agent_security(ns)
     security = _server_security(ns, "agent", ns.listen)
     factory = _uplink_factory(ns, ns.analyzer, links) if ns.analyzer else None
-    agent = Agent(AgentConfig(host=ns.host, source=source, interval_s=ns.interval), collector, factory)
+    agent = Agent(AgentConfig(host=ns.host, source=source, interval_s=ns.interval,
+                              serving_interval_s=_serving_interval(ns)), collector, factory)
     _setup_captures(agent, ns, ns.analyzer or None, links)
     server, port, health = build_server(ns.listen, [
         (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent, ns.analyzer or ""), "gpuscope.v1.Agent")],

@@ -1,0 +1,169 @@
+"""Serving engines' /metrics: real expositions (vLLM 0.32's recorded
+/metrics) and real prometheus_client servers in each engine's names across
+versions, scraped over HTTP."""
+import http.server
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpuscope.collectors import serving_metrics as sm
+from gpuscope.collectors.serving_sampler import ServingSampler
+from tests.serving_engines import FakeEngine
+
+VLLM = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "vllm-0.32-cpu"
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_real_vllm_exposition_reads_as_recorded():
+    idle, busy, after = (sm.parse((VLLM / f"metrics_{n}.txt").read_text(), t)
+                         for n, t in (("idle", 0.0), ("busy", 10.0), ("after", 11.0)))
+    assert (busy.engine, busy.model) == ("vllm", "tiny-llama")
+    assert busy.gauges["running"] == 20 and busy.gauges["waiting"] == 0
+    assert busy.histograms["ttft"][1][-1] == 21          # 21 first tokens seen while 20 ran
+    d = sm.derive(busy, after)                            # the 20 requests finished in that second
+    assert d["serving_requests_per_second"] == pytest.approx(20.0)
+    assert d["serving_requests_running"] == 0 and "serving_ttft_p50_seconds" not in d   # no first token in it
+    assert d["serving_itl_p50_seconds"] < d["serving_itl_p99_seconds"] < 0.05
+    assert sm.derive(idle, busy)["serving_prompt_tokens_per_second"] == pytest.approx(29.5)
+
+
+@pytest.mark.parametrize("flavour,series", [("vllm-0.32", 2), ("vllm-0.6", 1), ("sglang", 2), ("sglang-old", 1),
+                                            ("trtllm", 1), ("trtllm-dynamo", 1)])
+def test_each_engine_and_version_over_http(flavour, series):
+    engine = FakeEngine(flavour, series=series)
+    clock = Clock()
+    scraper = sm.EngineScraper(engine.url, clock=clock)
+    try:
+        engine.load(prompt=100, generation=50, requests=5, ttft=[0.03] * 10)
+        assert scraper.scrape() == {}                      # the first scrape is the baseline
+        # 100 first tokens in (0.04, 0.06], 100 inter-token gaps in (0.01, 0.02]
+        engine.load(running=7, waiting=40, kv=0.96, requests=10, prompt=2000, generation=500, preemptions=4,
+                    ttft=[0.05] * 100, itl=[0.015] * 100, queue=[0.7] * 10, e2e=[2.0] * 10)
+        clock.t += 5
+        d = scraper.scrape()
+        assert scraper.last.engine == flavour.split("-")[0].replace("trtllm", "tensorrt-llm")
+        assert d["serving_requests_running"] == 7 * series and d["serving_requests_waiting"] == 40 * series
+        assert d["serving_kv_cache_usage_ratio"] == pytest.approx(0.96)          # the fullest engine, not a sum
+        assert d["serving_prompt_tokens_per_second"] == pytest.approx(2000 * series / 5)
+        assert d["serving_generation_tokens_per_second"] == pytest.approx(100 * series)
+        assert d["serving_requests_per_second"] == pytest.approx(2 * series)
+        assert d["serving_ttft_p50_seconds"] == pytest.approx(0.05)            # 0.04 + 0.02 x 0.5
+        assert d["serving_ttft_p99_seconds"] == pytest.approx(0.0598)          # the 10 early ones are not in it
+        assert d["serving_itl_p99_seconds"] == pytest.approx(0.0199)
+        assert d["serving_e2e_p99_seconds"] == pytest.approx(1.0 + 1.5 * 0.99)
+        if engine.preempt is not None:
+            assert d["serving_preemptions_per_second"] == pytest.approx(0.8 * series)
+        else:
+            assert "serving_preemptions_per_second" not in d
+        assert ("serving_queue_time_p99_seconds" in d) == (engine.queue is not None)
+    finally:
+        scraper.close()
+        engine.stop()
+
+
+def test_a_renamed_family_beside_its_new_name_is_read_once():
+    text = ("# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{model_name=\"m\"} 0.2\n"
+            "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.9\n")
+    assert sm.parse(text, 0).gauges == {"kv_cache": 0.9}
+    assert sm.parse(text.replace("vllm:kv", "vllm:zz"), 0).gauges == {"kv_cache": 0.2}
+
+
+def test_a_restarted_engine_gives_no_rates_for_the_interval_it_restarted_in():
+    engine = FakeEngine("vllm-0.32")
+    clock = Clock()
+    scraper = sm.EngineScraper(engine.url, clock=clock)
+    try:
+        engine.load(prompt=1000, generation=500, requests=9, ttft=[0.05] * 50)
+        scraper.scrape()
+        engine.stop()
+        engine = FakeEngine("vllm-0.32", port=engine.server.server_port)     # counters from zero
+        engine.load(running=3, prompt=10, ttft=[0.05])
+        clock.t += 5
+        d = scraper.scrape()
+        assert d == {"serving_requests_running": 3, "serving_requests_waiting": 0, "serving_kv_cache_usage_ratio": 0}
+    finally:
+        scraper.close()
+        engine.stop()
+
+
+class _Answer(http.server.BaseHTTPRequestHandler):
+    status, body = 404, b'{"detail":"Not Found"}'
+
+    def do_GET(self):
+        self.send_response(self.status)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+def _server(status: int, body: bytes):
+    handler = type("H", (_Answer,), dict(status=status, body=body))
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_port}"
+
+
+@pytest.mark.parametrize("status,body,words", [
+    (404, b'{"detail":"Not Found"}', "HTTP 404 (SGLang serves metrics only with --enable-metrics)"),
+    (200, b"<html>a dashboard</html>", "no vLLM, SGLang or TensorRT-LLM metrics"),
+    (200, b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{x=\"1} 3\n",
+     "prometheus_client could not parse"),
+    (500, b"oops", "HTTP 500"),
+])
+def test_what_is_not_an_engine_exposition_is_named(status, body, words):
+    srv, url = _server(status, body)
+    try:
+        with pytest.raises((OSError, sm.ExpositionError)) as err:
+            sm.EngineScraper(url).scrape()
+        assert words in str(err.value) and url in str(err.value) or words in str(err.value)
+    finally:
+        srv.shutdown()
+
+
+def test_an_engine_that_is_gone_is_an_error_not_a_hang():
+    engine = FakeEngine("sglang")
+    url = engine.url
+    engine.stop()
+    with pytest.raises(OSError) as err:
+        sm.EngineScraper(url, timeout_s=1.0).scrape()
+    assert url in str(err.value)
+    with pytest.raises(ValueError):
+        sm.EngineScraper("127.0.0.1:8000")
+
+
+def test_the_sampler_gives_every_gpu_of_an_engine_its_numbers_and_follows_discovery():
+    a, b = FakeEngine("vllm-0.32"), FakeEngine("sglang")
+    found = [(a.url, [0, 1]), (a.url + "/", [2]), (b.url, [5])]
+    mono = Clock(0.0)
+    sampler = ServingSampler(lambda: list(found), rediscover_s=30, monotonic=mono)
+    try:
+        first = sampler.scrape()
+        assert sampler.engines == {a.url: [0, 1, 2], b.url: [5]} and first.samples == [] and not first.errors
+        a.load(running=4, generation=100)
+        b.load(waiting=9)
+        second = sampler.scrape()
+        assert sorted(s.gpu for s in second.samples) == [0, 1, 2, 5]
+        by_gpu = {s.gpu: s.values for s in second.samples}
+        assert by_gpu[1]["serving_requests_running"] == 4 and by_gpu[5]["serving_requests_waiting"] == 9
+        b.stop()
+        third = sampler.scrape()
+        assert sorted(s.gpu for s in third.samples) == [0, 1, 2]
+        assert any(b.url in k for k in third.errors)
+        found[:] = [(a.url, [0])]                            # the engine moved: rediscovered after 30 s
+        mono.t += 31
+        sampler.scrape()
+        assert sampler.engines == {a.url: [0]}
+    finally:
+        sampler.close()
+        a.stop()
