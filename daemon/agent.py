@@ -123,18 +123,19 @@ class Agent:
                 return
 
     def _slow_tick(self) -> None:
-        try:
-            self._handle(self.collector.scrape_slow())
-        except Exception as exc:  # top of a loop that must survive
-            self._count_error(f"slow scrape: {type(exc).__name__}: {exc}")
-            log.exception("slow scrape failed", host=self.config.host)
+        self._scheduled("slow scrape", self.collector.scrape_slow)
 
     def _serving_tick(self) -> None:
+        self._scheduled("serving scrape", self.serving.scrape)
+
+    def _scheduled(self, what: str, scrape: Callable[[], Scrape]) -> None:
+        """A scheduled scrape: whatever it raises is counted and logged, and
+        the scheduler calls it again next time."""
         try:
-            self._handle(self.serving.scrape())
+            self._handle(scrape())
         except Exception as exc:  # top of a loop that must survive
-            self._count_error(f"serving scrape: {type(exc).__name__}: {exc}")
-            log.exception("serving scrape failed", host=self.config.host)
+            self._count_error(f"{what}: {type(exc).__name__}: {exc}")
+            log.exception(f"{what} failed", host=self.config.host)
 
     def _handle(self, scrape: Scrape) -> None:
         if scrape.samples:
