@@ -18,140 +18,217 @@ import zlib
 
 import numpy as np
 
-from .host_model import HostBuilder, HostTimeline
-from .trace_model import (Trace, _Builder, as_int64, count_skip, kind_of,
+from .host_model import HostBuilder
+from .trace_events import BAD_ARGS, Args, Meta, decode_kineto_gzip, decode_tolerant, decode_typed
+from .trace_model import (INT64_MAX, INT64_MIN, MAX_TIME_NS, Trace, _Builder, as_int64, count_skip, kind_of,
                           parse_bytes, plain_bytes, skip_warning, us_to_ns)
 from .xspace_reader import TraceError
 
 DEVICE_PREFIXES = ("/device:GPU:", "GPU ")     # jax: "/device:GPU:0"; torch/kineto: "GPU 0"
 MAX_JSON_BYTES = 1 << 30                       # decompressed; a zip bomb stops here
 _BAD = object()                                # an unusable pid/tid
+_NO_ARGS = Args()
 
 
 def parse_chrome_trace(data: bytes, source: str = "<bytes>") -> Trace:
     if not data:
         raise TraceError(f"{source}: empty file")
+    meta = None
     if data[:2] == b"\x1f\x8b":
-        data = _gunzip(data, source)
-    doc = _load_json(data, source)
-    events = doc.get("traceEvents") if isinstance(doc, dict) else doc if isinstance(doc, list) else None
-    if not isinstance(events, list):
-        raise TraceError(f"{source}: no traceEvents array")
-    skipped: dict[str, int] = {}
-    procs: dict = {}
-    threads: dict = {}
-    for e in events:
-        if isinstance(e, dict) and e.get("ph") == "M":
-            what = e.get("name")
-            if what != "process_name" and what != "thread_name":
-                continue
-            pid, tid, args = _id(e.get("pid")), _id(e.get("tid")), e.get("args")
-            if pid is _BAD or tid is _BAD or not isinstance(args, (dict, type(None))):
-                count_skip(skipped, "metadata events with a bad pid, tid or args")
-                continue
-            label = _text((args or {}).get("name", ""))
-            if what == "process_name":
-                procs[pid] = label
-            else:
-                threads[(pid, tid)] = label
-    device_pids = {pid: name for pid, name in procs.items() if name.startswith(DEVICE_PREFIXES)}
-    props = _device_properties(doc)
-    builders = {}
-    for pid, name in device_pids.items():
-        index = name.split()[-1] if not name.startswith("/device") else name.rsplit(":", 1)[-1]
-        builders[pid] = _Builder(name if name.startswith("/device") else f"/device:GPU:{index}", props.get(index, {}))
-    host_rows: list[tuple] = []
-    lo, hi = None, None
-    for e in events:
-        if not isinstance(e, dict):
-            count_skip(skipped, "events that are not objects")
-            continue
-        if e.get("ph") != "X":
-            continue
-        ts, dur = us_to_ns(e.get("ts")), us_to_ns(e.get("dur", 0))
-        if ts is None or dur is None:
-            count_skip(skipped, "with a bad ts or dur")
-            continue
-        pid, tid, args, name = _id(e.get("pid")), _id(e.get("tid")), e.get("args"), e.get("name", "")
-        if pid is _BAD or tid is _BAD:
-            count_skip(skipped, "with a bad pid or tid")
-            continue
-        if args is None:
-            args = {}
-        elif not isinstance(args, dict):
-            count_skip(skipped, "with args that are not an object")
-            continue
-        if not isinstance(name, str):
-            count_skip(skipped, "with a name that is not a string")
-            continue
-        lo = ts if lo is None else min(lo, ts)
-        hi = ts + dur if hi is None else max(hi, ts + dur)
-        b = builders.get(pid)
-        if b is not None and e.get("cat") == "gpu_user_annotation":
-            continue            # torch's record_function / ProfilerStep ranges drawn on the GPU row: not activity
-        if b is not None:
-            stream = threads.get((pid, tid), "")
-            op = _text(args.get("hlo_op", ""))
-            module = _text(args.get("program_id") or args.get("hlo_module") or "")
-            details = _text(args.get("memcpy_details") or args.get("Memset_details") or args.get("bytes") or "")
-            nbytes = parse_bytes(details) if ":" in details else plain_bytes(details)
-            kind = kind_of(name if name.startswith(("Memcpy", "Memset")) else f"{stream} {name}", op)
-            c = args.get("correlation_id", args.get("correlation", -1))
-            b.add(ts, dur, kind, as_int64(tid), as_int64(c), name, (module, op) if op else None, nbytes)
+        events = _Events()
+        try:
+            meta = decode_kineto_gzip(data, MAX_JSON_BYTES, lambda: _too_big(source),
+                                      lambda slice_: events.add(slice_, typed=True))
+        except zlib.error as exc:
+            raise TraceError(f"{source}: corrupt or truncated gzip ({exc})") from None
+        if meta is None:
+            data = _gunzip(data, source)
+    if meta is None:
+        events = _Events()
+        decoded, typed = decode_typed(data), True
+        if decoded is None:
+            decoded, typed = decode_tolerant(_load_json(data, source)), False
+        if decoded is None:
+            raise TraceError(f"{source}: no traceEvents array")
+        events.add(decoded[0], typed)
+        meta = decoded[1]
+    return events.trace(meta, source)
+
+
+_NOT_SET = -(1 << 63) + 1        # a correlation id the event does not give
+
+
+class _Events:
+    """A trace's events, taken a slice at a time into columns: a slice's
+    structs are dropped once read, and a clean slice is read with a few
+    passes in C rather than a Python loop per event. A slice with anything
+    odd in it is read event by event, each odd event skipped and counted."""
+
+    def __init__(self) -> None:
+        self.skipped: dict[str, int] = {}
+        self.procs: dict = {}
+        self.threads: dict = {}                 # (pid, tid) -> thread name
+        self.keys: dict[tuple, int] = {}        # (pid, tid) -> index
+        self.names: dict[str, int] = {}
+        self.parts: list[tuple[np.ndarray, ...]] = []    # thread, start, end, name, corr, on-GPU annotation
+        self.args: list[list] = []              # each slice's args (a device event's are read once devices are known)
+        self.n = 0
+
+    def add(self, events: list, typed: bool = False) -> None:
+        """One slice; `typed`: TypedEvents, whose types msgspec checked."""
+        for e in events:
+            if e is not None and e.ph == "M":
+                self._meta(e)
+        xs = [e for e in events if e is not None and e.ph == "X"]
+        bad = len(events) - sum(1 for e in events if e is not None) if None in events else 0
+        if bad:
+            self.skipped["events that are not objects"] = self.skipped.get("events that are not objects", 0) + bad
+        if xs and not self._columns(xs, typed):
+            self._one_by_one(xs)
+
+    def _meta(self, e) -> None:
+        what = e.name
+        if what != "process_name" and what != "thread_name":
+            return
+        pid, tid, args = _id(e.pid), _id(e.tid), e.args
+        if pid is _BAD or tid is _BAD or args is BAD_ARGS:
+            count_skip(self.skipped, "metadata events with a bad pid, tid or args")
+            return
+        label = _text(args.name if args is not None else "")
+        if what == "process_name":
+            self.procs[pid] = label
         else:
-            c = args.get("correlation_id", args.get("correlation"))
-            host_rows.append(((pid, tid), ts, ts + dur, name, _NO_LAUNCH if c is None else as_int64(c)))
-    if lo is None:
-        why = f"; {sum(skipped.values())} unusable events skipped" if skipped else ""
-        raise TraceError(f"{source}: no complete ('X') events with a usable ts and dur{why}")
-    host = _host(host_rows, threads)
-    warnings = ["trace-event JSON carries no HLO and no device peaks: ops are placed on the roofline by kernel "
-                "name only (a JAX job's .xplane.pb has both)"]
-    if not builders:
-        warnings.append("no GPU device process: a CPU-only job, or device tracing was off")
-    warnings += skip_warning(skipped)
-    start_unix, hostnames = _origin(doc, lo)
-    return Trace(source=source, format="chrome-json", devices=[b.build() for b in builders.values()], host=host,
-                 start_ns=lo, end_ns=hi, warnings=warnings, skipped=skipped, start_unix_ns=start_unix,
-                 hostnames=hostnames)
+            self.threads[(pid, tid)] = label
+
+    def _columns(self, xs: list, typed: bool) -> bool:
+        """A clean slice in bulk; False (nothing taken) if any event is odd."""
+        ts, dur = [e.ts for e in xs], [e.dur for e in xs]
+        pids, tids, names = [e.pid for e in xs], [e.tid for e in xs], [e.name for e in xs]
+        args = [e.args for e in xs]
+        if not typed and (not {*map(type, ts), *map(type, dur)} <= {float, int}
+                          or not {*map(type, pids), *map(type, tids)} <= {int, str}
+                          or not set(map(type, names)) <= {str} or any(a is BAD_ARGS for a in args)):
+            return False
+        with np.errstate(invalid="ignore", over="ignore"):
+            start, length = np.array(ts, np.float64) * 1000, np.array(dur, np.float64) * 1000
+            if not ((start >= 0) & (start <= MAX_TIME_NS) & (length >= 0) & (length <= MAX_TIME_NS)).all():
+                return False
+        start = start.astype(np.int64)
+        corr = [_NOT_SET if a is None else a.correlation_id if a.correlation_id is not None
+                else a.correlation if a.correlation is not None else _NOT_SET for a in args]
+        corr = (np.array(corr, np.int64) if set(map(type, corr)) <= {int} and all(INT64_MIN <= c <= INT64_MAX for c in corr)
+                else np.array([c if c == _NOT_SET else as_int64(c) for c in corr], np.int64))
+        self._take(pids, tids, start, start + length.astype(np.int64), names, corr,
+                   np.array([e.cat == "gpu_user_annotation" for e in xs], bool), args)
+        return True
+
+    def _one_by_one(self, xs: list) -> None:
+        rows = []
+        for e in xs:
+            ts, dur = us_to_ns(e.ts), us_to_ns(e.dur)
+            if ts is None or dur is None:
+                count_skip(self.skipped, "with a bad ts or dur")
+                continue
+            pid, tid, args, name = _id(e.pid), _id(e.tid), e.args, e.name
+            if pid is _BAD or tid is _BAD:
+                count_skip(self.skipped, "with a bad pid or tid")
+                continue
+            if args is BAD_ARGS:
+                count_skip(self.skipped, "with args that are not an object")
+                continue
+            if not isinstance(name, str):
+                count_skip(self.skipped, "with a name that is not a string")
+                continue
+            c = _NOT_SET if args is None else _first_set(args.correlation_id, args.correlation, _NOT_SET)
+            rows.append((pid, tid, ts, ts + dur, name, c if c == _NOT_SET else as_int64(c),
+                         e.cat == "gpu_user_annotation", args))
+        if rows:
+            pids, tids, start, end, names, corr, annot, args = zip(*rows)
+            self._take(list(pids), list(tids), np.array(start, np.int64), np.array(end, np.int64), list(names),
+                       np.array(corr, np.int64), np.array(annot, bool), list(args))
+
+    def _take(self, pids, tids, start, end, names, corr, annot, args) -> None:
+        keys = list(zip(pids, tids))
+        for k in dict.fromkeys(keys):
+            self.keys.setdefault(k, len(self.keys))
+        for n in dict.fromkeys(names):
+            self.names.setdefault(n, len(self.names))
+        thread = np.fromiter(map(self.keys.__getitem__, keys), np.int32, len(keys))
+        name = np.fromiter(map(self.names.__getitem__, names), np.int32, len(names))
+        self.args.append(args)
+        self.parts.append((thread, start, end, name, corr, annot))
+        self.n += len(keys)
+
+    def trace(self, meta: Meta, source: str) -> Trace:
+        device_pids = {pid: name for pid, name in self.procs.items() if name.startswith(DEVICE_PREFIXES)}
+        props = _device_properties(meta.deviceProperties)
+        builders = {}
+        for pid, name in device_pids.items():
+            index = name.split()[-1] if not name.startswith("/device") else name.rsplit(":", 1)[-1]
+            builders[pid] = _Builder(name if name.startswith("/device") else f"/device:GPU:{index}",
+                                     props.get(index, {}))
+        if not self.parts:
+            why = f"; {sum(self.skipped.values())} unusable events skipped" if self.skipped else ""
+            raise TraceError(f"{source}: no complete ('X') events with a usable ts and dur{why}")
+        thread, start, end, name, corr, annot = (np.concatenate(c) for c in zip(*self.parts))
+        keys = list(self.keys)
+        on_device = np.array([k[0] in builders for k in keys], bool)[thread]
+        names = list(self.names)
+        args = [a for part in self.args for a in part] if on_device.any() else []
+        for i in np.flatnonzero(on_device & ~annot).tolist():
+            pid, tid = keys[thread[i]]
+            a = args[i] or _NO_ARGS
+            n = names[name[i]]
+            op = _text(a.hlo_op)
+            module = _text(a.program_id or a.hlo_module or "")
+            details = _text(a.memcpy_details or a.Memset_details or a.bytes or "")
+            nbytes = parse_bytes(details) if ":" in details else plain_bytes(details)
+            stream = self.threads.get((pid, tid), "")
+            kind = kind_of(n if n.startswith(("Memcpy", "Memset")) else f"{stream} {n}", op)
+            c = int(corr[i])
+            builders[pid].add(int(start[i]), int(end[i] - start[i]), kind, as_int64(tid), -1 if c == _NOT_SET else c,
+                              n, (module, op) if op else None, nbytes)
+        host = ~on_device
+        hb = HostBuilder()
+        thread_of = np.array([hb.thread_index(k, self.threads.get(k, "")) if not (k[0] in builders) else -1
+                              for k in keys], np.int32)
+        name_of = np.full(len(names), -1, np.int32)
+        for i in dict.fromkeys(name[host].tolist()):        # first seen first, as the host builder numbers them
+            name_of[i] = hb.name_index(names[i])
+        h_corr = corr[host]
+        hb.add_many(thread_of[thread[host]], start[host], end[host], name_of[name[host]],
+                    np.where(h_corr == _NOT_SET, _NO_LAUNCH, h_corr), _NO_LAUNCH)
+        warnings = ["trace-event JSON carries no HLO and no device peaks: ops are placed on the roofline by kernel "
+                    "name only (a JAX job's .xplane.pb has both)"]
+        if not builders:
+            warnings.append("no GPU device process: a CPU-only job, or device tracing was off")
+        warnings += skip_warning(self.skipped)
+        lo, hi = int(start.min()), int(end.max())
+        start_unix, hostnames = _origin(meta, lo)
+        return Trace(source=source, format="chrome-json", devices=[b.build() for b in builders.values()],
+                     host=hb.build(), start_ns=lo, end_ns=hi, warnings=warnings, skipped=self.skipped,
+                     start_unix_ns=start_unix, hostnames=hostnames)
 
 
-def _origin(doc, lo: int) -> tuple[int | None, list[str]]:
+def _origin(meta: Meta, lo: int) -> tuple[int | None, list[str]]:
     """Kineto's `baseTimeNanoseconds` (what its `ts` microseconds count from)
     and `host_name`: the trace's wall-clock start and where it ran."""
-    if not isinstance(doc, dict):
-        return None, []
-    base = doc.get("baseTimeNanoseconds")
+    base = meta.baseTimeNanoseconds
     start = None
     if isinstance(base, int) and not isinstance(base, bool) and 0 < base and 0 < base + lo < (1 << 63):
         start = base + lo
-    host = doc.get("host_name")
+    host = meta.host_name
     return start, [host[:253]] if isinstance(host, str) and host else []
 
 
 _NO_LAUNCH = -(1 << 63)          # not a launch (-1 is a launch whose id is unreadable)
 
 
-def _host(rows: list[tuple], thread_names: dict) -> HostTimeline:
-    """The host's events, indexed in bulk (one dict lookup per event, in C)."""
-    hb = HostBuilder()
-    if rows:
-        keys, starts, ends, names, corrs = zip(*rows)
-        n = len(rows)
-        thread_of = {k: hb.thread_index(k, thread_names.get(k, "")) for k in dict.fromkeys(keys)}
-        name_of = {k: hb.name_index(k) for k in dict.fromkeys(names)}
-        hb.add_many(np.fromiter(map(thread_of.__getitem__, keys), np.int32, n), np.asarray(starts, np.int64),
-                    np.asarray(ends, np.int64), np.fromiter(map(name_of.__getitem__, names), np.int32, n),
-                    np.asarray(corrs, np.int64), _NO_LAUNCH)
-    return hb.build()
-
-
-def _device_properties(doc) -> dict[str, dict]:
+def _device_properties(entries) -> dict[str, dict]:
     """Kineto's `deviceProperties` (torch traces): GPU index -> the props the
     analysis reads (name, compute capability, SMs). Anything odd is ignored:
     the trace's events do not depend on it."""
     out: dict[str, dict] = {}
-    entries = doc.get("deviceProperties") if isinstance(doc, dict) else None
     for d in entries if isinstance(entries, list) else []:
         if not isinstance(d, dict) or isinstance(d.get("id"), bool) or not isinstance(d.get("id"), int):
             continue
@@ -164,6 +241,15 @@ def _device_properties(doc) -> dict[str, dict]:
                 p[prop] = float(v)
         out[str(d["id"])] = p
     return out
+
+
+def _too_big(source: str) -> TraceError:
+    return TraceError(f"{source}: decompresses to more than {MAX_JSON_BYTES >> 20} MiB; "
+                      f"not a trace this reader takes whole")
+
+
+def _first_set(*values):
+    return next((v for v in values if v is not None), values[-1])
 
 
 def _gunzip(data: bytes, source: str) -> bytes:
@@ -180,8 +266,7 @@ def _gunzip(data: bytes, source: str) -> bytes:
                 total += len(piece)
                 out.append(piece)
                 if total > MAX_JSON_BYTES:
-                    raise TraceError(f"{source}: decompresses to more than {MAX_JSON_BYTES >> 20} MiB; "
-                                     f"not a trace this reader takes whole")
+                    raise _too_big(source)
                 if d.eof or not d.unconsumed_tail:
                     break
                 chunk = d.unconsumed_tail

@@ -73,6 +73,7 @@ def test_a_stalled_child_cannot_stall_the_analyzer_or_its_stop(tmp_path):
     srv = AnalyzerServer(tmp_path / "s.duckdb", engine=True)
     child = srv.analyzer._proc.pid
     try:
+        wait_for(lambda: srv.analyzer.mirror.age() < 5, timeout=10)     # the child's first status arrived
         os.kill(child, signal.SIGSTOP)
         big = b"x" * (1 << 20)
         t0 = time.monotonic()
