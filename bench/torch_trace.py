@@ -29,20 +29,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = next((ROOT.parent / "shared" / "fixtures" / "vllm-0.32-cpu" / "traces").glob("rank0.*.pt.trace.json.gz"))
 
-GPUSCOPE = """
-import sys, time, resource
+# VmHWM: this process's peak (ru_maxrss would keep the bench's own peak, inherited across fork)
+PEAK = """
+def peak():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) * 1024
+"""
+GPUSCOPE = PEAK + """
+import sys, time
 from gpuscope.collectors.trace_files import parse_trace
 from gpuscope.analyzers.trace_analysis import summarize
 t = time.perf_counter()
 s = summarize(parse_trace(open(sys.argv[1], 'rb').read(), sys.argv[1]))
-print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, s["verdict"])
+print(time.perf_counter() - t, peak(), s["verdict"])
 """
-PEER = """
-import sys, time, resource, gzip, json
+PEER = PEAK + """
+import sys, time, gzip, json
 t = time.perf_counter()
 with gzip.open(sys.argv[1], 'rb') as f:
     doc = json.load(f)
-print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, len(doc["traceEvents"]))
+print(time.perf_counter() - t, peak(), len(doc["traceEvents"]))
 """
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from .host_model import HostBuilder
 from .trace_events import BAD_ARGS, Args, Meta, decode_kineto_gzip, decode_tolerant, decode_typed
-from .trace_model import (INT64_MAX, INT64_MIN, MAX_TIME_NS, Trace, _Builder, as_int64, count_skip, kind_of,
+from .trace_model import (MAX_TIME_NS, Trace, _Builder, as_int64, count_skip, kind_of,
                           parse_bytes, plain_bytes, skip_warning, us_to_ns)
 from .xspace_reader import TraceError
 
@@ -70,19 +70,22 @@ class _Events:
         self.threads: dict = {}                 # (pid, tid) -> thread name
         self.keys: dict[tuple, int] = {}        # (pid, tid) -> index
         self.names: dict[str, int] = {}
+        self.pid_no: dict = {}
+        self.tid_no: dict = {}
         self.parts: list[tuple[np.ndarray, ...]] = []    # thread, start, end, name, corr, on-GPU annotation
         self.args: list[list] = []              # each slice's args (a device event's are read once devices are known)
         self.n = 0
 
     def add(self, events: list, typed: bool = False) -> None:
         """One slice; `typed`: TypedEvents, whose types msgspec checked."""
-        for e in events:
-            if e is not None and e.ph == "M":
-                self._meta(e)
-        xs = [e for e in events if e is not None and e.ph == "X"]
-        bad = len(events) - sum(1 for e in events if e is not None) if None in events else 0
-        if bad:
-            self.skipped["events that are not objects"] = self.skipped.get("events that are not objects", 0) + bad
+        if not typed:                    # a tolerant read marks events that are not objects with None
+            bad = sum(1 for e in events if e is None)
+            if bad:
+                self.skipped["events that are not objects"] = self.skipped.get("events that are not objects", 0) + bad
+                events = [e for e in events if e is not None]
+        for e in [e for e in events if e.ph == "M"]:
+            self._meta(e)
+        xs = [e for e in events if e.ph == "X"]
         if xs and not self._columns(xs, typed):
             self._one_by_one(xs)
 
@@ -116,8 +119,12 @@ class _Events:
         start = start.astype(np.int64)
         corr = [_NOT_SET if a is None else a.correlation_id if a.correlation_id is not None
                 else a.correlation if a.correlation is not None else _NOT_SET for a in args]
-        corr = (np.array(corr, np.int64) if set(map(type, corr)) <= {int} and all(INT64_MIN <= c <= INT64_MAX for c in corr)
-                else np.array([c if c == _NOT_SET else as_int64(c) for c in corr], np.int64))
+        try:
+            if not set(map(type, corr)) <= {int}:
+                raise TypeError
+            corr = np.array(corr, np.int64)
+        except (TypeError, OverflowError):   # ids as text, floats, past int64: one by one, as as_int64 reads them
+            corr = np.array([c if c == _NOT_SET else as_int64(c) for c in corr], np.int64)
         self._take(pids, tids, start, start + length.astype(np.int64), names, corr,
                    np.array([e.cat == "gpu_user_annotation" for e in xs], bool), args)
         return True
@@ -148,16 +155,15 @@ class _Events:
                        np.array(corr, np.int64), np.array(annot, bool), list(args))
 
     def _take(self, pids, tids, start, end, names, corr, annot, args) -> None:
-        keys = list(zip(pids, tids))
-        for k in dict.fromkeys(keys):
-            self.keys.setdefault(k, len(self.keys))
-        for n in dict.fromkeys(names):
-            self.names.setdefault(n, len(self.names))
-        thread = np.fromiter(map(self.keys.__getitem__, keys), np.int32, len(keys))
-        name = np.fromiter(map(self.names.__getitem__, names), np.int32, len(names))
+        # a thread is a (pid, tid) pair: numbered through the distinct pairs, not a tuple per event
+        p, t = _numbered(pids, self.pid_no), _numbered(tids, self.tid_no)
+        pairs, inverse = np.unique((p.astype(np.int64) << 32) | t, return_inverse=True)
+        pid_of, tid_of = list(self.pid_no), list(self.tid_no)
+        number = np.array([self.keys.setdefault((pid_of[c >> 32], tid_of[c & 0xFFFFFFFF]), len(self.keys))
+                           for c in pairs.tolist()], np.int32)
         self.args.append(args)
-        self.parts.append((thread, start, end, name, corr, annot))
-        self.n += len(keys)
+        self.parts.append((number[inverse.ravel()], start, end, _numbered(names, self.names), corr, annot))
+        self.n += len(pids)
 
     def trace(self, meta: Meta, source: str) -> Trace:
         device_pids = {pid: name for pid, name in self.procs.items() if name.startswith(DEVICE_PREFIXES)}
@@ -241,6 +247,13 @@ def _device_properties(entries) -> dict[str, dict]:
                 p[prop] = float(v)
         out[str(d["id"])] = p
     return out
+
+
+def _numbered(values: list, numbers: dict) -> np.ndarray:
+    """Each value's number in `numbers` (new values numbered as they come)."""
+    for v in dict.fromkeys(values):
+        numbers.setdefault(v, len(numbers))
+    return np.fromiter(map(numbers.__getitem__, values), np.int32, len(values))
 
 
 def _too_big(source: str) -> TraceError:
