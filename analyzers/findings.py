@@ -47,6 +47,7 @@ class FindingsTracker:
         self._votes: dict[str, collections.Counter] = {}
         self._first_summary: dict[str, str] = {}      # the opening window's words, under any split prefix
         self._serving: dict[str, str] = {}            # the newest window's serving words (analyzers/serving.py)
+        self._serving_missed: dict[str, int] = {}     # windows since, that had none
 
     def load(self, rows: list[dict], last_window_ends: dict[tuple[str, int], float] | None = None) -> None:
         """Resume the findings left open by a previous run of the analyzer.
@@ -63,7 +64,9 @@ class FindingsTracker:
             self.open[key] = f
             self._sums[f["id"]] = {k: v * f["windows"] for k, v in f["evidence"].items()}
             self._votes[f["id"]] = collections.Counter({f["counters_verdict"]: f["windows"]})
-            self._first_summary[f["id"]], self._serving[f["id"]] = _split_serving(f["summary"] or "")
+            self._first_summary[f["id"]], serving = _split_serving(f["summary"] or "")
+            if serving:
+                self._serving[f["id"]] = serving
 
     def observe(self, host: str, c: Classification, job: str) -> list[dict]:
         """Returns the findings that changed (closed, opened or extended).
@@ -107,6 +110,12 @@ class FindingsTracker:
                 serving = _split_serving(c.summary)[1]
                 if serving:                # what the engine does now, not when the episode began
                     self._serving[cur["id"]] = serving
+                    self._serving_missed.pop(cur["id"], None)
+                elif cur["id"] in self._serving:
+                    # a scrape a window can miss one; two in a row: the engine is gone or mute
+                    missed = self._serving_missed[cur["id"]] = self._serving_missed.get(cur["id"], 0) + 1
+                    if missed >= 2:
+                        self._serving.pop(cur["id"], None)
                 cur["summary"] = (_split_words(votes, n) + self._first_summary.get(cur["id"], "")
                                   + self._serving.get(cur["id"], ""))
             return [cur]
@@ -119,7 +128,9 @@ class FindingsTracker:
                      alternatives=list(c.alternatives), decided_by="counters", counters_verdict=c.verdict,
                      trace_verdict=None, captures=[], last_window_end=c.end)
             self.open[key] = f
-            self._first_summary[f["id"]], self._serving[f["id"]] = _split_serving(c.summary)
+            self._first_summary[f["id"]], serving = _split_serving(c.summary)
+            if serving:
+                self._serving[f["id"]] = serving
             self._sums[f["id"]] = dict(c.evidence)
             self._votes[f["id"]] = collections.Counter({c.verdict: 1})
             changed.append(f)
@@ -165,6 +176,7 @@ class FindingsTracker:
         self._votes.pop(f["id"], None)
         self._first_summary.pop(f["id"], None)
         self._serving.pop(f["id"], None)
+        self._serving_missed.pop(f["id"], None)
         f["end"] = max(self.last_end(f) if end is None else end, f["start"])
         if reason:
             f["ended_because"] = reason

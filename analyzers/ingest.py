@@ -55,21 +55,8 @@ MAX_PCIE_GENERATION = 16         # PCIe 7 is current; absent (never 0) when the 
 MAX_PCIE_WIDTH = 64              # lanes; x16 is usual, x32 the widest defined
 MAX_POWER_LIMIT_WATTS = 10_000.0  # a whole board; B200 is 1,200 W
 MAX_CAPTURE_DURATION_MS = 3_600_000  # an hour; the agent caps traces at 60 s. Fits INTEGER.
-RATIO_CEILING = 1.5              # GPM ratios may overshoot 1 a little; 1.5 is garbage
-# The most a gauge of each unit can be on any GPU there is, with room to
-# spare: a value past it is a unit or encoding bug (1e308 W), and it would
-# poison every mean it enters. Counters only must fit SQL's BIGINT.
-PLAUSIBLE_MAX = {"watts": 1e5, "hertz": 1e11, "celsius": 1e3, "bytes": 1e15, "bytes/s": 1e14,
-                 "cores": 1e5, "count": 1e9, "bitmask": 2.0 ** 64, "1/s": 1e12, "seconds": 1e7}
-COUNTER_MAX = 2.0 ** 63
-
-
-def _ceiling(m: cat.Metric) -> float:
-    if m.kind is cat.Kind.RATIO:
-        return RATIO_CEILING
-    if m.kind is cat.Kind.COUNTER:
-        return COUNTER_MAX
-    return PLAUSIBLE_MAX.get(m.unit, COUNTER_MAX)
+RATIO_CEILING = cat.RATIO_CEILING
+_ceiling = cat.ceiling
 
 # -- strings (UTF-8 bytes) -----------------------------------------------------------
 MAX_HOST_BYTES = 253             # a DNS name; printable, no blanks

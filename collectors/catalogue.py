@@ -101,6 +101,25 @@ BY_CSV: dict[str, Metric] = {m.csv: m for m in METRICS if m.csv}
 NAMES: tuple[str, ...] = tuple(m.name for m in METRICS)
 
 
+RATIO_CEILING = 1.5              # GPM ratios may overshoot 1 a little; 1.5 is garbage
+# The most a gauge of each unit can be on any GPU there is, with room to
+# spare: a value past it is a unit or encoding bug (1e308 W), and it would
+# poison every mean it enters. Counters only must fit SQL's BIGINT. The
+# analyzer refuses a batch holding a value past these; collectors that
+# derive values (serving engines' rates) drop such a value rather than send it.
+PLAUSIBLE_MAX = {"watts": 1e5, "hertz": 1e11, "celsius": 1e3, "bytes": 1e15, "bytes/s": 1e14,
+                 "cores": 1e5, "count": 1e9, "bitmask": 2.0 ** 64, "1/s": 1e12, "seconds": 1e7}
+COUNTER_MAX = 2.0 ** 63
+
+
+def ceiling(m: Metric) -> float:
+    if m.kind is Kind.RATIO:
+        return RATIO_CEILING
+    if m.kind is Kind.COUNTER:
+        return COUNTER_MAX
+    return PLAUSIBLE_MAX.get(m.unit, COUNTER_MAX)
+
+
 def normalise(metric: Metric, raw: float) -> float:
     """Raw vendor value -> catalogue unit. The only place units change."""
     return raw * metric.scale if metric.scale != 1.0 else float(raw)

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from . import catalogue as cat
+
 GAUGE, COUNTER, HISTOGRAM = "gauge", "counter", "histogram"
 
 # quantity -> (type, families that carry it, newest name first per engine)
@@ -76,9 +78,14 @@ _FAMILY_OF: dict[str, str] = {f: q for q, (_, fams) in QUANTITIES.items() for f 
 _LINES = re.compile(
     r"^(?:# TYPE )?(?:" + "|".join(re.escape(f) for f in sorted(_FAMILY_OF, key=len, reverse=True))
     + r")(?:_total|_bucket)?[ {].*$", re.M)
-_MODEL = re.compile(r'[{,]model_name="((?:[^"\\]|\\.)*)"')
-_LABELS = re.compile(r'\{((?:[^"}]|"(?:[^"\\]|\\.)*")*)\}')
-_LE = re.compile(r'(?:^|,)\s*le="([^"]*)"')
+_MODEL = re.compile(r'[{,]model_name="((?:[^"\\\n]|\\.)*)"')
+# within one line (a brace never closed must not make the search run on through the text)
+_LABELS = re.compile(r'\{((?:[^"}\n]|"(?:[^"\\\n]|\\.)*")*)\}')
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\\n]|\\.)*)"')
+_LE = re.compile(r'(?:^|,)\s*le="([^"\\\n]*)"')
+MAX_LINE = 4096               # a sample line is ~100 characters; one past this is not an exposition's
+_ACCEPTS = {GAUGE: {"gauge", "counter", "untyped", "unknown"}, COUNTER: {"counter", "untyped", "unknown", "gauge"},
+            HISTOGRAM: {"histogram"}}      # a gauge or counter under the wrong TYPE still reads as itself
 
 
 class ExpositionError(ValueError):
@@ -99,32 +106,20 @@ class Reading:
 def parse(text: str, t: float) -> Reading:
     """The quantities an exposition carries; raises ExpositionError when the
     parser refuses the lines used."""
+    lines = _LINES.findall(text)
+    long = next((n for n in map(len, lines) if n > MAX_LINE), None)
+    if long is not None:
+        raise ExpositionError(f"a line of {long} characters (at most {MAX_LINE}): not a Prometheus exposition")
     m = _MODEL.search(text)
-    kept = _LABELS.sub(_only_le, "\n".join(_LINES.findall(text)))
+    kept = _LABELS.sub(_only_le, "\n".join(lines))
     r = Reading(t, model=m.group(1) if m else "")
     seen: dict[str, str] = {}            # quantity -> the family that gave it
     try:
         families = list(text_string_to_metric_families(kept + "\n"))
+        for fam in families:
+            _read(r, fam, seen)
     except Exception as exc:  # the parser raises ValueError, and others on some garbage
-        raise ExpositionError(f"prometheus_client could not parse the exposition: {exc}") from None
-    for fam in families:
-        q = _FAMILY_OF.get(fam.name)
-        if q is None:
-            continue
-        kind, names = QUANTITIES[q]
-        if fam.type != kind or not fam.samples:   # declared, no series yet: as if absent
-            continue
-        if q in seen and names.index(seen[q]) < names.index(fam.name):
-            continue                      # a newer name of the same quantity is already read
-        seen[q] = fam.name
-        if kind == HISTOGRAM:
-            r.histograms[q] = _histogram(fam.samples)
-        else:
-            values = [s.value for s in fam.samples if s.name in (fam.name, fam.name + "_total")]
-            if kind == GAUGE:
-                r.gauges[q] = max(values) if q == "kv_cache" else math.fsum(values)
-            else:
-                r.counters[q] = math.fsum(values)
+        raise ExpositionError(f"prometheus_client could not parse it: {str(exc)[:200]}") from None
     r.engine = next((e for e, p in ENGINE_PREFIXES if any(f.startswith(p) for f in seen.values())), "")
     if not seen:
         raise ExpositionError("no vLLM, SGLang or TensorRT-LLM metrics in it (is this a serving engine's "
@@ -132,24 +127,59 @@ def parse(text: str, t: float) -> Reading:
     return r
 
 
+def _read(r: Reading, fam, seen: dict[str, str]) -> None:
+    name = fam.name
+    q = _FAMILY_OF.get(name)
+    if q is None and name.endswith("_total"):       # `x_total` under `# TYPE x counter` reads untyped
+        name = name[:-6]
+        q = _FAMILY_OF.get(name)
+    if q is None:
+        return
+    kind, names = QUANTITIES[q]
+    if fam.type not in _ACCEPTS[kind] or not fam.samples:   # declared, no series yet: as if absent
+        return
+    if q in seen and names.index(seen[q]) < names.index(name):
+        return                            # a newer name of the same quantity is already read
+    if kind == HISTOGRAM:
+        h = _histogram(fam.samples)
+        if h is not None:
+            r.histograms[q] = h
+            seen[q] = name
+        return
+    values = [s.value for s in fam.samples if s.name in (name, name + "_total") and math.isfinite(s.value)]
+    if not values:
+        return
+    seen[q] = name
+    if kind == GAUGE:
+        r.gauges[q] = max(values) if q == "kv_cache" else math.fsum(values)
+    else:
+        r.counters[q] = math.fsum(values)
+
+
 def _only_le(m: re.Match) -> str:
     """A sample's labels, all but a bucket's `le` dropped: series are added
     up (or the fullest taken) whatever their labels, and the parser spends
     most of its time in labels, character by character."""
-    le = _LE.search(m.group(1))
-    return '{le="%s"}' % le.group(1) if le else ""
+    labels = m.group(1)
+    le = _LE.search(labels)
+    if le is not None and "\\" not in labels and labels.count('"', 0, le.start()) % 2 == 0:
+        return '{le="%s"}' % le.group(1)      # the usual case: `le` found outside any quoted value
+    le = next((v for k, v in _LABEL.findall(labels) if k == "le"), None)
+    return '{le="%s"}' % le if le is not None else ""
 
 
-def _histogram(samples) -> tuple[tuple[float, ...], list[float]]:
-    """Cumulative bucket counts by upper bound, summed over the series."""
+def _histogram(samples) -> tuple[tuple[float, ...], list[float]] | None:
+    """Cumulative bucket counts by upper bound, summed over the series; None
+    when a bound or a count is not a number."""
     by_le: dict[float, float] = {}
     for s in samples:
         if s.name.endswith("_bucket"):
-            le = float(s.labels.get("le", "nan"))
-            if not math.isnan(le):
-                by_le[le] = by_le.get(le, 0.0) + s.value
+            le = float(s.labels.get("le", "nan"))          # ValueError on garbage: the caller names it
+            if math.isnan(le) or not math.isfinite(s.value):
+                return None
+            by_le[le] = by_le.get(le, 0.0) + s.value
     bounds = tuple(sorted(by_le))
-    return bounds, [by_le[b] for b in bounds]
+    return (bounds, [by_le[b] for b in bounds]) if bounds else None
 
 
 def quantile(q: float, bounds: tuple[float, ...], cumulative: list[float]) -> float | None:
@@ -161,10 +191,10 @@ def quantile(q: float, bounds: tuple[float, ...], cumulative: list[float]) -> fl
     total = cumulative[-1]
     rank = q * total
     prev_bound, prev_count = 0.0, 0.0
-    for b, c in zip(bounds, cumulative):
+    for i, (b, c) in enumerate(zip(bounds, cumulative)):
         if c >= rank:
             if math.isinf(b):
-                return prev_bound
+                return prev_bound if i else None     # only +Inf: Prometheus says NaN, and so do we
             if c == prev_count:
                 return b
             lo = prev_bound if prev_bound <= b else 0.0
@@ -176,41 +206,45 @@ def quantile(q: float, bounds: tuple[float, ...], cumulative: list[float]) -> fl
 def derive(prev: Reading, cur: Reading) -> dict[str, float]:
     """Catalogue values for the interval between two readings: gauges as
     now, counters as rates, percentiles of the observations made in the
-    interval. A series absent before counts from zero (engines create them
-    at their first event); one that went down (the engine restarted) gives
-    nothing for the interval."""
+    interval. As Prometheus' rate(), a series needs both readings: one that
+    went down (the engine restarted) or was not there before gives nothing
+    for the interval. A value no engine could have (past the catalogue's
+    ceiling for its unit) is dropped, not sent."""
     out: dict[str, float] = {}
     for metric, q in GAUGES.items():
-        if q in cur.gauges and math.isfinite(cur.gauges[q]) and cur.gauges[q] >= 0:
+        if q in cur.gauges:
             out[metric] = min(cur.gauges[q], 1.0) if q == "kv_cache" else cur.gauges[q]
     dt = cur.t - prev.t
-    if dt <= 0:
-        return out
-    for metric, q in RATES.items():
-        if q in cur.counters and cur.counters[q] >= prev.counters.get(q, 0.0):
-            out[metric] = (cur.counters[q] - prev.counters.get(q, 0.0)) / dt
-    for metric, (q, p) in PERCENTILES.items():
-        now = cur.histograms.get(q)
-        if now is None:
-            continue
-        before = prev.histograms.get(q, (now[0], [0.0] * len(now[1])))
-        if now[0] != before[0]:
-            continue                       # other buckets: the engine restarted with other bounds
-        delta = [a - b for a, b in zip(now[1], before[1])]
-        if any(d < 0 for d in delta):
-            continue
-        v = quantile(p, now[0], delta)
-        if v is not None:
-            out[metric] = v
-    return out
+    if dt > 0:
+        for metric, q in RATES.items():
+            if q in cur.counters and q in prev.counters and cur.counters[q] >= prev.counters[q]:
+                out[metric] = (cur.counters[q] - prev.counters[q]) / dt
+        for metric, (q, p) in PERCENTILES.items():
+            now, before = cur.histograms.get(q), prev.histograms.get(q)
+            if now is None or before is None or now[0] != before[0]:
+                continue                   # other buckets: the engine restarted with other bounds
+            delta = [a - b for a, b in zip(now[1], before[1])]
+            if any(d < 0 for d in delta):
+                continue
+            v = quantile(p, now[0], delta)
+            if v is not None:
+                out[metric] = v
+    return {k: v for k, v in out.items() if 0 <= v <= _CEILING[k]}      # NaN fails too
+
+
+_CEILING = {m: cat.ceiling(cat.BY_NAME[m]) for m in METRICS}
 
 
 class EngineScraper:
-    """One engine's `/metrics` over a kept-alive HTTP connection; each
-    scrape returns the values for the interval since the previous one
-    (nothing for the first)."""
+    """One engine's metrics over a kept-alive HTTP connection; each scrape
+    returns the values for the interval since the previous one (nothing for
+    the first). Where: `/metrics` (vLLM, SGLang, TensorRT-LLM behind
+    Dynamo), else `/prometheus/metrics` (trtllm-serve, whose `/metrics` is
+    JSON iteration stats); the one that answered is kept. Every error names
+    the URL; a scrape never takes longer than `timeout_s` in all."""
 
-    MAX_BYTES = 16 << 20         # a vLLM exposition is ~50 KB; a runaway one is refused, not read whole
+    MAX_BYTES = 4 << 20          # a vLLM exposition is ~50 KB; a runaway one is refused, not read whole
+    PATHS = ("/metrics", "/prometheus/metrics")
 
     def __init__(self, base_url: str, timeout_s: float = 2.0, clock=time.time) -> None:
         u = urllib.parse.urlsplit(base_url)
@@ -221,42 +255,90 @@ class EngineScraper:
         self._timeout = timeout_s
         self._clock = clock
         self._conn: http.client.HTTPConnection | None = None
+        self._path: str | None = None          # the path that answered with an exposition
         self._prev: Reading | None = None
         self.last: Reading | None = None
 
     def scrape(self) -> dict[str, float]:
-        """Raises OSError (unreachable, HTTP error) or ExpositionError."""
+        """Raises OSError (unreachable, HTTP error, too slow) or ExpositionError."""
         t = self._clock()
-        cur = parse(self._get(), t)
+        cur = self._read()
+        cur.t = t
         self.last = cur
         prev, self._prev = self._prev, cur
         return {} if prev is None else derive(prev, cur)
 
-    def _get(self) -> str:
-        path = (self._u.path.rstrip("/") or "") + "/metrics"
+    def _read(self) -> Reading:
+        if self._path is not None:
+            return self._parse(self._path, self._get(self._path))
+        first: Exception | None = None
+        for path in self.PATHS:
+            try:
+                body = self._get(path)
+                reading = self._parse(path, body)
+            except (OSError, ExpositionError) as exc:
+                first = first or exc
+                continue
+            self._path = path
+            return reading
+        raise first
+
+    def _parse(self, path: str, body: str) -> Reading:
+        try:
+            return parse(body, 0.0)
+        except ExpositionError as exc:
+            raise ExpositionError(f"{self.base_url}{path}: {exc}") from None
+
+    def _get(self, path: str) -> str:
+        url = self.base_url + path
+        deadline = time.monotonic() + self._timeout
         for attempt in (0, 1):            # a kept-alive connection the server closed: once more, fresh
             conn = self._conn or self._connect()
             try:
-                conn.request("GET", path, headers={"Accept": "text/plain", "Accept-Encoding": "identity"})
+                conn.request("GET", (self._u.path.rstrip("/") or "") + path,
+                             headers={"Accept": "text/plain", "Accept-Encoding": "identity"})
                 resp = conn.getresponse()
-                body = resp.read(self.MAX_BYTES + 1)
+                body = self._body(resp, url, deadline)
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                 self.close()
                 if attempt:
-                    raise
+                    raise OSError(f"{url}: the server closed the connection") from None
                 continue
             except (OSError, http.client.HTTPException) as exc:
                 self.close()
-                raise OSError(f"{self.base_url}/metrics: {exc}") from None
+                raise OSError(str(exc) if str(exc).startswith(url) else f"{url}: {exc}") from None
             if resp.status != 200:
                 self.close()
-                hint = " (SGLang serves metrics only with --enable-metrics)" if resp.status == 404 else ""
-                raise OSError(f"{self.base_url}/metrics answered HTTP {resp.status}{hint}")
-            if len(body) > self.MAX_BYTES:
-                self.close()
-                raise OSError(f"{self.base_url}/metrics: more than {self.MAX_BYTES >> 20} MiB")
+                hint = (" (SGLang serves metrics only with --enable-metrics)" if resp.status == 404 else
+                        f" (to {resp.getheader('Location')})" if 300 <= resp.status < 400 else "")
+                raise OSError(f"{url} answered HTTP {resp.status}{hint}")
             return body.decode("utf-8", "replace")
-        raise OSError(f"{self.base_url}/metrics: connection closed")
+        raise OSError(f"{url}: connection closed")
+
+    def _body(self, resp, url: str, deadline: float) -> bytes:
+        """The answer, read against one deadline (a server that trickles a
+        byte a second never trips a per-read timeout) and a size cap."""
+        parts, size = [], 0
+        while resp.length is None or resp.length > 0:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise OSError(f"{url}: no whole answer within {self._timeout:g} s")
+            if resp.fp is not None and resp.fp.raw is not None and hasattr(resp.fp.raw, "_sock"):
+                resp.fp.raw._sock.settimeout(left)
+            try:
+                chunk = resp.read1(65536)
+            except TimeoutError:
+                raise OSError(f"{url}: no whole answer within {self._timeout:g} s") from None
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > self.MAX_BYTES:
+                raise OSError(f"{url}: more than {self.MAX_BYTES >> 20} MiB")
+            parts.append(chunk)
+        if resp.length not in (None, 0):
+            raise OSError(f"{url}: the answer ended {resp.length} bytes short")
+        resp.read()                 # marks the answer whole, so the kept-alive connection can ask again
+        return b"".join(parts)
 
     def _connect(self) -> http.client.HTTPConnection:
         cls = http.client.HTTPSConnection if self._u.scheme == "https" else http.client.HTTPConnection

@@ -13,8 +13,12 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable
 
+import structlog
+
 from .records import GpuSample, Scrape
 from .serving_metrics import EngineScraper, ExpositionError
+
+log = structlog.get_logger("gpuscope.serving")
 
 REDISCOVER_S = 30.0
 
@@ -31,6 +35,7 @@ class ServingSampler:
         self._found_at = -float("inf")
         self.engines: dict[str, list[int]] = {}
         self._scrapers: dict[str, EngineScraper] = {}
+        self._failing: dict[str, str] = {}
 
     def scrape(self) -> Scrape:
         scrape = Scrape()
@@ -40,9 +45,15 @@ class ServingSampler:
             scraper = self._scrapers[url]
             try:
                 values = scraper.scrape()
-            except (OSError, ExpositionError) as exc:
-                scrape.count_error(f"serving metrics: {exc}"[:300])
+            except Exception as exc:  # one engine's fault is its own: the others are still read
+                error = str(exc) if isinstance(exc, (OSError, ExpositionError)) else f"{url}: {type(exc).__name__}: {exc}"
+                scrape.count_error(f"serving metrics: {error}"[:300])
+                if self._failing.get(url) != error:        # logged when it starts or changes, not every tick
+                    log.warning("serving engine's metrics not read", url=url, error=error[:300])
+                self._failing[url] = error
                 continue
+            if self._failing.pop(url, None) is not None:
+                log.info("serving engine's metrics read again", url=url)
             if values:
                 t = scraper.last.t
                 scrape.samples.extend(GpuSample(g, t, dict(values)) for g in gpus)

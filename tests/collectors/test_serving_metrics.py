@@ -42,7 +42,8 @@ def test_each_engine_and_version_over_http(flavour, series):
     clock = Clock()
     scraper = sm.EngineScraper(engine.url, clock=clock)
     try:
-        engine.load(prompt=100, generation=50, requests=5, ttft=[0.03] * 10)
+        engine.load(prompt=100, generation=50, requests=5, preemptions=1, ttft=[0.03] * 10, itl=[0.5], queue=[0.5],
+                    e2e=[0.5])
         assert scraper.scrape() == {}                      # the first scrape is the baseline
         # 100 first tokens in (0.04, 0.06], 100 inter-token gaps in (0.01, 0.02]
         engine.load(running=7, waiting=40, kv=0.96, requests=10, prompt=2000, generation=500, preemptions=4,
@@ -167,3 +168,122 @@ def test_the_sampler_gives_every_gpu_of_an_engine_its_numbers_and_follows_discov
     finally:
         sampler.close()
         a.stop()
+
+
+# -- found in a trial ------------------------------------------------------------------------
+def test_a_brace_never_closed_costs_linear_time_not_a_frozen_agent():
+    import time as _t
+    line = 'vllm:num_requests_running{engine="0" 1\n'
+    c = _t.process_time()
+    with pytest.raises(sm.ExpositionError):
+        sm.parse("# TYPE vllm:num_requests_running gauge\n" + line * 16_000, 0)
+    assert _t.process_time() - c < 2.0          # was 217 s: the label regex ran on through the text
+    with pytest.raises(sm.ExpositionError, match="a line of"):
+        sm.parse("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{" + "{" * 100_000 + "} 1\n", 0)
+
+
+@pytest.mark.parametrize("series,value,drop", [
+    ("vllm:prompt_tokens_total{", "+Inf", "serving_prompt_tokens_per_second"),
+    ("vllm:num_requests_waiting{", "2e9", "serving_requests_waiting"),
+    ('vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf"', "NaN", "serving_ttft_p99_seconds"),
+])
+def test_values_no_engine_could_have_are_dropped_not_sent(series, value, drop):
+    """The analyzer refuses a batch with a value past its ceiling, and every
+    GPU's samples in it with it: such a value never leaves the agent."""
+    import re
+    base = (VLLM / "metrics_busy.txt").read_text()
+    odd = re.sub(r"^(" + re.escape(series) + r"[^\n]*\}) \S+$", lambda m: f"{m.group(1)} {value}", base, flags=re.M)
+    assert odd != base
+    d = sm.derive(sm.parse(base, 0), sm.parse(odd, 5))
+    assert drop not in d and all(0 <= v < 1e9 for v in d.values()) and len(d) >= 5
+
+
+def test_garbage_in_one_histogram_names_the_url_and_spares_other_engines():
+    good = FakeEngine("sglang")
+    srv, url = _server(200, b'# TYPE vllm:time_to_first_token_seconds histogram\n'
+                            b'vllm:time_to_first_token_seconds_bucket{engine="0,le=",le="abc"} 1\n')
+    sampler = ServingSampler(lambda: [(url, [0]), (good.url, [1])])
+    try:
+        sampler.scrape()
+        good.load(running=3)
+        second = sampler.scrape()
+        assert [s.gpu for s in second.samples] == [1]
+        assert any(url in k and "could not parse" in k for k in second.errors)
+    finally:
+        sampler.close()
+        srv.shutdown()
+        good.stop()
+
+
+def test_a_server_that_trickles_its_answer_is_cut_at_the_deadline():
+    import socket
+    import time as _t
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def trickle():
+        conn, _ = listener.accept()
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+        for _ in range(20):
+            _t.sleep(0.4)
+            try:
+                conn.sendall(b"#")
+            except OSError:
+                return
+        conn.close()
+    threading.Thread(target=trickle, daemon=True).start()
+    t0 = _t.monotonic()
+    with pytest.raises(OSError, match="no whole answer within 1 s"):
+        sm.EngineScraper(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout_s=1.0).scrape()
+    assert _t.monotonic() - t0 < 3
+    listener.close()
+
+
+def test_trtllm_serve_is_read_at_its_prometheus_path():
+    """trtllm-serve answers /metrics with JSON iteration stats and serves
+    Prometheus text at /prometheus/metrics."""
+    engine = FakeEngine("trtllm")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            import urllib.request
+            if self.path == "/metrics":
+                body = b'[{"gpuMemUsage": 1, "iter": 3}]'
+            elif self.path == "/prometheus/metrics":
+                body = urllib.request.urlopen(engine.url + "/metrics").read()
+            else:
+                body = b""
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    clock = Clock()
+    scraper = sm.EngineScraper(f"http://127.0.0.1:{srv.server_port}", clock=clock)
+    try:
+        engine.load(running=1, e2e=[0.5])
+        scraper.scrape()
+        engine.load(running=5)
+        clock.t += 5
+        assert scraper.scrape()["serving_requests_running"] == 5 and scraper._path == "/prometheus/metrics"
+    finally:
+        scraper.close()
+        srv.shutdown()
+        engine.stop()
+
+
+def test_readings_prometheus_would_give_for_odd_but_legal_expositions():
+    only_inf = ('# TYPE vllm:time_to_first_token_seconds histogram\n'
+                'vllm:time_to_first_token_seconds_bucket{le="+Inf"} %d\n')
+    assert "serving_ttft_p50_seconds" not in sm.derive(sm.parse(only_inf % 1, 0), sm.parse(only_inf % 9, 5))
+    openmetrics_counter = "# TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total %d\n"
+    d = sm.derive(sm.parse(openmetrics_counter % 100, 0), sm.parse(openmetrics_counter % 600, 5))
+    assert d == {"serving_generation_tokens_per_second": 100.0}
+    untyped_gauge = "vllm:num_requests_waiting 7\n"
+    assert sm.parse(untyped_gauge, 0).gauges == {"waiting": 7.0}
