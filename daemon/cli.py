@@ -156,10 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--json", action="store_true")
     tp.set_defaults(fn=cmd_trace_summarize)
 
-    sp = sub.add_parser("capture", help="deep-capture a JAX/XLA job now, through its host's agent")
+    sp = sub.add_parser("capture", help="deep-capture a job now (JAX/XLA, or a vLLM/SGLang server), through its "
+                                        "host's agent")
     server_args(sp)
     target = sp.add_mutually_exclusive_group(required=True)
     target.add_argument("--jax", metavar="HOST:PORT", help="the job's profiler server, as the agent reaches it")
+    target.add_argument("--serving", metavar="URL", help="a serving engine's base URL (http://HOST:PORT), one the "
+                                                         "agent found on its GPUs or was started with --serving")
     target.add_argument("--pid", type=int, help="a process on the agent's GPUs; its profiler port is discovered")
     sp.add_argument("--duration-ms", type=int, default=2000, help="trace length (default 2000)")
     sp.add_argument("--timeout", type=positive_float, default=None, metavar="S",

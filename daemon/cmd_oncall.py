@@ -115,7 +115,12 @@ def cmd_capture(ns) -> int:
     if ns.timeout is not None and ns.timeout < ns.duration_ms / 1e3 + 10:
         raise UsageError(f"--timeout {ns.timeout:g}: must leave the {ns.duration_ms / 1e3:g} s capture 10 s or "
                          f"more to start, stop and answer")
-    record, xspace = clients.capture(ns.server, ns.jax, ns.pid, ns.duration_ms,
+    if ns.jax and "://" in ns.jax:
+        raise UsageError(f"--jax {ns.jax}: takes the HOST:PORT of a JAX profiler server; for a serving engine's "
+                         f"URL use --serving {ns.jax}")
+    if ns.serving is not None and not ns.serving.startswith(("http://", "https://")):
+        raise UsageError(f"--serving {ns.serving}: expected the engine's base URL, http://HOST:PORT")
+    record, xspace = clients.capture(ns.server, ns.jax or ns.serving, ns.pid, ns.duration_ms,
                                      security=client_security(ns), timeout_s=ns.timeout)
     summary = summarize(parse_trace(xspace, record["path"])) if xspace else None
     if ns.json:

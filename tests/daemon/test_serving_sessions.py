@@ -258,6 +258,43 @@ def test_the_cli_refuses_a_timeout_shorter_than_the_capture(tmp_path):
     import subprocess
     import sys
     r = subprocess.run([sys.executable, "-m", "gpuscope.daemon.cli", "capture", "--server", "127.0.0.1:1",
-                        "--jax", "http://127.0.0.1:2", "--duration-ms", "30000", "--timeout", "20", "--insecure"],
+                        "--serving", "http://127.0.0.1:2", "--duration-ms", "30000", "--timeout", "20", "--insecure"],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "--timeout 20" in r.stderr
+
+
+def test_the_cli_captures_a_serving_engine_by_its_url(tmp_path):
+    """`gpuscope capture --serving URL` through a real agent server, and
+    `--jax URL` pointed at the flag that takes a URL."""
+    import json
+    import subprocess
+    import sys
+
+    from gpuscope.collectors.jobs import JobDiscovery
+    from gpuscope.collectors.nvml import NvmlCollector
+    from gpuscope.daemon.agent import Agent, AgentConfig
+    from gpuscope.daemon.serve import build_server, shutdown
+    from gpuscope.daemon.service import AgentServicer
+    from gpuscope.v1 import agent_pb2_grpc
+    from tests.fakes.nvml import FakeNvml, h200
+
+    engine = VllmLike(tmp_path / "engine")
+    agent = Agent(AgentConfig(host="h", interval_s=0.1, slow_interval_s=1.0), NvmlCollector(nvml=FakeNvml([h200()])))
+    agent.captures = CaptureRunner(CaptureConfig(tmp_path / "caps"), "h")
+    agent.discovery = JobDiscovery(lambda a: None, serving={engine.url: str(engine.trace_dir)})
+    server, port, health = build_server("127.0.0.1:0", [
+        (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent), "gpuscope.v1.Agent")])
+    server.start()
+    cli = [sys.executable, "-m", "gpuscope.daemon.cli", "capture", "--server", f"127.0.0.1:{port}", "--insecure",
+           "--duration-ms", "100"]
+    try:
+        r = subprocess.run(cli + ["--serving", engine.url, "--json"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["capture"]["status"].startswith("ok") and out["capture"]["kind"] == "torch-http"
+        assert not engine.active
+        r = subprocess.run(cli + ["--jax", engine.url], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and f"use --serving {engine.url}" in r.stderr
+    finally:
+        shutdown(server, health)
+        engine.close()
