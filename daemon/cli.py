@@ -199,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--since", type=duration, default=None, help="pairs from this long ago (default: all kept)")
     sp.set_defaults(fn=cmd_accuracy)
 
-    sp = sub.add_parser("jobs", help="JAX/XLA jobs on an agent's GPUs that expose a profiler server")
+    sp = sub.add_parser("jobs", help="the jobs on an agent's GPUs it can trace: JAX profiler servers and "
+                                     "serving engines (vLLM, SGLang, TensorRT-LLM)")
     server_args(sp)
     sp.set_defaults(fn=cmd_jobs)
 
