@@ -56,6 +56,9 @@ def parse_chrome_trace(data: bytes, source: str = "<bytes>") -> Trace:
 
 
 _NOT_SET = -(1 << 63) + 1        # a correlation id the event does not give
+# Kineto categories that are not a thread's work: the interpreter's own frames (the outermost spans the
+# whole capture) and the profiler's span of itself ("PyTorch Profiler (0)", on a thread of its own)
+_NOT_WORK = frozenset(("python_function", "Trace"))
 
 
 class _Events:
@@ -72,7 +75,8 @@ class _Events:
         self.names: dict[str, int] = {}
         self.pid_no: dict = {}
         self.tid_no: dict = {}
-        self.parts: list[tuple[np.ndarray, ...]] = []    # thread, start, end, name, corr, on-GPU annotation
+        # thread, start, end, name, corr, on-GPU annotation, not work (_NOT_WORK)
+        self.parts: list[tuple[np.ndarray, ...]] = []
         self.args: list[list] = []              # each slice's args (a device event's are read once devices are known)
         self.n = 0
 
@@ -125,8 +129,10 @@ class _Events:
             corr = np.array(corr, np.int64)
         except (TypeError, OverflowError):   # ids as text, floats, past int64: one by one, as as_int64 reads them
             corr = np.array([c if c == _NOT_SET else as_int64(c) for c in corr], np.int64)
+        cats = [e.cat for e in xs]
         self._take(pids, tids, start, start + length.astype(np.int64), names, corr,
-                   np.array([e.cat == "gpu_user_annotation" for e in xs], bool), args)
+                   np.array([c == "gpu_user_annotation" for c in cats], bool),
+                   np.array([c in _NOT_WORK for c in cats], bool), args)
         return True
 
     def _one_by_one(self, xs: list) -> None:
@@ -148,13 +154,13 @@ class _Events:
                 continue
             c = _NOT_SET if args is None else _first_set(args.correlation_id, args.correlation, _NOT_SET)
             rows.append((pid, tid, ts, ts + dur, name, c if c == _NOT_SET else as_int64(c),
-                         e.cat == "gpu_user_annotation", args))
+                         e.cat == "gpu_user_annotation", e.cat in _NOT_WORK, args))
         if rows:
-            pids, tids, start, end, names, corr, annot, args = zip(*rows)
+            pids, tids, start, end, names, corr, annot, frame, args = zip(*rows)
             self._take(list(pids), list(tids), np.array(start, np.int64), np.array(end, np.int64), list(names),
-                       np.array(corr, np.int64), np.array(annot, bool), list(args))
+                       np.array(corr, np.int64), np.array(annot, bool), np.array(frame, bool), list(args))
 
-    def _take(self, pids, tids, start, end, names, corr, annot, args) -> None:
+    def _take(self, pids, tids, start, end, names, corr, annot, frame, args) -> None:
         # a thread is a (pid, tid) pair: numbered through the distinct pairs, not a tuple per event
         p, t = _numbered(pids, self.pid_no), _numbered(tids, self.tid_no)
         pairs, inverse = np.unique((p.astype(np.int64) << 32) | t, return_inverse=True)
@@ -162,7 +168,7 @@ class _Events:
         number = np.array([self.keys.setdefault((pid_of[c >> 32], tid_of[c & 0xFFFFFFFF]), len(self.keys))
                            for c in pairs.tolist()], np.int32)
         self.args.append(args)
-        self.parts.append((number[inverse.ravel()], start, end, _numbered(names, self.names), corr, annot))
+        self.parts.append((number[inverse.ravel()], start, end, _numbered(names, self.names), corr, annot, frame))
         self.n += len(pids)
 
     def trace(self, meta: Meta, source: str) -> Trace:
@@ -176,7 +182,7 @@ class _Events:
         if not self.parts:
             why = f"; {sum(self.skipped.values())} unusable events skipped" if self.skipped else ""
             raise TraceError(f"{source}: no complete ('X') events with a usable ts and dur{why}")
-        thread, start, end, name, corr, annot = (np.concatenate(c) for c in zip(*self.parts))
+        thread, start, end, name, corr, annot, frame = (np.concatenate(c) for c in zip(*self.parts))
         keys = list(self.keys)
         on_device = np.array([k[0] in builders for k in keys], bool)[thread]
         names = list(self.names)
@@ -203,7 +209,7 @@ class _Events:
             name_of[i] = hb.name_index(names[i])
         h_corr = corr[host]
         hb.add_many(thread_of[thread[host]], start[host], end[host], name_of[name[host]],
-                    np.where(h_corr == _NOT_SET, _NO_LAUNCH, h_corr), _NO_LAUNCH)
+                    np.where(h_corr == _NOT_SET, _NO_LAUNCH, h_corr), _NO_LAUNCH, frame[host])
         warnings = ["trace-event JSON carries no HLO and no device peaks: ops are placed on the roofline by kernel "
                     "name only (a JAX job's .xplane.pb has both)"]
         if not builders:

@@ -81,7 +81,7 @@ class HostTimeline:
     launch_correlation: np.ndarray     # int64: correlation id of each launch API event
     launch_start_ns: np.ndarray        # int64
     dispatch_ns: int = 0               # time inside the runtime's dispatch path (framework -> driver)
-    busy_ns: int = 0                   # union of top-level events of the busiest host thread
+    busy_ns: int = 0                   # union of the busiest host thread's events that are work (not interpreter frames)
     threads: int = 0
     transfer_ns: int = 0               # host time spent moving data to/from devices (staging, device_put, ...)
     events: HostEvents | None = field(default=None, repr=False)
@@ -111,11 +111,16 @@ class HostBuilder:
         return self.threads[key]
 
     def add_many(self, thread: int | np.ndarray, start: np.ndarray, end: np.ndarray, name: np.ndarray,
-                 corr: np.ndarray, no_launch: int) -> None:
+                 corr: np.ndarray, no_launch: int, frame: np.ndarray | None = None) -> None:
         """Events as arrays (name and thread as indices); `corr` holds
-        `no_launch` where an event is not a launch."""
+        `no_launch` where an event is not a launch; `frame` marks events
+        that are not work (torch's Python frames, the profiler's own span),
+        which do not count as a thread's busy time: a torch trace's
+        outermost Python frame covers the whole capture, and the thread
+        looked 100 % busy whatever it did."""
         thread = np.broadcast_to(np.asarray(thread, np.int32), start.shape)
-        self._chunks.append((thread, start, end, name.astype(np.int32)))
+        work = np.ones(start.shape, bool) if frame is None else ~np.asarray(frame, bool)
+        self._chunks.append((thread, start, end, name.astype(np.int32), work))
         launch = corr != no_launch
         if launch.any():
             self.corr.extend(corr[launch].tolist())
@@ -124,12 +129,13 @@ class HostBuilder:
             self._launch_name.update(name[launch].tolist())
 
     def build(self) -> HostTimeline:
-        empty = (np.empty(0, np.int32), np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int32))
+        empty = (np.empty(0, np.int32), np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int32),
+                 np.empty(0, bool))
         chunks = [empty] + self._chunks
-        thread, start, end, name = (np.concatenate([c[i] for c in chunks]) for i in range(4))
+        thread, start, end, name, work = (np.concatenate([c[i] for c in chunks]) for i in range(5))
         if not _in_order(thread, start, end):        # readers give lines in time order, usually
             order = np.lexsort((-(end - start), start, thread))
-            start, end, name, thread = start[order], end[order], name[order], thread[order]
+            start, end, name, thread, work = start[order], end[order], name[order], thread[order], work[order]
         names = list(self.names)
         category = np.asarray([category_of(n) for n in names], np.int8)
         launch_names = np.asarray(sorted(self._launch_name), np.int64)
@@ -143,7 +149,8 @@ class HostBuilder:
         bounds = np.searchsorted(thread, np.arange(n_threads + 1))
         for t in range(n_threads):
             lo, hi = bounds[t], bounds[t + 1]
-            busiest = max(busiest, union_ns(start[lo:hi], end[lo:hi]))
+            w = work[lo:hi]
+            busiest = max(busiest, union_ns(start[lo:hi][w], end[lo:hi][w]))
             d = dispatch[lo:hi]
             if d.any():
                 dispatch_ns += union_ns(start[lo:hi][d], end[lo:hi][d])

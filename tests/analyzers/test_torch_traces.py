@@ -97,3 +97,18 @@ def test_the_vllm_trace_says_when_and_where_it_ran(fixture_dir):
     s = summarize(load_trace(path))
     assert s["hostnames"] == ["vm"]
     assert 1_795_990_000 < s["start_unix"] < 1_796_000_000
+
+
+def test_a_threads_busy_time_is_its_work_not_its_python_frames_or_the_profilers_span():
+    """The outermost Python frame and the profiler's own span cover the
+    whole capture: counted, every torch thread read 100 % busy."""
+    events = HEADER + [
+        X("PyTorch Profiler (0)", 0, 1000, pid="Spans", tid="PyTorch Profiler", cat="Trace"),
+        X("run_engine_core", 0, 1000, cat="python_function"),
+        X("execute_model", 100, 200, cat="user_annotation"),
+        X("aten::mm", 150, 100),
+        X("aten::add", 500, 100),
+        X("poll", 600, 400, tid=1, cat="python_function"),
+    ]
+    s = summarize(parse_chrome_trace(json.dumps({"traceEvents": events}).encode(), "t.json"))
+    assert s["host"]["busiest_thread_busy_fraction"] == 0.3          # 100-300 and 500-600 of 0-1000
