@@ -33,18 +33,24 @@ _NO_ARGS = Args()
 def parse_chrome_trace(data: bytes, source: str = "<bytes>") -> Trace:
     if not data:
         raise TraceError(f"{source}: empty file")
+    try:
+        return _parse(data, source)
+    except (RecursionError, OverflowError) as exc:      # a value no check foresaw: the file's fault, said so
+        raise TraceError(f"{source}: unreadable trace ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _parse(data: bytes, source: str) -> Trace:
     meta = None
     if data[:2] == b"\x1f\x8b":
         events = _Events()
         try:
-            meta = decode_kineto_gzip(data, MAX_JSON_BYTES, lambda: _too_big(source),
-                                      lambda slice_: events.add(slice_, typed=True))
+            meta = decode_kineto_gzip(data, MAX_JSON_BYTES, lambda: _too_big(source), events.add)
         except zlib.error as exc:
             raise TraceError(f"{source}: corrupt or truncated gzip ({exc})") from None
         if meta is None:
             data = _gunzip(data, source)
     if meta is None:
-        events = _Events()
+        events = _Events()                      # what a sliced read took is dropped
         decoded, typed = decode_typed(data), True
         if decoded is None:
             decoded, typed = decode_tolerant(_load_json(data, source)), False
@@ -59,6 +65,7 @@ _NOT_SET = -(1 << 63) + 1        # a correlation id the event does not give
 # Kineto categories that are not a thread's work: the interpreter's own frames (the outermost spans the
 # whole capture) and the profiler's span of itself ("PyTorch Profiler (0)", on a thread of its own)
 _NOT_WORK = frozenset(("python_function", "Trace"))
+_TIME_LIMIT = float(MAX_TIME_NS + 1)      # 2**62: a float below it is at most MAX_TIME_NS
 
 
 class _Events:
@@ -116,10 +123,14 @@ class _Events:
                           or not {*map(type, pids), *map(type, tids)} <= {int, str}
                           or not set(map(type, names)) <= {str} or any(a is BAD_ARGS for a in args)):
             return False
-        with np.errstate(invalid="ignore", over="ignore"):
-            start, length = np.array(ts, np.float64) * 1000, np.array(dur, np.float64) * 1000
-            if not ((start >= 0) & (start <= MAX_TIME_NS) & (length >= 0) & (length <= MAX_TIME_NS)).all():
-                return False
+        try:
+            with np.errstate(invalid="ignore", over="ignore"):
+                start, length = np.array(ts, np.float64) * 1000, np.array(dur, np.float64) * 1000
+        except (OverflowError, TypeError, ValueError):    # an int of hundreds of digits: one by one
+            return False
+        # as us_to_ns: at most MAX_TIME_NS, compared exactly (2**62 - 1 as a float is 2**62)
+        if not ((start >= 0) & (start < _TIME_LIMIT) & (length >= 0) & (length < _TIME_LIMIT)).all():
+            return False
         start = start.astype(np.int64)
         corr = [_NOT_SET if a is None else a.correlation_id if a.correlation_id is not None
                 else a.correlation if a.correlation is not None else _NOT_SET for a in args]
@@ -163,10 +174,12 @@ class _Events:
     def _take(self, pids, tids, start, end, names, corr, annot, frame, args) -> None:
         # a thread is a (pid, tid) pair: numbered through the distinct pairs, not a tuple per event
         p, t = _numbered(pids, self.pid_no), _numbered(tids, self.tid_no)
-        pairs, inverse = np.unique((p.astype(np.int64) << 32) | t, return_inverse=True)
+        pairs, first, inverse = np.unique((p.astype(np.int64) << 32) | t, return_index=True, return_inverse=True)
         pid_of, tid_of = list(self.pid_no), list(self.tid_no)
-        number = np.array([self.keys.setdefault((pid_of[c >> 32], tid_of[c & 0xFFFFFFFF]), len(self.keys))
-                           for c in pairs.tolist()], np.int32)
+        number = np.empty(len(pairs), np.int32)
+        for k in np.argsort(first, kind="stable").tolist():     # numbered as they first appear, as one by one
+            c = int(pairs[k])
+            number[k] = self.keys.setdefault((pid_of[c >> 32], tid_of[c & 0xFFFFFFFF]), len(self.keys))
         self.args.append(args)
         self.parts.append((number[inverse.ravel()], start, end, _numbered(names, self.names), corr, annot, frame))
         self.n += len(pids)

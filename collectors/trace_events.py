@@ -16,6 +16,7 @@ reader skips and counts what it cannot use, as before.
 """
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import zlib
@@ -89,7 +90,7 @@ def decode_typed(raw: bytes | bytearray) -> tuple[list, Meta] | None:
         if raw.lstrip()[:1] == b"[":
             return _EVENTS.decode(raw), Meta()
         doc = _DOC.decode(raw)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         return None
     if doc.traceEvents is None:
         return None
@@ -103,6 +104,12 @@ def decode_tolerant(doc: Any) -> tuple[list, Meta] | None:
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc if isinstance(doc, list) else None
     if not isinstance(events, list):
         return None
+    meta = Meta(*(doc.get(k) for k in Meta.__struct_fields__)) if isinstance(doc, dict) else Meta()
+    return tolerant_events(events), meta
+
+
+def tolerant_events(events: list) -> list:
+    """Events json.loads read, as Events (None for one that is not an object)."""
     out: list[Event | None] = []
     for e in events:
         if not isinstance(e, dict):
@@ -112,16 +119,16 @@ def decode_tolerant(doc: Any) -> tuple[list, Meta] | None:
         args = (None if a is None else Args(*(a.get(k) for k in _ARG_KEYS)) if isinstance(a, dict) else BAD_ARGS)
         out.append(Event(e.get("ph"), e.get("name", ""), e.get("cat"), e.get("pid"), e.get("tid"), e.get("ts"),
                          e.get("dur", 0), args))
-    meta = Meta(*(doc.get(k) for k in Meta.__struct_fields__)) if isinstance(doc, dict) else Meta()
-    return out, meta
+    return out
 
 
 def decode_kineto_gzip(data: bytes, max_bytes: int, too_big: Callable[[], Exception],
-                       consume: Callable[[list], None]) -> Meta | None:
-    """The meta of a gzip'd Kineto trace, its events (TypedEvent) handed to
-    consume() a slice at a time; None when the file is not laid out as
-    Kineto writes it, or does not fit the types (then the caller starts
-    again with the whole file: what consume() took is to be dropped).
+                       consume: Callable[[list, bool], None]) -> Meta | None:
+    """The meta of a gzip'd Kineto trace, its events handed to
+    consume(events, typed) a slice at a time: TypedEvents, or for a slice
+    that does not fit the types, Events json.loads read (typed False). None
+    when the file is not laid out as Kineto writes it (then the caller
+    starts again with the whole file: what consume() took is to be dropped).
     Raises too_big() past max_bytes of JSON, zlib.error on a corrupt
     stream. A thread decompresses the next piece while this one decodes
     the last (zlib lets go of the GIL; the machines are small)."""
@@ -145,7 +152,7 @@ def _inflate(data: bytes, max_bytes: int, too_big: Callable[[], Exception], piec
         rest, total = data, 0
         while not d.eof and not stop.is_set():
             if not rest:
-                raise zlib.error("the gzip stream ends before its end")
+                raise zlib.error("ends before the end of its stream")
             piece = d.decompress(rest, PIECE_BYTES)
             rest = d.unconsumed_tail
             total += len(piece)
@@ -157,7 +164,7 @@ def _inflate(data: bytes, max_bytes: int, too_big: Callable[[], Exception], piec
         pieces.put(exc)
 
 
-def _split(pieces: queue.Queue, consume: Callable[[list], None]) -> Meta | None:
+def _split(pieces: queue.Queue, consume: Callable[[list, bool], None]) -> Meta | None:
     pending = bytearray()
     header: bytes | None = None
     while True:
@@ -184,6 +191,8 @@ def _split(pieces: queue.Queue, consume: Callable[[list], None]) -> Meta | None:
             if not _decode_into(consume, pending, cut):
                 return None
             del pending[:cut]
+        elif len(pending) > 2 * PIECE_BYTES:
+            return None                    # no event lines: another writer's layout (compact JSON)
     if header is None:
         return None
     end = pending.rfind(_ARRAY_END)
@@ -195,9 +204,11 @@ def _split(pieces: queue.Queue, consume: Callable[[list], None]) -> Meta | None:
         return None
 
 
-def _decode_into(consume: Callable[[list], None], buf: bytearray, end: int) -> bool:
+def _decode_into(consume: Callable[[list, bool], None], buf: bytearray, end: int) -> bool:
     """The events in buf[:end] (whole events, a comma after the last), as one
-    array: copied once, into the array's brackets."""
+    array: copied once, into the array's brackets. A slice that does not fit
+    the types is read by json.loads, that slice only; False when it is not
+    JSON at all."""
     while end and buf[end - 1] in b" \t\r\n":
         end -= 1
     if end and buf[end - 1] == 0x2C:       # ","
@@ -212,7 +223,14 @@ def _decode_into(consume: Callable[[list], None], buf: bytearray, end: int) -> b
     body += b"]"
     try:
         events = _EVENTS.decode(body)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except msgspec.ValidationError:
+        try:
+            loose = json.loads(body)
+        except (ValueError, RecursionError):
+            return False
+        consume(tolerant_events(loose), False)
+        return True
+    except (msgspec.DecodeError, RecursionError):
         return False
-    consume(events)
+    consume(events, True)
     return True

@@ -47,7 +47,7 @@ def test_a_kineto_file_is_decoded_a_slice_at_a_time(monkeypatch):
     path = next(p for p in REAL if p.name.startswith("rank0"))
     monkeypatch.setattr(trace_events, "PIECE_BYTES", 1 << 16)          # hundreds of slices
     slices: list[int] = []
-    meta = trace_events.decode_kineto_gzip(path.read_bytes(), 1 << 30, RuntimeError, lambda ev: slices.append(len(ev)))
+    meta = trace_events.decode_kineto_gzip(path.read_bytes(), 1 << 30, RuntimeError, lambda ev, typed: slices.append(len(ev)))
     assert sum(slices) == 225_473 and len(slices) > 500
     assert meta.host_name == "vm" and meta.baseTimeNanoseconds > 0
     sliced = reader.parse_chrome_trace(path.read_bytes(), str(path))
@@ -90,7 +90,7 @@ def test_the_trailer_and_a_bracket_in_a_string_do_not_end_the_array_early():
     data = _kineto(META + GOOD + [{"ph": "X", "name": "x ]\n  ] y", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}],
                    trailer='"traceName": "a\\n  ]b", "host_name": "node-3", "baseTimeNanoseconds": 1000')
     got: list = []
-    meta = trace_events.decode_kineto_gzip(data, 1 << 30, RuntimeError, got.extend)
+    meta = trace_events.decode_kineto_gzip(data, 1 << 30, RuntimeError, lambda ev, typed: got.extend(ev))
     assert len(got) == len(META + GOOD) + 1 and meta.host_name == "node-3"
     t = reader.parse_chrome_trace(data, "t.json.gz")
     assert t.hostnames == ["node-3"] and len(t.devices) == 1
@@ -113,3 +113,47 @@ def test_other_layouts_and_plain_json_take_the_whole_file_path():
     _same(a, b)
     _same(a, c)
     assert len(a.devices) == 1
+
+
+
+# -- found in a trial ------------------------------------------------------------------------
+def test_a_slice_with_an_odd_type_is_read_tolerantly_without_reading_the_file_again(monkeypatch):
+    events = META + GOOD + [{"ph": "X", "name": "late", "pid": 1, "tid": 1, "ts": "120.5", "dur": 1.0}]
+    data = _kineto(events)
+    whole = []
+    monkeypatch.setattr(reader, "_gunzip", lambda *a: whole.append(1) or pytest.fail("decompressed twice"))
+    fast = reader.parse_chrome_trace(data, "t.json.gz")
+    monkeypatch.undo()
+    _tolerant(monkeypatch)
+    _same(fast, reader.parse_chrome_trace(data, "t.json.gz"))
+
+
+@pytest.mark.parametrize("odd", [
+    {"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 10 ** 400, "dur": 1.0},
+    {"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 4611686018427387.904, "dur": 4611686018427387.904},
+    {"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0, "args": {"x": [[[[[[[[1]]]]]]]]}},
+])
+def test_odd_numbers_and_nesting_are_skipped_or_refused_never_a_traceback(odd, monkeypatch):
+    data = _kineto(META + GOOD + [odd])
+    fast = reader.parse_chrome_trace(data, "t.json.gz")
+    _tolerant(monkeypatch)
+    _same(fast, reader.parse_chrome_trace(data, "t.json.gz"))
+    assert fast.end_ns < 2 ** 62
+
+
+def test_deep_nesting_is_a_trace_error():
+    deep = {"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0, "args": {}}
+    text = json.dumps({"traceEvents": META + GOOD + [deep]}).replace('"args": {}', '"args": ' + "[" * 5000 + "]" * 5000)
+    for data, name in ((text.encode(), "t.json"), (gzip.compress(text.encode()), "t.json.gz")):
+        with pytest.raises(TraceError, match="nested too deeply|unreadable"):
+            reader.parse_chrome_trace(data, name)
+
+
+def test_threads_are_numbered_as_they_first_appear_on_either_path(monkeypatch):
+    events = META + [{"ph": "X", "name": f"e{i}", "pid": 1, "tid": tid, "ts": float(i), "dur": 0.5}
+                     for i, tid in enumerate([30, 10, 20, 10, 30])]
+    data = _kineto(events)
+    fast = reader.parse_chrome_trace(data, "t.json.gz").host.events.threads
+    _tolerant(monkeypatch)
+    monkeypatch.setattr(reader._Events, "_columns", lambda self, xs, typed: False)
+    assert list(fast) == list(reader.parse_chrome_trace(data, "t.json.gz").host.events.threads)
