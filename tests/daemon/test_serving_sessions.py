@@ -190,24 +190,12 @@ def test_the_agent_answers_before_its_callers_deadline_with_the_capture_id(tmp_p
     """Through the real agent API: the engine's stop takes 30 s, the caller
     gives 8 s; the agent sizes its waits to that and answers 'slow', with
     the capture id, and the stop goes on being followed."""
-    import grpc
-    from gpuscope.collectors.jobs import JobDiscovery
-    from gpuscope.collectors.nvml import NvmlCollector
     from gpuscope.collectors.serving_profiler import PENDING_STOPS
     from gpuscope.daemon import clients
-    from gpuscope.daemon.agent import Agent, AgentConfig
-    from gpuscope.daemon.serve import build_server, shutdown
-    from gpuscope.daemon.service import AgentServicer
-    from gpuscope.v1 import agent_pb2_grpc
-    from tests.fakes.nvml import FakeNvml, h200
+    from gpuscope.daemon.serve import shutdown
 
     engine = VllmLike(tmp_path / "engine", write_s=30.0)
-    agent = Agent(AgentConfig(host="h", interval_s=0.1, slow_interval_s=1.0), NvmlCollector(nvml=FakeNvml([h200()])))
-    agent.captures = CaptureRunner(CaptureConfig(tmp_path / "caps"), "h")
-    agent.discovery = JobDiscovery(lambda a: None, serving={engine.url: str(engine.trace_dir)})
-    server, port, health = build_server("127.0.0.1:0", [
-        (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent), "gpuscope.v1.Agent")])
-    server.start()
+    server, port, health = _agent_server(tmp_path, engine)
     try:
         t0 = time.monotonic()
         rec, data = clients.capture(f"127.0.0.1:{port}", engine.url, None, 100, timeout_s=8)
@@ -270,21 +258,10 @@ def test_the_cli_captures_a_serving_engine_by_its_url(tmp_path):
     import subprocess
     import sys
 
-    from gpuscope.collectors.jobs import JobDiscovery
-    from gpuscope.collectors.nvml import NvmlCollector
-    from gpuscope.daemon.agent import Agent, AgentConfig
-    from gpuscope.daemon.serve import build_server, shutdown
-    from gpuscope.daemon.service import AgentServicer
-    from gpuscope.v1 import agent_pb2_grpc
-    from tests.fakes.nvml import FakeNvml, h200
+    from gpuscope.daemon.serve import shutdown
 
     engine = VllmLike(tmp_path / "engine")
-    agent = Agent(AgentConfig(host="h", interval_s=0.1, slow_interval_s=1.0), NvmlCollector(nvml=FakeNvml([h200()])))
-    agent.captures = CaptureRunner(CaptureConfig(tmp_path / "caps"), "h")
-    agent.discovery = JobDiscovery(lambda a: None, serving={engine.url: str(engine.trace_dir)})
-    server, port, health = build_server("127.0.0.1:0", [
-        (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent), "gpuscope.v1.Agent")])
-    server.start()
+    server, port, health = _agent_server(tmp_path, engine)
     cli = [sys.executable, "-m", "gpuscope.daemon.cli", "capture", "--server", f"127.0.0.1:{port}", "--insecure",
            "--duration-ms", "100"]
     try:
@@ -298,3 +275,22 @@ def test_the_cli_captures_a_serving_engine_by_its_url(tmp_path):
     finally:
         shutdown(server, health)
         engine.close()
+
+
+def _agent_server(tmp_path, engine):
+    """A real agent's gRPC server, knowing `engine` by configuration."""
+    from gpuscope.collectors.jobs import JobDiscovery
+    from gpuscope.collectors.nvml import NvmlCollector
+    from gpuscope.daemon.agent import Agent, AgentConfig
+    from gpuscope.daemon.serve import build_server
+    from gpuscope.daemon.service import AgentServicer
+    from gpuscope.v1 import agent_pb2_grpc
+    from tests.fakes.nvml import FakeNvml, h200
+
+    agent = Agent(AgentConfig(host="h", interval_s=0.1, slow_interval_s=1.0), NvmlCollector(nvml=FakeNvml([h200()])))
+    agent.captures = CaptureRunner(CaptureConfig(tmp_path / "caps"), "h")
+    agent.discovery = JobDiscovery(lambda a: None, serving={engine.url: str(engine.trace_dir)})
+    server, port, health = build_server("127.0.0.1:0", [
+        (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent), "gpuscope.v1.Agent")])
+    server.start()
+    return server, port, health
