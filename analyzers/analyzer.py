@@ -522,8 +522,8 @@ class Analyzer:
         """Totals over the whole fleet, and the GPUs of `host` (all when
         empty), at most `gpu_limit` (None: all): see status.summarize."""
         items = list(self.gpus.items())       # list(): the writer thread may add a GPU
-        return summarize_status(((k, st.last_arrival) for k, st in items), self._row, self._totals(), self._clock(),
-                         host, gpu_limit)
+        return summarize_status(((k, st.last_arrival) for k, st in items), self._row, self._totals(),
+                                self._clock(), host, gpu_limit)
 
     def publish_status(self) -> Future:
         """Publishes every GPU touched so far (a new mirror's first rows)."""

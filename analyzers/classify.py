@@ -91,7 +91,8 @@ def classify_many(windows: Sequence[Window], matrix: np.ndarray | None = None) -
         evidence["samples"] = float(w.samples)
         out.append(Classification(
             gpu=w.gpu, start=w.start, end=w.end, verdict=rule.VERDICT, confidence=confidence[k],
-            summary=rule.describe(w) + (_shift_words(w) if mixed[k] else "") + serving_words(w.get), evidence=evidence, flags=[name for name, on in flagged if on[k]],
+            summary=rule.describe(w) + (_shift_words(w) if mixed[k] else "") + serving_words(w.get),
+            evidence=evidence, flags=[name for name, on in flagged if on[k]],
             alternatives=rule.ALTERNATIVES, runner_up=runner_rule.VERDICT if has_runner[k] else None,
             activity=None if act[k] != act[k] else act[k], starved=starv[k]))
     return out

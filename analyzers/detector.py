@@ -34,8 +34,8 @@ from __future__ import annotations
 import collections
 import math
 import statistics
-from array import array
 import uuid
+from array import array
 from dataclasses import dataclass, field
 
 from .classify import Classification, FeatureSet

@@ -55,8 +55,6 @@ MAX_PCIE_GENERATION = 16         # PCIe 7 is current; absent (never 0) when the 
 MAX_PCIE_WIDTH = 64              # lanes; x16 is usual, x32 the widest defined
 MAX_POWER_LIMIT_WATTS = 10_000.0  # a whole board; B200 is 1,200 W
 MAX_CAPTURE_DURATION_MS = 3_600_000  # an hour; the agent caps traces at 60 s. Fits INTEGER.
-RATIO_CEILING = cat.RATIO_CEILING
-_ceiling = cat.ceiling
 
 # -- strings (UTF-8 bytes) -----------------------------------------------------------
 MAX_HOST_BYTES = 253             # a DNS name; printable, no blanks
@@ -102,17 +100,17 @@ class ProcessRows:
     @staticmethod
     def table(rows: list["ProcessRows"]) -> pa.Table:
         """The `processes` rows of several batches, in one table."""
-        def cat(name: str) -> list:
+        def joined(name: str) -> list:
             return [v for r in rows for v in getattr(r, name)]
         return pa.table({
             # typed: an untyped pa.array tries (and fails) to import dateutil, per call
             "host": pa.array([r.host for r in rows for _ in r.pid], pa.string()),
             "gpu": pa.array(np.concatenate([r.gpu for r in rows]), pa.int32()),
             "t": pa.array(np.concatenate([r.t for r in rows]), pa.float64()),
-            "pid": pa.array(cat("pid"), pa.int64()),
-            "used_memory_bytes": pa.array(cat("used_memory_bytes"), pa.int64()),
-            "cpu_cores": pa.array(cat("cpu_cores"), pa.float64()),
-            "command": pa.array(cat("command"), pa.string()),
+            "pid": pa.array(joined("pid"), pa.int64()),
+            "used_memory_bytes": pa.array(joined("used_memory_bytes"), pa.int64()),
+            "cpu_cores": pa.array(joined("cpu_cores"), pa.float64()),
+            "command": pa.array(joined("command"), pa.string()),
         })
 
 
@@ -304,7 +302,7 @@ def _columns(batch: pb.SampleBatch, n: int) -> tuple[tuple[str, ...], np.ndarray
 def _ceilings(metrics: tuple[str, ...]) -> np.ndarray:
     c = _CEILINGS.get(metrics)
     if c is None:
-        c = np.array([_ceiling(cat.BY_NAME[m]) for m in metrics], float)
+        c = np.array([cat.ceiling(cat.BY_NAME[m]) for m in metrics], float)
         if len(_CEILINGS) < 64:          # agents send a handful of distinct column sets
             _CEILINGS[metrics] = c
     return c
@@ -348,9 +346,9 @@ def _column(base: str, col: pb.Column, n: int, seen: dict) -> np.ndarray:
     checks = [(~np.isfinite(values), "{v!r} is not a number (mark missing values in `valid`, never as NaN)"),
               (values < 0, "negative value {v!r}")]
     if m.kind is cat.Kind.RATIO:
-        checks.append((values > RATIO_CEILING, "{v!r} is not a ratio (0-1)"))
+        checks.append((values > cat.RATIO_CEILING, "{v!r} is not a ratio (0-1)"))
     else:
-        checks.append((values > _ceiling(m), f"{{v!r}} {m.unit} is past any GPU's ({_ceiling(m):g}); "
+        checks.append((values > cat.ceiling(m), f"{{v!r}} {m.unit} is past any GPU's ({cat.ceiling(m):g}); "
                                              "a unit or encoding bug"))
     for bad, problem in checks:
         bad &= mask                       # what `valid` marks missing may hold anything

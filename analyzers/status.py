@@ -18,6 +18,7 @@ from typing import Callable, Iterable, NamedTuple
 
 Key = tuple[str, int]
 
+
 class GpuRow(NamedTuple):
     host: str
     gpu: int
@@ -66,8 +67,9 @@ def summarize(arrivals: Iterable[tuple[Key, float]], row_of: Callable[[Key], Gpu
 
 class StatusMirror:
     """The analysis process's GPU rows and totals, as last published: the
-    rows a commit group's analysis or a sweep touched come after it. GPUs are never forgotten by the
-    analyzer, so a row is only ever added or replaced."""
+    rows a commit group's analysis or a sweep touched come after it. GPUs
+    are never forgotten by the analyzer, so a row is only ever added or
+    replaced."""
 
     def __init__(self) -> None:
         self._rows: dict[Key, GpuRow] = {}

@@ -261,21 +261,19 @@ class EngineScraper:
 
     def scrape(self) -> dict[str, float]:
         """Raises OSError (unreachable, HTTP error, too slow) or ExpositionError."""
-        t = self._clock()
-        cur = self._read()
-        cur.t = t
+        cur = self._read(self._clock())
         self.last = cur
         prev, self._prev = self._prev, cur
         return {} if prev is None else derive(prev, cur)
 
-    def _read(self) -> Reading:
+    def _read(self, t: float) -> Reading:
         if self._path is not None:
-            return self._parse(self._path, self._get(self._path))
+            return self._parse(self._path, self._get(self._path), t)
         first: Exception | None = None
         for path in self.PATHS:
             try:
                 body = self._get(path)
-                reading = self._parse(path, body)
+                reading = self._parse(path, body, t)
             except (OSError, ExpositionError) as exc:
                 first = first or exc
                 continue
@@ -283,9 +281,9 @@ class EngineScraper:
             return reading
         raise first
 
-    def _parse(self, path: str, body: str) -> Reading:
+    def _parse(self, path: str, body: str, t: float) -> Reading:
         try:
-            return parse(body, 0.0)
+            return parse(body, t)
         except ExpositionError as exc:
             raise ExpositionError(f"{self.base_url}{path}: {exc}") from None
 
