@@ -20,6 +20,7 @@ from gpuscope.collectors.xspace_reader import TraceError
 from . import clients, logs
 from .cliutil import VERDICTS, UsageError, default_db, duration, positive_float, positive_int
 from .cmd_accuracy import cmd_accuracy
+from .cmd_calibrate import add_calibrate_parser
 from .cmd_certs import add_certs_parser
 from .cmd_offline import cmd_classify, cmd_metrics, cmd_trace_summarize
 from .cmd_oncall import (cmd_capture, cmd_captures, cmd_findings, cmd_jobs, cmd_query, cmd_records, cmd_report,
@@ -213,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_metrics)
 
     add_certs_parser(sub)
+    add_calibrate_parser(sub)
     return p
 
 

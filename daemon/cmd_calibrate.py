@@ -1,0 +1,129 @@
+"""`gpuscope calibrate`: measure one GPU's ceilings (collectors.calibrate)
+with its clocks, power and temperature read through NVML while it runs.
+
+It refuses a GPU that another process holds: a job beside it would be
+slowed, and the ceilings read low. `--force` overrides, and says so."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from gpuscope.collectors.calibrate import CalibrateConfig, CalibrationError, Calibrator, MATMUL_DTYPES
+from gpuscope.collectors.nvml import NvmlCollector, SourceUnavailable
+
+from .cliutil import UsageError, print_json
+from .human import percent, si
+
+# What the probe keeps from each NVML reading: the conditions a ceiling depends on.
+_CONDITIONS = ("sm_clock_hertz", "mem_clock_hertz", "power_watts", "temp_celsius", "mem_temp_celsius",
+               "power_limit_watts")
+
+
+def add_calibrate_parser(sub) -> None:
+    sp = sub.add_parser("calibrate", help="measure this GPU's real ceilings: HBM bandwidth, matmul FLOP/s per "
+                                          "dtype, launch latency, host and peer transfers (needs JAX)")
+    sp.add_argument("--gpu", type=int, default=0, help="device index (default 0)")
+    sp.add_argument("--quick", action="store_true", help="fewer repeats (about 30 s on an H200)")
+    sp.add_argument("--platform", choices=("gpu", "cpu"), default=None,
+                    help="JAX backend (default: JAX's own choice, the GPU where its CUDA plugin is installed)")
+    sp.add_argument("--dtypes", default=",".join(MATMUL_DTYPES),
+                    help=f"matmul dtypes, comma-separated (default {','.join(MATMUL_DTYPES)})")
+    sp.add_argument("--force", action="store_true", help="run even though another process holds the GPU")
+    sp.add_argument("--output", default=None, metavar="FILE", help="also write the JSON result to FILE")
+    sp.add_argument("--json", action="store_true", help="JSON output")
+    sp.set_defaults(fn=cmd_calibrate)
+
+
+def cmd_calibrate(ns, nvml_module=None) -> int:
+    """`nvml_module`: pynvml, or a stand-in with its API (tests)."""
+    dtypes = tuple(d.strip() for d in ns.dtypes.split(",") if d.strip())
+    unknown = [d for d in dtypes if d not in MATMUL_DTYPES]
+    if unknown or not dtypes:
+        raise UsageError(f"--dtypes: unknown {', '.join(unknown) or '(none given)'}; "
+                         f"choose from {', '.join(MATMUL_DTYPES)}")
+    if ns.gpu < 0:
+        raise UsageError(f"--gpu {ns.gpu}: a device index is 0 or more")
+    nvml, gpu_info, note = _nvml(ns, nvml_module)
+    probe = None
+    if nvml is not None:
+        def probe() -> dict[str, float]:
+            for s in nvml.scrape().samples:
+                if s.gpu == ns.gpu:
+                    return {k: s.values[k] for k in _CONDITIONS if k in s.values}
+            return {}
+
+    def progress(what: str) -> None:
+        if not ns.json:
+            print(f"  measuring {what} …", file=sys.stderr, flush=True)
+
+    try:
+        cfg = CalibrateConfig(device=ns.gpu, platform=ns.platform, quick=ns.quick, dtypes=dtypes)
+        result = Calibrator(cfg, probe=probe, progress=progress).run()
+    except CalibrationError as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        if nvml is not None:
+            nvml.close()
+    out = result.to_dict()
+    out["gpu"] = gpu_info
+    out["forced"] = bool(ns.force)
+    if note:
+        out["note"] = note
+    if ns.output:
+        with open(ns.output, "w") as f:
+            json.dump(out, f, indent=1)
+    if ns.json:
+        print_json(out)
+    else:
+        _print(out)
+    return 0
+
+
+def _nvml(ns, module):
+    """NVML for the probe and the in-use check, or (None, {}, why not)."""
+    nvml = NvmlCollector(nvml=module)
+    try:
+        nvml.start()
+    except SourceUnavailable as exc:
+        if ns.platform == "gpu":
+            # the collector's own hint is the agent's (--source replay:FILE)
+            raise UsageError(f"{str(exc).split('; on a machine')[0]}; without a GPU use --platform cpu") from None
+        return None, {}, "no NVML here: clocks, power and GPU use not read"
+    devs = {d.gpu: d for d in nvml.devices()}
+    if ns.gpu not in devs:
+        nvml.close()
+        raise UsageError(f"--gpu {ns.gpu}: NVML sees {len(devs)} GPU(s), numbered 0-{len(devs) - 1}")
+    d = devs[ns.gpu]
+    info = {"index": d.gpu, "uuid": d.uuid, "name": d.name, "memory_total_bytes": d.memory_total_bytes,
+            "power_limit_watts": d.power_limit_watts, "pcie_generation": d.pcie_generation,
+            "pcie_width": d.pcie_width}
+    others = [p for s in nvml.scrape().samples if s.gpu == ns.gpu for p in s.processes if p.pid != os.getpid()]
+    if others and not ns.force:
+        nvml.close()
+        who = ", ".join(f"pid {p.pid}" + (f" ({p.command[:60]})" if p.command else "") for p in others[:3])
+        raise UsageError(f"GPU {ns.gpu} is in use by {who}: calibrating now would slow that job and read "
+                         "low ceilings; run when it is idle, or pass --force")
+    return nvml, info, None
+
+
+def _print(out: dict) -> None:
+    dev, gpu = out["device"], out.get("gpu") or {}
+    name = gpu.get("name") or dev["device_kind"]
+    print(f"{name} ({dev['platform']}, JAX {dev['jax']}"
+          + (f", {dev['platform_version']}" if dev.get("platform_version") not in (None, dev["platform"]) else "")
+          + f") in {out['duration_s']:.0f} s" + (" — forced while in use" if out.get("forced") else ""))
+    units = {"bytes_per_second": "B/s", "flop_per_second": "FLOP/s", "seconds": "s", "calls_per_second": "calls/s"}
+    for m in out["measurements"]:
+        if m["value"] is None:
+            print(f"  {m['name']:<18} —   {m['error']}")
+            continue
+        u = units[m["unit"]]
+        cond = m["conditions"]
+        clock = cond.get("sm_clock_hertz", {}).get("median")
+        power = cond.get("power_watts", {}).get("max")
+        extra = ", ".join(x for x in (clock and f"SM {si(clock, 'Hz')}", power and f"≤ {si(power, 'W')}") if x)
+        print(f"  {m['name']:<18} {si(m['value'], u):>14}  best {si(m['best'], u):>12}  "
+              f"spread {percent(m['spread']):>5}" + (f"  ({extra})" if extra else ""))
+    if out.get("note"):
+        print(f"  note: {out['note']}")
