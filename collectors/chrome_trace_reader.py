@@ -77,6 +77,7 @@ class _Events:
     def __init__(self) -> None:
         self.skipped: dict[str, int] = {}
         self.procs: dict = {}
+        self.gpu_labels: dict = {}               # pid -> "GPU N" from process_labels
         self.threads: dict = {}                 # (pid, tid) -> thread name
         self.keys: dict[tuple, int] = {}        # (pid, tid) -> index
         self.names: dict[str, int] = {}
@@ -102,11 +103,18 @@ class _Events:
 
     def _meta(self, e) -> None:
         what = e.name
-        if what != "process_name" and what != "thread_name":
+        if what not in ("process_name", "thread_name", "process_labels"):
             return
         pid, tid, args = _id(e.pid), _id(e.tid), e.args
         if pid is _BAD or tid is _BAD or args is BAD_ARGS:
             count_skip(self.skipped, "metadata events with a bad pid, tid or args")
+            return
+        if what == "process_labels":
+            # Recent Kineto names every process "python" and says which is a
+            # GPU only here ("GPU 0"); older ones put "GPU 0" in the name.
+            label = _text(args.labels if args is not None else "")
+            if label.startswith("GPU "):
+                self.gpu_labels[pid] = label
             return
         label = _text(args.name if args is not None else "")
         if what == "process_name":
@@ -185,7 +193,8 @@ class _Events:
         self.n += len(pids)
 
     def trace(self, meta: Meta, source: str) -> Trace:
-        device_pids = {pid: name for pid, name in self.procs.items() if name.startswith(DEVICE_PREFIXES)}
+        device_pids = {**self.gpu_labels,
+                       **{pid: name for pid, name in self.procs.items() if name.startswith(DEVICE_PREFIXES)}}
         props = _device_properties(meta.deviceProperties)
         builders = {}
         for pid, name in device_pids.items():

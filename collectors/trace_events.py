@@ -31,6 +31,7 @@ _ARRAY_END = b"\n  ]"
 
 class Args(msgspec.Struct, gc=False):
     name: Any = None                 # process_name / thread_name metadata
+    labels: Any = None               # process_labels metadata (Kineto >= torch 2.x: "GPU 0")
     hlo_op: Any = None
     program_id: Any = None
     hlo_module: Any = None

@@ -16,8 +16,10 @@ from .cliutil import UsageError, print_json
 from .human import percent, si
 
 # What the probe keeps from each NVML reading: the conditions a ceiling depends on.
-_CONDITIONS = ("sm_clock_hertz", "mem_clock_hertz", "power_watts", "temp_celsius", "mem_temp_celsius",
-               "power_limit_watts")
+# power_watts is the driver's one-second average, which lags a short
+# measurement; the instantaneous reading is what the ceiling ran at.
+_CONDITIONS = ("sm_clock_hertz", "mem_clock_hertz", "power_instant_watts", "power_watts", "temp_celsius",
+               "mem_temp_celsius", "power_limit_watts")
 
 
 def add_calibrate_parser(sub) -> None:
@@ -121,7 +123,7 @@ def _print(out: dict) -> None:
         u = units[m["unit"]]
         cond = m["conditions"]
         clock = cond.get("sm_clock_hertz", {}).get("median")
-        power = cond.get("power_watts", {}).get("max")
+        power = (cond.get("power_instant_watts") or cond.get("power_watts") or {}).get("max")
         extra = ", ".join(x for x in (clock and f"SM {si(clock, 'Hz')}", power and f"≤ {si(power, 'W')}") if x)
         print(f"  {m['name']:<18} {si(m['value'], u):>14}  best {si(m['best'], u):>12}  "
               f"spread {percent(m['spread']):>5}" + (f"  ({extra})" if extra else ""))

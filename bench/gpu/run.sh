@@ -24,9 +24,9 @@ step() { echo "== $1 $(date +%T)" >> $LOG; }
   $PY -c "import pynvml, jax, torch, grpc, google.protobuf as p; print('jax', jax.__version__, 'torch', torch.__version__, 'grpc', grpc.__version__, 'protobuf', p.__version__)"; } > $OUT/env.txt 2>&1
 
 step "calibrate --quick"
-t0=$(date +%s.%N)
+t0=$(date +%s%N)
 timeout 150 $PY -m gpuscope.daemon.cli calibrate --quick --json --output $OUT/calibrate_quick.json > /dev/null 2>> $LOG
-echo "calibrate --quick wall (process start to exit): $(echo "$(date +%s.%N) - $t0" | bc) s" >> $LOG
+echo "calibrate --quick wall (process start to exit): $(( ($(date +%s%N) - t0) / 1000000 )) ms" >> $LOG
 
 # A real GPU trace through our reader and verdict: a bf16 matmul must come out
 # compute-bound, an f32 stream memory-bound, tiny kernels launch-bound.

@@ -1,0 +1,30 @@
+"""Real torch-profiler traces from an H200 (tests/data/h200-torch-2.11):
+kernels on a process Kineto marks as a GPU only by its labels, and the
+verdict each workload must get."""
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuscope.analyzers.trace_analysis import summarize
+from gpuscope.collectors.trace_files import load_trace, parse_trace
+
+DATA = Path(__file__).parent.parent / "data" / "h200-torch-2.11"
+
+
+@pytest.mark.parametrize("name, verdict", [("matmul_bf16", "compute-bound"), ("stream_f32", "memory-bound"),
+                                           ("launch_tiny", "launch-bound")])
+def test_h200_torch_trace_verdicts(name, verdict):
+    s = summarize(load_trace(DATA / f"{name}.pt.trace.json.gz"))
+    assert s["device"] == "/device:GPU:0"
+    assert s["verdict"] == verdict, s["summary"]
+    assert s["busy_fraction"] is not None
+
+
+def test_the_gpu_is_found_by_its_label_alone():
+    """The same events with the labels removed: no device, and it says so."""
+    doc = json.loads(gzip.decompress((DATA / "matmul_bf16.pt.trace.json.gz").read_bytes()))
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("name") != "process_labels"]
+    s = summarize(parse_trace(json.dumps(doc).encode(), "in-memory.json"))
+    assert s["verdict"] is None and "no GPU activity" in s["summary"]
