@@ -10,5 +10,5 @@ mkdir -p .gpuwheels
 # the image's grpcio is older than the one our generated code was made with
 .venv/bin/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d .gpuwheels msgspec cryptography cffi 'grpcio==1.85.1' 'grpcio-health-checking==1.85.1' protobuf
+  -d .gpuwheels duckdb msgspec cryptography cffi 'grpcio==1.85.1' 'grpcio-health-checking==1.85.1' protobuf
 ls -la .gpuwheels
