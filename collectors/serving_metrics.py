@@ -8,16 +8,25 @@ end-to-end latency percentiles from histogram deltas.
 Each quantity lists the family names that carry it, across engines and
 versions (vLLM renamed `gpu_cache_usage_perc` to `kv_cache_usage_perc` and
 `time_per_output_token_seconds` to `inter_token_latency_seconds`; SGLang
-the latter too). The first family present wins. Series of one family
-(vLLM's `engine` and `model_name` labels: one per data-parallel engine;
-`finished_reason` on request counters) are added up, except KV-cache usage,
-where the fullest engine is the pressure.
+the latter too). The first family present wins.
+
+Series of one family are combined by what their labels say they count:
+- data-parallel ranks (vLLM's `engine`, SGLang's `dp_rank`) serve other
+  requests: added up;
+- the ranks of one engine (SGLang's `tp_rank`, `pp_rank`, `moe_ep_rank`:
+  every scheduler reports with --enable-metrics-for-all-schedulers) see the
+  same requests: one is read, the lowest, so that tensor parallelism of 8
+  does not read as 8 times the traffic;
+- any other label (`finished_reason` on request counters, `model_name`)
+  splits requests: added up;
+- KV-cache usage is not a count: the fullest engine is the pressure.
 
 Parsing is prometheus_client's parser over only the lines of the families
-used, each sample's labels but a bucket's `le` dropped (regex passes in C;
-`model_name` is read once on its own): the parser costs ~15 us a line in
-Python, most of it in labels, and a vLLM exposition is ~600 lines of which
-~110 matter (docs/benchmarks.md, "Serving metrics").
+used, each sample's labels but those rank labels and a bucket's `le`
+dropped (regex passes in C; `model_name` is read once on its own): the
+parser costs ~15 us a line in Python, most of it in labels, and a vLLM
+exposition is ~600 lines of which ~110 matter (docs/benchmarks.md,
+"Serving metrics").
 """
 from __future__ import annotations
 
@@ -72,6 +81,11 @@ PERCENTILES = {"serving_ttft_p50_seconds": ("ttft", 0.5), "serving_ttft_p99_seco
                "serving_queue_time_p99_seconds": ("queue_time", 0.99), "serving_e2e_p99_seconds": ("e2e", 0.99)}
 METRICS = (*GAUGES, *RATES, *PERCENTILES)
 
+# Labels that say which part of an engine a series comes from. Data-parallel ranks serve other requests;
+# the model-parallel ranks of one engine (SGLang labels every scheduler's series with them) the same ones.
+DATA_PARALLEL = ("engine", "dp_rank")
+MODEL_PARALLEL = ("tp_rank", "pp_rank", "moe_ep_rank")
+
 _FAMILY_OF: dict[str, str] = {f: q for q, (_, fams) in QUANTITIES.items() for f in fams}
 # the lines of the families used: TYPE lines, gauge and counter samples, histogram buckets (HELP,
 # `_created`, `_sum`, `_count` and every other family dropped)
@@ -83,6 +97,8 @@ _MODEL = re.compile(r'[{,]model_name="((?:[^"\\\n]|\\.)*)"')
 _LABELS = re.compile(r'\{((?:[^"}\n]|"(?:[^"\\\n]|\\.)*")*)\}')
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\\n]|\\.)*)"')
 _LE = re.compile(r'(?:^|,)\s*le="([^"\\\n]*)"')
+_MODEL_PARALLEL_LABEL = re.compile(r'[{,]\s*(' + "|".join(MODEL_PARALLEL) + r')\s*=\s*"([^"\\\n]*)"')
+_KEPT_NAMES = ("le", *DATA_PARALLEL, *MODEL_PARALLEL)
 MAX_LINE = 4096               # a sample line is ~100 characters; one past this is not an exposition's
 _ACCEPTS = {GAUGE: {"gauge", "counter", "untyped", "unknown"}, COUNTER: {"counter", "untyped", "unknown", "gauge"},
             HISTOGRAM: {"histogram"}}      # a gauge or counter under the wrong TYPE still reads as itself
@@ -94,7 +110,7 @@ class ExpositionError(ValueError):
 
 @dataclass
 class Reading:
-    """One scrape of one engine, summed over its series."""
+    """One scrape of one engine, its series combined (module docstring)."""
     t: float
     engine: str = ""                   # vllm, sglang, tensorrt-llm ("" when no family is known)
     model: str = ""
@@ -111,7 +127,8 @@ def parse(text: str, t: float) -> Reading:
     if long is not None:
         raise ExpositionError(f"a line of {long} characters (at most {MAX_LINE}): not a Prometheus exposition")
     m = _MODEL.search(text)
-    kept = _LABELS.sub(_only_le, "\n".join(lines))
+    used = "\n".join(lines)
+    kept = _LABELS.sub(_kept_labels if _several_ranks(used) else _only_le, used)
     r = Reading(t, model=m.group(1) if m else "")
     seen: dict[str, str] = {}            # quantity -> the family that gave it
     try:
@@ -146,20 +163,57 @@ def _read(r: Reading, fam, seen: dict[str, str]) -> None:
             r.histograms[q] = h
             seen[q] = name
         return
-    values = [s.value for s in fam.samples if s.name in (name, name + "_total") and math.isfinite(s.value)]
+    values = [s for s in fam.samples if s.name in (name, name + "_total") and math.isfinite(s.value)]
     if not values:
         return
     seen[q] = name
-    if kind == GAUGE:
-        r.gauges[q] = max(values) if q == "kv_cache" else math.fsum(values)
-    else:
-        r.counters[q] = math.fsum(values)
+    if q == "kv_cache":
+        r.gauges[q] = max(s.value for s in values)
+        return
+    by_series: dict[tuple, float] = {}
+    for s in values:
+        key = _series(s.labels)
+        by_series[key] = by_series.get(key, 0.0) + s.value
+    (r.gauges if kind == GAUGE else r.counters)[q] = math.fsum(_one_rank_each(by_series).values())
+
+
+def _series(labels: dict[str, str]) -> tuple[tuple[str, ...], tuple]:
+    """(data-parallel rank, model-parallel ranks) of a sample; ranks
+    compared as numbers ("10" after "9")."""
+    if not labels or len(labels) == 1 and "le" in labels:
+        return _NO_RANKS            # the usual case (_several_ranks): ~100 samples a scrape, so it is cheap
+    return (tuple(labels.get(k, "") for k in DATA_PARALLEL),
+            tuple((0, int(v), "") if v.isdecimal() else (1, 0, v) for v in (labels.get(k, "") for k in MODEL_PARALLEL)))
+
+
+_NO_RANKS = (("",) * len(DATA_PARALLEL), ((1, 0, ""),) * len(MODEL_PARALLEL))
+
+
+def _one_rank_each(by_series: dict[tuple, object]) -> dict[tuple, object]:
+    """Each data-parallel rank's value, read from its lowest model-parallel
+    rank: the others count the same requests."""
+    first: dict[tuple, tuple] = {}
+    for dp, ranks in by_series:
+        if dp not in first or ranks < first[dp]:
+            first[dp] = ranks
+    return {dp: by_series[dp, ranks] for dp, ranks in first.items()}
+
+
+def _several_ranks(text: str) -> bool:
+    """Whether more than one model-parallel rank of an engine reports (SGLang
+    with --enable-metrics-for-all-schedulers, or data-parallel attention):
+    only then are the ranks kept through the parser, which pays for every
+    character of a label (with one rank each, every series is added up)."""
+    if "_rank" not in text:           # vLLM, TensorRT-LLM: a substring search, 50 times faster than the regex
+        return False
+    found = set(_MODEL_PARALLEL_LABEL.findall(text))
+    return len({name for name, _ in found}) < len(found)
 
 
 def _only_le(m: re.Match) -> str:
-    """A sample's labels, all but a bucket's `le` dropped: series are added
-    up (or the fullest taken) whatever their labels, and the parser spends
-    most of its time in labels, character by character."""
+    """A sample's labels, all but a bucket's `le` dropped: the series are
+    added up (or the fullest taken), and the parser spends most of its time
+    in labels, character by character."""
     labels = m.group(1)
     le = _LE.search(labels)
     if le is not None and "\\" not in labels and labels.count('"', 0, le.start()) % 2 == 0:
@@ -168,18 +222,31 @@ def _only_le(m: re.Match) -> str:
     return '{le="%s"}' % le if le is not None else ""
 
 
+def _kept_labels(m: re.Match) -> str:
+    """A sample's labels, all but the ranks (DATA_PARALLEL, MODEL_PARALLEL)
+    and a bucket's `le` dropped, for an engine with several ranks (label
+    by label: a quoted value may hold `,tp_rank="1"`)."""
+    kept = [f'{k}="{v}"' for k, v in _LABEL.findall(m.group(1)) if k in _KEPT_NAMES]
+    return "{" + ",".join(kept) + "}" if kept else ""
+
+
 def _histogram(samples) -> tuple[tuple[float, ...], list[float]] | None:
-    """Cumulative bucket counts by upper bound, summed over the series; None
-    when a bound or a count is not a number."""
-    by_le: dict[float, float] = {}
+    """Cumulative bucket counts by upper bound, the series combined as the
+    module docstring says; None when a bound or a count is not a number."""
+    by_series: dict[tuple, dict[float, float]] = {}
     for s in samples:
         if s.name.endswith("_bucket"):
             le = float(s.labels.get("le", "nan"))          # ValueError on garbage: the caller names it
             if math.isnan(le) or not math.isfinite(s.value):
                 return None
+            by_le = by_series.setdefault(_series(s.labels), {})
             by_le[le] = by_le.get(le, 0.0) + s.value
-    bounds = tuple(sorted(by_le))
-    return (bounds, [by_le[b] for b in bounds]) if bounds else None
+    total: dict[float, float] = {}
+    for by_le in _one_rank_each(by_series).values():
+        for le, count in by_le.items():
+            total[le] = total.get(le, 0.0) + count
+    bounds = tuple(sorted(total))
+    return (bounds, [total[b] for b in bounds]) if bounds else None
 
 
 def quantile(q: float, bounds: tuple[float, ...], cumulative: list[float]) -> float | None:

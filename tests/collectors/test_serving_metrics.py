@@ -35,10 +35,16 @@ def test_a_real_vllm_exposition_reads_as_recorded():
     assert sm.derive(idle, busy)["serving_prompt_tokens_per_second"] == pytest.approx(29.5)
 
 
-@pytest.mark.parametrize("flavour,series", [("vllm-0.32", 2), ("vllm-0.6", 1), ("sglang", 2), ("sglang-old", 1),
-                                            ("trtllm", 1), ("trtllm-dynamo", 1)])
-def test_each_engine_and_version_over_http(flavour, series):
-    engine = FakeEngine(flavour, series=series)
+@pytest.mark.parametrize("flavour,series,tp", [
+    ("vllm-0.32", 2, 1), ("vllm-0.6", 1, 1), ("sglang", 2, 1), ("sglang-old", 1, 1), ("trtllm", 1, 1),
+    ("trtllm-dynamo", 1, 1),
+    ("sglang", 1, 4),     # --enable-metrics-for-all-schedulers: 4 tensor-parallel ranks report the same requests
+    ("sglang", 2, 2),     # and 2 data-parallel ranks, each of 2 tensor-parallel ranks
+])
+def test_each_engine_and_version_over_http(flavour, series, tp):
+    """Data-parallel ranks serve other requests and add up; the
+    tensor-parallel ranks of one engine count the same ones, once."""
+    engine = FakeEngine(flavour, series=series, tp=tp)
     clock = Clock()
     scraper = sm.EngineScraper(engine.url, clock=clock)
     try:
@@ -68,6 +74,31 @@ def test_each_engine_and_version_over_http(flavour, series):
     finally:
         scraper.close()
         engine.stop()
+
+
+def test_ranks_of_one_sglang_engine_are_read_once_and_data_parallel_ranks_add_up():
+    """SGLang's schedulers label their series as scheduler_metrics_mixin.py
+    does (tp_rank, pp_rank, moe_ep_rank, dp_rank when data-parallel): two
+    data-parallel ranks of tensor parallelism 2 are 2 engines' worth, not
+    4; the lowest rank is read even where the others lag or a label value
+    holds a rank label's text."""
+    def series(dp, tp, extra=""):
+        return (f'model_name="m{extra}",engine_type="unified",tp_rank="{tp}",pp_rank="0",moe_ep_rank="{tp}",'
+                f'dp_rank="{dp}"')
+    text = "# TYPE sglang:num_running_reqs gauge\n"
+    text += "".join(f"sglang:num_running_reqs{{{series(dp, tp)}}} {3 + dp + (tp > 9)}\n"
+                    for dp in (0, 1) for tp in (10, 9))
+    text += "# TYPE sglang:num_retracted_requests_total counter\n"
+    text += "".join(f"sglang:num_retracted_requests_total{{{series(dp, tp)}}} {100 - tp}\n"
+                    for dp in (0, 1) for tp in (9, 10))
+    text += "# TYPE sglang:queue_time_seconds histogram\n"
+    text += "".join(f'sglang:queue_time_seconds_bucket{{{series(dp, tp, extra)},le="{le}"}} {n}\n'
+                    for dp, tp, extra in ((0, 0, ',tp_rank=\\"7\\"'), (0, 1, ""), (1, 0, ""), (1, 1, ',tp_rank='))
+                    for le, n in (("0.1", 1), ("+Inf", 2 + tp)))
+    r = sm.parse(text, 0)
+    assert r.gauges == {"running": 3 + 4}                       # rank 9 of each data-parallel rank, not 10
+    assert r.counters == {"preemptions": 91 * 2}
+    assert r.histograms["queue_time"] == ((0.1, float("inf")), [2.0, 4.0])
 
 
 def test_a_renamed_family_beside_its_new_name_is_read_once():
