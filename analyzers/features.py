@@ -264,7 +264,7 @@ def compute_windows(s: Stack, matrix: np.ndarray | None = None) -> list[Window |
     caller has it); None for one without an activity reading (neither
     util_gpu nor GPM SM activity)."""
     m = feature_matrix(s) if matrix is None else matrix
-    counts = np.diff(np.append(s.offsets, len(s.t))).tolist()
+    counts = gpu_sample_counts(s).tolist()
     out: list[Window | None] = []
     for k, row in enumerate(m.tolist()):
         if row[0] != row[0] and row[2] != row[2]:       # util_gpu_ratio, sm_util_ratio
@@ -273,6 +273,25 @@ def compute_windows(s: Stack, matrix: np.ndarray | None = None) -> list[Window |
         features = {n: v for n, v in zip(FEATURES, row) if v == v}
         out.append(Window(int(s.gpu[k]), float(s.start[k]), float(s.end[k]), counts[k], features, features))
     return out
+
+
+_SERVING = frozenset(cat.SERVING)
+
+
+def gpu_sample_counts(s: Stack) -> np.ndarray:
+    """Each window's samples of the GPU itself: the serving sampler's rows,
+    stored beside the GPU's with serving_* metrics only, are not its samples
+    (a window of 10 NVML readings and 3 scrapes holds 10)."""
+    counts = np.diff(np.append(s.offsets, len(s.t)))
+    serving = [i for i, n in enumerate(s.names) if n in _SERVING]
+    if not serving or not len(s.t):
+        return counts
+    others = [i for i, n in enumerate(s.names) if n not in _SERVING]
+    only_serving = ~np.isnan(s.matrix[:, serving]).all(axis=1)
+    if others:
+        only_serving &= np.isnan(s.matrix[:, others]).all(axis=1)
+    seg = np.repeat(np.arange(len(counts)), counts)
+    return counts - np.bincount(seg[only_serving], minlength=len(counts))
 
 
 def _nan(x: float | None) -> float:

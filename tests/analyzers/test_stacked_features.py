@@ -106,3 +106,23 @@ def test_the_order_of_a_windows_samples_cannot_move_its_verdict():
         c = classify(w)
         seen.add((w.features["util_gpu_ratio"], c.verdict, c.confidence, c.summary))
     assert len(seen) == 1 and next(iter(seen))[0] == 0.4
+
+
+def test_a_windows_samples_are_the_gpus_not_the_serving_rows_stored_beside_them():
+    """The serving sampler's rows (serving_* metrics only, every 5 s) are
+    stored beside the GPU's NVML rows; `samples` in the evidence, which the
+    detector's strong_min_samples reads, counts the GPU's."""
+    from gpuscope.analyzers.classify import classify
+    n_gpu, n_serving = 10, 3
+    t = np.concatenate([np.arange(n_gpu) * 0.5, np.arange(n_serving) * 1.6 + 0.2]) + 1.7e9
+    nan_g, nan_s = np.full(n_serving, np.nan), np.full(n_gpu, np.nan)
+    cols = {"util_gpu_ratio": np.concatenate([np.full(n_gpu, 0.9), nan_g]),
+            "power_watts": np.concatenate([np.full(n_gpu, 400.0), nan_g]),
+            "serving_requests_running": np.concatenate([nan_s, np.full(n_serving, 7.0)]),
+            "serving_kv_cache_usage_ratio": np.concatenate([nan_s, np.full(n_serving, 0.5)])}
+    parts = [(0, 1.7e9, 1.7e9 + 5, t, Columns.from_dict(cols, len(t)), {}),
+             (1, 1.7e9, 1.7e9 + 5, t[:n_gpu], Columns.from_dict({k: v[:n_gpu] for k, v in cols.items()}, n_gpu), {})]
+    w, alone = compute_windows(stack(parts))
+    assert w.get("serving_requests_running") == 7.0 and w.get("util_gpu_ratio") == 0.9
+    assert w.samples == alone.samples == n_gpu
+    assert classify(w).evidence["samples"] == n_gpu
