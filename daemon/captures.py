@@ -14,6 +14,13 @@ followed, a regular file, at most `max_trace_bytes`. Anything else is
 recorded as a failed capture saying what was refused, and nothing is
 written. Consequence: a JAX job that writes its XSpace to disk must run as
 the agent's user (servers that return it in the response need nothing).
+
+A serving engine's session writes several files (the worker's trace, the
+API server's, key-averages tables). One that cannot be kept is named in the
+capture's result (`skipped_files` in capture.json, and its error) and the
+others are kept: a worker's trace over `max_trace_bytes`, which could not
+travel to the analyzer, leaves a `partial` capture of the session's other
+files rather than none.
 """
 from __future__ import annotations
 
@@ -79,6 +86,20 @@ def _process_owner(pid: int, proc: str = "/proc") -> tuple[int, int] | None:
     return st.st_uid, st.st_gid
 
 
+def _skipped(name: str, exc: OSError) -> dict:
+    """A session file not kept: its name, its size when that is why (None
+    when unknown), and the reason."""
+    return dict(name=name, size_bytes=exc.size if isinstance(exc, safe_files.TooLarge) else None, reason=str(exc))
+
+
+def _outcome(result, path: Path | None, kept: list[str], skipped: list[dict], root: Path) -> tuple[str, str]:
+    """Status and error of a capture whose files were kept."""
+    if path is None:
+        return "partial", (f"{skipped[0]['reason']}: not kept nor sent; the session's other files are kept in "
+                           f"{root}: {', '.join(kept)}")
+    return "ok" if not result.empty else "ok-empty", "; ".join(f"not kept: {f['reason']}" for f in skipped)
+
+
 class CaptureRunner:
     def __init__(self, config: CaptureConfig, host: str = socket.gethostname(),
                  client_factory: Callable[[str], XlaProfilerClient] = XlaProfilerClient,
@@ -138,12 +159,13 @@ class CaptureRunner:
             try:
                 result = (client or self._client_factory(target)).capture(duration_ms, root, rec.id, self.host,
                                                                           margin_s=self.config.margin_s)
-                path, data = self._keep(result, root, cap_fd)
-                kept = self._keep_extras(result, root, cap_fd)
-                rec.path, rec.size_bytes = str(path), len(data)
+                path, data, kept, skipped = self._keep_session(result, root, cap_fd)
+                status, error = _outcome(result, path, kept, skipped, root)
+                rec.path, rec.size_bytes = (str(path), len(data)) if path is not None else ("", 0)
                 rec.end = self._clock()
                 safe_files.write_new(cap_fd, "capture.json", json.dumps(
-                    asdict(rec) | {"status": "ok", "other_files": kept}).encode(), str(root))
+                    asdict(rec) | {"status": status, "error": error, "other_files": kept,
+                                   "skipped_files": skipped}).encode(), str(root))
             except (ProfilerError, OSError) as exc:      # a failed capture leaves no files
                 os.close(cap_fd)
                 cap_fd = None
@@ -152,7 +174,7 @@ class CaptureRunner:
                 if isinstance(exc, ProfilerError):
                     return self._finish(rec, exc.reason, str(exc)), b""
                 raise
-            return self._finish(rec, "ok" if not result.empty else "ok-empty", ""), data
+            return self._finish(rec, status, error), data
         except OSError as exc:
             return self._finish(rec, "failed", f"{type(exc).__name__}: {exc}"), b""
         finally:
@@ -163,6 +185,19 @@ class CaptureRunner:
                 with self._lock:
                     self._running.discard(key)
 
+    def _keep_session(self, result, root: Path, cap_fd: int) -> tuple[Path | None, bytes, list[str], list[dict]]:
+        """The trace (None and no bytes when it is over max_trace_bytes but
+        the session has other files), the names of the session's other files
+        kept, and the files skipped. Raises when nothing could be kept."""
+        try:
+            path, data = self._keep(result, root, cap_fd)
+        except safe_files.TooLarge as exc:
+            kept, skipped = self._keep_extras(result, root, cap_fd)
+            if not kept:
+                raise                           # nothing of the session to keep: a failed capture
+            return None, b"", kept, [_skipped(Path(result.path).name, exc), *skipped]
+        return (path, data, *self._keep_extras(result, root, cap_fd))
+
     def _keep(self, result, root: Path, cap_fd: int) -> tuple[Path, bytes]:
         """The trace's bytes and where it is kept under `root`: read back
         safely when the job wrote it there, copied from the engine's trace
@@ -170,8 +205,8 @@ class CaptureRunner:
         limit = self.config.max_trace_bytes
         if result.path is None:                  # returned in the response
             if len(result.xspace) > limit:
-                raise safe_files.UnsafePath(f"the trace is {len(result.xspace) >> 20} MiB, more than the "
-                                            f"{limit >> 20} MiB a capture may be")
+                raise safe_files.TooLarge(f"the trace is {len(result.xspace) >> 20} MiB, more than the "
+                                          f"{limit >> 20} MiB a capture may be", len(result.xspace))
             name = f"{self.host}.xplane.pb"
             safe_files.write_new(cap_fd, name, result.xspace, str(root))
             return root / name, result.xspace
@@ -198,19 +233,21 @@ class CaptureRunner:
         finally:
             os.close(src_fd)
 
-    def _keep_extras(self, result, root: Path, cap_fd: int) -> list[str]:
+    def _keep_extras(self, result, root: Path, cap_fd: int) -> tuple[list[str], list[dict]]:
         """The session's other files (a serving engine's API-server trace, its
-        tables), copied beside the trace the same safe way; one that cannot be
-        read is skipped, not fatal: the main trace is what was asked for."""
-        kept = []
+        tables), copied beside the trace the same safe way: (names kept, the
+        ones skipped and why). One that cannot be read is skipped, not fatal:
+        the main trace is what was asked for."""
+        kept, skipped = [], []
         for extra in getattr(result, "extra_paths", None) or []:
             try:
                 data = self._read_confined(Path(extra), result.source_root)
                 safe_files.write_new(cap_fd, Path(extra).name, data, str(root))
                 kept.append(Path(extra).name)
-            except (OSError, safe_files.UnsafePath) as exc:
+            except OSError as exc:                 # safe_files.UnsafePath and TooLarge among them
                 log.warning("capture: a session file was not kept", path=str(extra), error=str(exc))
-        return kept
+                skipped.append(_skipped(Path(extra).name, exc))
+        return kept, skipped
 
     def _finish(self, rec: CaptureRecord, status: str, error: str) -> CaptureRecord:
         rec.status, rec.error, rec.end = status, error, self._clock()

@@ -33,6 +33,15 @@ class UnsafePath(OSError):
     not a regular file or directory, or a directory others may write to."""
 
 
+class TooLarge(UnsafePath):
+    """A file over the size the caller reads; `size` is what it had when
+    refused (at least the bound plus one where it grew while read)."""
+
+    def __init__(self, message: str, size: int):
+        super().__init__(message)
+        self.size = size
+
+
 def _component(name: str) -> str:
     if not name or name in (".", "..") or "/" in name or "\0" in name:
         raise UnsafePath(f"{name!r} is not a plain file name")
@@ -177,8 +186,8 @@ def read_beneath(dir_fd: int, relative: str | os.PathLike, max_bytes: int, where
         if not stat.S_ISREG(st.st_mode):
             raise UnsafePath(f"{here}/{name} is not a regular file")
         if st.st_size > max_bytes:
-            raise UnsafePath(f"{here}/{name} is {st.st_size >> 20} MiB, more than the {max_bytes >> 20} MiB "
-                             f"a capture may be")
+            raise TooLarge(f"{here}/{name} is {st.st_size >> 20} MiB, more than the {max_bytes >> 20} MiB "
+                           f"a capture may be", st.st_size)
         if make_private:
             try:
                 os.fchmod(fd, FILE_MODE)
@@ -192,7 +201,7 @@ def read_beneath(dir_fd: int, relative: str | os.PathLike, max_bytes: int, where
             chunks.append(chunk)
             total += len(chunk)
             if total > max_bytes:
-                raise UnsafePath(f"{here}/{name} grew past the {max_bytes >> 20} MiB a capture may be")
+                raise TooLarge(f"{here}/{name} grew past the {max_bytes >> 20} MiB a capture may be", total)
         return b"".join(chunks)
     finally:
         for fd in fds:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import http.server
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -30,8 +31,10 @@ class VllmLike:
     write_s: when the traces are on disk after a stop; answer_s: when the stop
     answers after that; stop_never: the stop never writes nor answers."""
 
-    def __init__(self, trace_dir: Path, start_block_s=0.0, write_s=0.1, answer_s=0.0, stop_never=False):
+    def __init__(self, trace_dir: Path, start_block_s=0.0, write_s=0.1, answer_s=0.0, stop_never=False,
+                 worker_trace=TRACE):
         self.trace_dir = trace_dir
+        self.worker_trace = worker_trace
         trace_dir.mkdir(parents=True, exist_ok=True)
         self.start_block_s, self.write_s, self.answer_s, self.stop_never = start_block_s, write_s, answer_s, stop_never
         self.active = False
@@ -82,7 +85,7 @@ class VllmLike:
                                 return self._answer(400)
                         time.sleep(engine.write_s)
                         stamp = time.time_ns()
-                        (engine.trace_dir / f"rank0.{stamp}.pt.trace.json.gz").write_bytes(TRACE)
+                        (engine.trace_dir / f"rank0.{stamp}.pt.trace.json.gz").write_bytes(engine.worker_trace)
                         (engine.trace_dir / f"host_1.async_llm.{stamp}.pt.trace.json.gz").write_bytes(TRACE)
                         (engine.trace_dir / "profiler_out_0.txt").write_text(f"Name  Self CPU % {stamp}\n")
                         engine.written.append(f"rank0.{stamp}.pt.trace.json.gz")
@@ -126,6 +129,28 @@ def test_the_trace_is_taken_when_whole_on_disk_while_the_stop_still_answers(tmp_
     kept = json.loads((Path(rec.path).parent / "capture.json").read_text())
     assert kept["end"] > kept["start"] > 0
     assert any("async_llm" in f for f in kept["other_files"]) and "profiler_out_0.txt" in kept["other_files"]
+    assert stops.wait(10) and not engine.active
+    engine.close()
+
+
+def test_a_worker_trace_over_the_size_bound_is_named_and_the_sessions_other_files_are_kept(tmp_path, stops):
+    """A trace over max_trace_bytes cannot travel to the analyzer; the API
+    server's trace and the tables of the same session still can be read
+    on the host, so they are kept, and what was left out is said."""
+    big = gzip.compress(os.urandom(20_000))               # does not compress: ~20 KB on disk
+    engine = VllmLike(tmp_path / "engine", worker_trace=big)
+    runner = CaptureRunner(CaptureConfig(tmp_path / "caps", max_trace_bytes=8192), "h")
+    rec, data = runner.capture(engine.url, 100, kind="torch-http", client=_client(engine, stops))
+    worker = engine.written[-1]
+    assert rec.status == "partial" and data == b"" and rec.path == "" and rec.size_bytes == 0
+    assert worker in rec.error and "more than the" in rec.error
+    kept = json.loads((tmp_path / "caps" / rec.id / "capture.json").read_text())
+    assert kept["status"] == "partial"
+    assert kept["skipped_files"] == [dict(name=worker, size_bytes=len(big), reason=kept["skipped_files"][0]["reason"])]
+    assert sorted(kept["other_files"]) == sorted(f.name for f in (tmp_path / "caps" / rec.id).iterdir()
+                                                 if f.name != "capture.json")
+    assert any("async_llm" in f for f in kept["other_files"]) and "profiler_out_0.txt" in kept["other_files"]
+    assert not (tmp_path / "caps" / rec.id / worker).exists()
     assert stops.wait(10) and not engine.active
     engine.close()
 
