@@ -39,7 +39,7 @@ def build_report(store: Store, finding_id: str, context_s: float = 0.0, now: flo
                                  trace_summary=s and {k: s.get(k) for k in ("verdict", "confidence", "summary",
                                                                           "busy_fraction", "kernels", "idle_gaps",
                                                                           "timing", "memcpy", "pcie_link",
-                                                                          "top_ops")}))
+                                                                          "top_ops", "host_steps")}))
     return dict(finding=f, counters=dict(context_seconds=ctx, before=before, during=during, after=after),
                 changes=_changes(before, during), verdict=dict(decided=f["verdict"], by=f["decided_by"],
                                                                counters=f.get("counters_verdict"),

@@ -33,6 +33,7 @@ from gpuscope.collectors.intervals import intersect, length, merge
 from gpuscope.collectors.trace_model import (COLLECTIVE, KERNEL, KIND_NAMES, MEMCPY_D2D, MEMCPY_D2H, MEMCPY_H2D,
                                              MEMCPY_P2P, DeviceTimeline, Trace)
 
+from .host_steps import host_steps
 from .idle_time import LATE_SLACK_NS, account, next_launch
 from .links import describe as describe_link, pcie_link
 from .roofline import Peaks, device_peaks, op_table
@@ -278,6 +279,7 @@ def summarize(trace: Trace, links: dict[int, dict] | None = None) -> dict:
                host=dict(dispatch_fraction=host.dispatch_ns / span, busiest_thread_busy_fraction=host.busy_ns / span,
                          transfer_fraction=host.transfer_ns / span, threads=host.threads,
                          launches=int(len(host.launch_correlation))),
+               host_steps=host_steps(trace.host.events),
                devices=devices, warnings=list(trace.warnings), skipped_events=trace.skipped_events)
     if not devices:
         out.update(verdict=None, confidence=0.0, missing=["GPU device plane"],

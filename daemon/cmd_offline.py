@@ -59,6 +59,15 @@ def cmd_trace_summarize(ns) -> int:
         for a in t["host_during_idle"][:3]:
             name = a["name"] if len(a["name"]) <= 60 else a["name"][:59] + "…"
             print(f"  {a['idle_fraction']:6.1%} of GPU-idle time the host was in {name} ({a['category']})")
+    steps = summary.get("host_steps")
+    if steps:
+        d = steps["duration_ms"]
+        parts = ", ".join(f"{words} {steps[key]:.1%}" if steps[key] is not None else f"{words} not in this trace"
+                          for key, words in (("model_execution_fraction", "model execution"),
+                                             ("scheduling_fraction", "scheduling"),
+                                             ("sampling_fraction", "sampling"), ("other_fraction", "other")))
+        print(f"  {steps['steps']} engine steps on the host, {d['mean']:.2f} ms mean (p50 {d['p50']:.2f}, "
+              f"p99 {d['p99']:.2f}): {parts}")
     for op in summary.get("top_ops", [])[:5]:
         bound = f"{op.get('bound') or 'unknown'} ({op.get('bound_source', '?')})"
         print(f"  {op['time_fraction']:6.1%}  {op['count']:6d}x  {(op['op'] or '-')[:32]:<32} {op['kernel'][:40]:<40} {bound}")

@@ -6,6 +6,8 @@ is idle."""
 import gzip
 import json
 
+import pytest
+
 from gpuscope.analyzers.trace_analysis import summarize
 from gpuscope.collectors.chrome_trace_reader import parse_chrome_trace
 
@@ -112,3 +114,70 @@ def test_a_threads_busy_time_is_its_work_not_its_python_frames_or_the_profilers_
     ]
     s = summarize(parse_chrome_trace(json.dumps({"traceEvents": events}).encode(), "t.json"))
     assert s["host"]["busiest_thread_busy_fraction"] == 0.3          # 100-300 and 500-600 of 0-1000
+
+
+def _py(path, line, function):
+    """A span of the Python tracer, as torch names it."""
+    return f"vllm/{path}.py({line}): {function}"
+
+
+def test_engine_core_steps_split_into_model_execution_scheduling_and_sampling():
+    """EngineCore.step in the traced process holds the whole step; sampling
+    nested in execute_model (vLLM before 0.11) counts as sampling; the time
+    between steps is no step's."""
+    events, t = list(HEADER), 1000.0
+    for _ in range(10):
+        events += [X(_py("v1/engine/core", 380, "step"), t, 1000, cat="python_function"),
+                   X(_py("v1/core/sched/scheduler", 210, "schedule"), t, 100, cat="python_function"),
+                   X(_py("v1/executor/abstract", 90, "execute_model"), t + 100, 600, cat="python_function"),
+                   X(_py("v1/worker/gpu_model_runner", 1500, "execute_model"), t + 110, 590, cat="python_function"),
+                   X(_py("v1/sample/sampler", 73, "forward"), t + 600, 100, cat="python_function"),
+                   X(_py("v1/core/sched/scheduler", 800, "update_from_output"), t + 700, 100, cat="python_function"),
+                   X("aten::argmax", t + 820, 50)]
+        t += 1000 + 5000                                  # waiting for requests: not a step
+    s = summarize(parse_chrome_trace(json.dumps({"traceEvents": events}).encode(), "core.pt.trace.json"))
+    h = s["host_steps"]
+    assert h["steps"] == 10 and h["duration_ms"] == dict(mean=1.0, p50=1.0, p99=1.0)
+    assert (h["model_execution_fraction"], h["scheduling_fraction"], h["sampling_fraction"], h["other_fraction"]) \
+        == (0.5, 0.2, 0.1, 0.2)
+
+
+def test_worker_steps_run_from_execute_model_to_its_sampling_and_say_scheduling_is_not_there():
+    """A multiprocess worker's trace, as vLLM 0.32 writes it: execute_model
+    and sample_tokens are two RPCs, the scheduler is in another process:
+    its share is unknown (None), not 0."""
+    events, t = list(HEADER), 1000.0
+    for k in range(20):
+        events += [X(_py("v1/worker/worker_base", 365, "execute_model"), t, 600, cat="python_function"),
+                   X("execute_context_0(0)_generation_4(4)", t + 10, 580, cat="user_annotation"),
+                   X(_py("v1/executor/multiproc_executor", 1010, "handle_output"), t + 600, 50, cat="python_function"),
+                   X(_py("v1/worker/gpu_worker", 1293, "sample_tokens"), t + 700, 100 + 100 * (k == 19),
+                     cat="python_function")]
+        t += 3000
+    s = summarize(parse_chrome_trace(json.dumps({"traceEvents": events}).encode(), "rank0.pt.trace.json"))
+    h = s["host_steps"]
+    assert h["steps"] == 20 and h["scheduling_fraction"] is None
+    assert h["duration_ms"]["p50"] == 0.8 and h["duration_ms"]["p99"] == pytest.approx(0.881)
+    assert h["model_execution_fraction"] == pytest.approx(600 * 20 / (800 * 20 + 100))
+    assert h["sampling_fraction"] == pytest.approx(2100 / 16100)
+    assert h["other_fraction"] == pytest.approx(2000 / 16100)          # handle_output and the gaps
+
+
+def test_a_trace_without_engine_steps_has_none():
+    s = Steps()
+    for i in range(30):
+        s.launch(1000 + 200 * i, 10, 1000 + 200 * i + 11, 100, op="aten::mm")
+    assert s.summary()["host_steps"] is None
+
+
+def test_the_vllm_worker_trace_shows_its_68_steps(fixture_dir):
+    """The bundled vLLM 0.32 worker trace: 68 execute_model RPCs, 64 of them
+    followed by sample_tokens; the API server's trace has no steps."""
+    from gpuscope.collectors.trace_files import load_trace
+    traces = fixture_dir.parent / "vllm-0.32-cpu" / "traces"
+    h = summarize(load_trace(next(traces.glob("rank0.*.pt.trace.json.gz"))))["host_steps"]
+    assert h["steps"] == 68 and h["scheduling_fraction"] is None
+    assert 0.75 < h["model_execution_fraction"] < 0.85 and 0.07 < h["sampling_fraction"] < 0.12
+    assert h["model_execution_fraction"] + h["sampling_fraction"] + h["other_fraction"] == pytest.approx(1.0)
+    assert 2.0 < h["duration_ms"]["mean"] < 3.0 and h["duration_ms"]["p50"] < h["duration_ms"]["p99"]
+    assert summarize(load_trace(next(traces.glob("*.async_llm.*.pt.trace.json.gz"))))["host_steps"] is None
