@@ -31,7 +31,6 @@ the GPU (other processes) restarts the baseline.
 """
 from __future__ import annotations
 
-import collections
 import math
 import statistics
 import uuid
@@ -109,11 +108,12 @@ class _History:
     """A GPU's baseline, the last `size` windows, kept in columns: as a
     deque of window objects a full baseline of 60 cost 11.9 KB (190 MB for
     16,000 GPUs, reached five minutes after start); in columns 2.4 KB."""
-    __slots__ = ("size", "verdict", "activity", "starved", "flags", "serving")
+    __slots__ = ("size", "verdict", "families", "activity", "starved", "flags", "serving")
 
     def __init__(self, size: int):
         self.size = size
         self.verdict: list[str] = []
+        self.families: dict[str, int] = {}  # verdict family -> windows of the baseline in it
         self.activity = array("d")          # NaN: no activity signal in that window
         self.starved = array("d")
         self.flags: list[tuple[str, ...]] = []
@@ -129,6 +129,8 @@ class _History:
             if len(_FLAG_SETS) < 4096:
                 _FLAG_SETS[flags] = flags
         self.verdict.append(p.verdict)
+        fam = family(p.verdict)
+        self.families[fam] = self.families.get(fam, 0) + 1
         self.activity.append(math.nan if p.activity is None else p.activity)
         self.starved.append(p.starved)
         self.flags.append(flags)
@@ -139,10 +141,23 @@ class _History:
                 v = (p.serving or {}).get(k)
                 col.append(math.nan if v is None else v)
         if len(self.verdict) > self.size:
+            gone = family(self.verdict[0])
+            self.families[gone] -= 1
+            if not self.families[gone]:
+                del self.families[gone]
             del self.verdict[0], self.activity[0], self.starved[0], self.flags[0]
             if self.serving is not None:
                 for col in self.serving.values():
                     del col[0]
+
+    def usual_family(self) -> str:
+        """The baseline's most frequent verdict family; a tie goes to the one
+        seen first in the baseline (as Counter.most_common does)."""
+        top = max(self.families.values())
+        leaders = [f for f, n in self.families.items() if n == top]
+        if len(leaders) == 1:
+            return leaders[0]
+        return next(f for f in map(family, self.verdict) if f in leaders)
 
     def usual(self, k: str) -> tuple[float, int]:
         """Median of a serving number over the baseline's windows that had it, and how many had it."""
@@ -193,7 +208,7 @@ class Detector:
     def _compare(self, host, c, st, p: _Point, job, finding_id) -> Anomaly | None:
         cfg = self.config
         base = st.history
-        usual = collections.Counter(family(v) for v in base.verdict).most_common(1)[0][0]
+        usual = base.usual_family()
         hits: dict[str, tuple[str, dict]] = {}
 
         # bottleneck changed (streak counts the same new verdict family)

@@ -43,6 +43,7 @@ from .events import EventBus, Watch
 from .flow import ByteBudget, take_queued
 from .ingest import decode
 from .status import StatusMirror
+from .store import merge_live
 from .writer import DEFAULT_QUEUE_BYTES, StoreUnavailable
 
 log = structlog.get_logger("gpuscope.engine")
@@ -58,7 +59,7 @@ RESTART_DELAY_S = 2.0
 SWITCH_INTERVAL_S = 0.0005
 LOCK_WAIT_S = 20.0            # how long a new child waits for the store's lock held by a dying one
 # What the parent may call in the child, by name: nothing else crosses.
-CALLS = {"status", "list_findings", "finding", "report", "report_capture",
+CALLS = {"status", "list_findings", "findings_payload", "finding", "report", "report_capture",
          "store.captures", "store.metric", "store.records", "store.verdict_pairs", "store.count"}
 
 
@@ -509,7 +510,10 @@ class EngineClient:
         return self.mirror.status(time.time(), host, gpu_limit, agents_connected=len(self.commands.hosts))
 
     def list_findings(self, **query) -> list[dict]:
-        return self.call("list_findings", **query)
+        """The child finds the rows (DuckDB, without its GIL) and the live
+        numbers of open ones; the rows are built here, where the writer's
+        thread does not compete for the GIL."""
+        return merge_live(*self.call("findings_payload", **query))
 
     def finding(self, finding_id: str) -> dict | None:
         return self.call("finding", finding_id)

@@ -33,17 +33,18 @@ class LiveWindows:
         self._acc: dict[tuple[str, int], _Acc] = {}
         self._closing: list[tuple[tuple[str, int], _Acc]] = []
         self.devices: dict[tuple[str, int], dict] = {}
+        self._seen: dict[tuple[str, int], tuple] = {}      # the DeviceFacts behind each entry of devices
         self.late_samples = 0
 
     def add(self, b: DecodedBatch, now: float | None = None) -> dict[int, float]:
         """Takes a committed batch; windows it completes wait for
         close_pending(). Returns each GPU's newest sample time in it."""
         for d in b.devices:
-            facts = dict(pcie_generation=d.pcie_generation if d.HasField("pcie_generation") else None,
-                         pcie_width=d.pcie_width if d.HasField("pcie_width") else None,
-                         power_limit_watts=d.power_limit_watts if d.HasField("power_limit_watts") else None)
-            if self.devices.get((b.host, d.gpu)) != facts:
-                self.devices[(b.host, d.gpu)] = facts
+            key = (b.host, d.gpu)
+            if self._seen.get(key) != d:     # every batch repeats its devices; they seldom change
+                self._seen[key] = d
+                self.devices[key] = dict(pcie_generation=d.pcie_generation, pcie_width=d.pcie_width,
+                                         power_limit_watts=d.power_limit_watts)
         newest: dict[int, float] = {}
         if not b.count:
             return newest

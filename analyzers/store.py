@@ -316,6 +316,14 @@ class Store:
     def findings(self, host: str = "", gpu: int | None = None, verdicts: Iterable[str] = (),
                  start: float | None = None, end: float | None = None, open_only: bool = False,
                  limit: int = 1000) -> list[dict]:
+        return finding_dicts(self.findings_table(host, gpu, verdicts, start, end, open_only, limit))
+
+    def findings_table(self, host: str = "", gpu: int | None = None, verdicts: Iterable[str] = (),
+                       start: float | None = None, end: float | None = None, open_only: bool = False,
+                       limit: int = 1000) -> pa.Table:
+        """The matching rows as stored (JSON fields as text), newest first:
+        DuckDB builds the table without the GIL, and `finding_dicts` turns it
+        into rows wherever the caller is (the gRPC process, not this one)."""
         where, args = _where_host_gpu([], [], host, gpu)
         verdicts = list(verdicts)
         if verdicts:
@@ -327,7 +335,7 @@ class Store:
         sql = "SELECT * FROM findings" + (" WHERE " + " AND ".join(where) if where else "")
         sql += " ORDER BY start DESC LIMIT ?"
         args.append(limit)
-        return _findings(self.reader().execute(sql, args))
+        return _arrow_result(self.reader().execute(sql, args))
 
     def top_bottlenecked(self, start: float, end: float, limit: int = 10, now: float | None = None) -> list[dict]:
         """GPUs with the most seconds in a bottleneck (any verdict but idle) over [start, end]."""
@@ -590,8 +598,31 @@ _JSON_FIELDS = ("evidence", "flags", "alternatives", "captures")
 _EMPTY_JSON = ("[]", "{}")
 
 
+def _arrow_result(cur: Any) -> pa.Table:
+    # DuckDB 2 names it to_arrow_table; 1.x fetch_arrow_table
+    fetch = getattr(cur, "to_arrow_table", None) or cur.fetch_arrow_table
+    return fetch()
+
+
 def _findings(cur: Any) -> list[dict]:
-    rows = _dicts(cur)
+    return _finding_fields(_dicts(cur))
+
+
+def finding_dicts(table: pa.Table) -> list[dict]:
+    """Rows of a `findings_table`, as `findings()` returns them."""
+    return _finding_fields(table.to_pylist())
+
+
+def merge_live(table: pa.Table, overlay: dict[str, dict]) -> list[dict]:
+    """The rows of a findings table with the live numbers of the open
+    findings that changed since they were written (Analyzer.findings_payload)."""
+    rows = finding_dicts(table)
+    if overlay:
+        rows = [{**r, **overlay[r["id"]]} if r["id"] in overlay else r for r in rows]
+    return rows
+
+
+def _finding_fields(rows: list[dict]) -> list[dict]:
     for r in rows:
         for k in _JSON_FIELDS:
             v = r.get(k)

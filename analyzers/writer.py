@@ -268,9 +268,7 @@ class Writer:
         rows = {}
         for b, _ in fresh:
             for d in b.devices:
-                opt = lambda f: getattr(d, f) if d.HasField(f) else None  # noqa: E731
-                facts = (b.host, d.gpu, d.uuid, d.name, d.architecture, opt("memory_total_bytes"),
-                         opt("power_limit_watts"), opt("pcie_generation"), opt("pcie_width"), d.gpm_supported, d.lost)
+                facts = (b.host, *d)
                 key = (b.host, d.gpu)
                 last = self._devices_written.get(key)
                 if last is None or last[0] != facts or now - last[1] > 60:
