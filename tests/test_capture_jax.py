@@ -98,6 +98,7 @@ def test_capture_through_agent_and_analyzer_end_to_end(jax_job, tmp_path):
         assert took < 0.5 + 5                               # duration + margin; the benchmark measures it
         trace = parse_xspace(xspace, record["path"])
         assert trace.span_ns > 0 and trace.host.threads > 0 and not trace.devices   # the job runs on the CPU
+        assert trace.programs, "the capture asks for the programs' HLO (enable_hlo_proto)"
         stored = wait_for(lambda: clients.captures(srv.target))      # reported in the background
         assert stored[0]["id"] == record["id"] and stored[0]["finding_id"]
         finding = clients.findings(srv.target, open_only=True)[0]
