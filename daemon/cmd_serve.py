@@ -208,12 +208,13 @@ def cmd_up(ns) -> int:
     from .view import LiveView
 
     parse_hostport(ns.listen, "--listen")
+    # the source first: a wrong --source is the user's to fix whatever holds the port
+    collector, source = make_source(ns.source, ns.speed, allow_fallback=True)
     ensure_free(ns.listen)
     Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
     _provision_local_pki(ns)
     security = _server_security(ns, "analyzer", ns.listen)
     links = agent_security(ns, server_name="localhost")
-    collector, source = make_source(ns.source, ns.speed, allow_fallback=True)
     # A replay has no real process to capture: decisions are recorded as dry runs.
     analyzer = Analyzer(_analyzer_config(ns, dry_run=ns.dry_run or source.startswith("replay:")))
     analyzer.start()
