@@ -335,7 +335,9 @@ class Store:
         sql = "SELECT * FROM findings" + (" WHERE " + " AND ".join(where) if where else "")
         sql += " ORDER BY start DESC LIMIT ?"
         args.append(limit)
-        return _arrow_result(self.reader().execute(sql, args))
+        rel = self.reader().sql(sql, params=args)
+        # DuckDB 2 names it to_arrow_table; 1.x arrow
+        return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
 
     def top_bottlenecked(self, start: float, end: float, limit: int = 10, now: float | None = None) -> list[dict]:
         """GPUs with the most seconds in a bottleneck (any verdict but idle) over [start, end]."""
@@ -596,12 +598,6 @@ def _dicts(cur: Any) -> list[dict]:
 
 _JSON_FIELDS = ("evidence", "flags", "alternatives", "captures")
 _EMPTY_JSON = ("[]", "{}")
-
-
-def _arrow_result(cur: Any) -> pa.Table:
-    # DuckDB 2 names it to_arrow_table; 1.x fetch_arrow_table
-    fetch = getattr(cur, "to_arrow_table", None) or cur.fetch_arrow_table
-    return fetch()
 
 
 def _findings(cur: Any) -> list[dict]:

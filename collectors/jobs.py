@@ -54,12 +54,15 @@ class Job:
 
 class JobDiscovery:
     def __init__(self, probe: Callable[[str], bool], proc_root: str | os.PathLike = "/proc",
-                 configured: Iterable[str] = (), serving: dict[str, str] | None = None):
-        """serving: base URL of a vLLM/SGLang server -> the directory it writes traces to."""
+                 configured: Iterable[str] = (), serving: dict[str, str] | None = None,
+                 serving_gpus: dict[str, list[int]] | None = None):
+        """serving: base URL of a vLLM/SGLang server -> the directory it writes
+        traces to; serving_gpus: the GPUs a configured engine was said to use."""
         self._probe = probe
         self._root = Path(proc_root)
         self._configured = list(configured)
         self._serving = dict(serving or {})
+        self._serving_gpus = dict(serving_gpus or {})
         self._verdicts: dict[tuple[int, int], bool] = {}
 
     def discover(self, gpu_pids: dict[int, list[int]]) -> list[Job]:
@@ -69,6 +72,13 @@ class JobDiscovery:
             job = self.find(pid, gpus)
             if job is not None:
                 jobs.append(job)
+        # A configured engine is a job even when none of its processes is seen on a
+        # GPU (a container's PID namespace, a CPU build): listed, scraped, capturable.
+        seen = {j.address.rstrip("/") for j in jobs if j.kind == "torch-http"}
+        for url, trace_dir in self._serving.items():
+            if url.rstrip("/") not in seen:
+                jobs.append(Job(None, url, list(self._serving_gpus.get(url, [])), found_by="config",
+                                kind="torch-http", trace_dir=trace_dir))
         return jobs
 
     def configured(self, address: str) -> Job | None:
@@ -80,7 +90,8 @@ class JobDiscovery:
             return Job(None, address, found_by="config")
         for url, trace_dir in self._serving.items():
             if address.rstrip("/") == url.rstrip("/"):
-                return Job(None, url, found_by="config", kind="torch-http", trace_dir=trace_dir)
+                return Job(None, url, list(self._serving_gpus.get(url, [])), found_by="config", kind="torch-http",
+                           trace_dir=trace_dir)
         return None
 
     def find(self, pid: int, gpus: list[int] | None = None) -> Job | None:

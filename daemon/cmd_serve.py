@@ -2,6 +2,7 @@
 root that wires collectors, agent, analyzer and servers together."""
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import threading
@@ -69,18 +70,34 @@ def _setup_captures(agent: Agent, ns, analyzer_target: str | None, links) -> Non
     from .convert import capture_pb
 
     agent.captures = CaptureRunner(CaptureConfig(Path(ns.capture_dir), max_bytes=ns.capture_budget_mb << 20), ns.host)
-    serving = {}
-    for item in ns.serving or []:
-        url, sep, trace_dir = item.partition("=")
-        if not sep or not url.startswith("http"):
-            raise UsageError(f"--serving: {item!r} is not URL=TRACE_DIR (e.g. http://127.0.0.1:8000=/tmp/vllm_profile)")
-        serving[url] = trace_dir
+    serving, serving_gpus = parse_serving(ns.serving or [])
     agent.discovery = JobDiscovery(lambda addr: XlaProfilerClient(addr).probe(), configured=ns.profiler or [],
-                                   serving=serving)
-    agent.serving = ServingSampler(lambda: [(j.address, j.gpus) for j in agent.jobs() if j.kind == "torch-http"])
+                                   serving=serving, serving_gpus=serving_gpus)
+    # An engine whose GPU processes the agent cannot see (another PID namespace, a
+    # container) and that names no GPUs (URL=DIR@0,1) is taken to serve on all of them.
+    agent.serving = ServingSampler(lambda: [(j.address, j.gpus or [d.gpu for d in agent.devices()])
+                                            for j in agent.jobs() if j.kind == "torch-http"])
     if analyzer_target:
         agent.capture_reporter = lambda rec, data: clients.report_capture(analyzer_target, capture_pb(rec), data,
                                                                           security=links)
+
+
+_GPU_LIST = re.compile(r"\d{1,3}(,\d{1,3})*")
+
+
+def parse_serving(items: list[str]) -> tuple[dict[str, str], dict[str, list[int]]]:
+    """--serving URL=TRACE_DIR[@GPUS] -> ({url: trace_dir}, {url: GPUs named})."""
+    serving, gpus = {}, {}
+    for item in items:
+        url, sep, trace_dir = item.partition("=")
+        if not sep or not url.startswith("http"):
+            raise UsageError(f"--serving: {item!r} is not URL=TRACE_DIR[@GPUS] "
+                             "(e.g. http://127.0.0.1:8000=/tmp/vllm_profile@0,1)")
+        head, at, tail = trace_dir.rpartition("@")
+        if at and _GPU_LIST.fullmatch(tail):
+            trace_dir, gpus[url] = head, sorted({int(g) for g in tail.split(",")})
+        serving[url] = trace_dir
+    return serving, gpus
 
 
 def _serving_interval(ns) -> float:

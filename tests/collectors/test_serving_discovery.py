@@ -1,6 +1,8 @@
 """Serving engines found from the GPU process: vLLM's worker holds the GPU,
 the API server two processes up listens. Real processes, real /proc."""
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,7 +23,7 @@ def vllm_tree(tmp_path):
     trace_dir = tmp_path / "traces"
     api = subprocess.Popen([sys.executable, str(TREE), "vllm", "serve", "tiny-llama", "--port", str(port),
                             "--profiler-config", json.dumps({"profiler": "torch", "torch_profiler_dir": str(trace_dir)}),
-                            "--pid-file", str(pid_file)])
+                            "--pid-file", str(pid_file)], start_new_session=True)
     try:
         wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=30)
         worker = int(pid_file.read_text())
@@ -29,7 +31,8 @@ def vllm_tree(tmp_path):
         wait_for(lambda: port in discovery.listening_ports(api.pid), timeout=30)
         yield api, worker, port, trace_dir
     finally:
-        api.kill()
+        # the whole tree: killing the API server alone left its engine core and worker running
+        os.killpg(api.pid, signal.SIGKILL)
         api.wait(10)
         time.sleep(0.1)
 
@@ -54,3 +57,20 @@ def test_a_configured_serving_url_is_matched_up_the_tree(vllm_tree, tmp_path):
 def test_a_process_with_no_engine_above_it_is_not_a_serving_job(tmp_path):
     me = JobDiscovery(lambda a: False).find(__import__("os").getpid(), [0])
     assert me is None
+
+
+def test_a_configured_engine_is_a_job_even_when_no_gpu_process_shows_it(vllm_tree, tmp_path):
+    """Found against a real vLLM (CPU build): `--serving URL=DIR` was neither
+    listed by `gpuscope jobs` nor scraped, as no NVML process led to it (the
+    same on a GPU host whose engine runs in another PID namespace)."""
+    from gpuscope.daemon.cmd_serve import parse_serving
+    api, worker, port, _ = vllm_tree
+    url = f"http://127.0.0.1:{port}"
+    serving, gpus = parse_serving([f"{url}={tmp_path / 'traces'}@1,0", "http://127.0.0.1:9=/tmp/t@b"])
+    assert serving == {url: str(tmp_path / "traces"), "http://127.0.0.1:9": "/tmp/t@b"} and gpus == {url: [0, 1]}
+    discovery = JobDiscovery(lambda a: False, serving=serving, serving_gpus=gpus)
+    alone = [j for j in discovery.discover({}) if j.kind == "torch-http"]
+    assert [(j.address, j.gpus, j.found_by) for j in alone] == [(url, [0, 1], "config"), ("http://127.0.0.1:9", [], "config")]
+    # seen on a GPU, the engine is listed once, with the GPU its worker holds
+    found = [j for j in discovery.discover({worker: [3]}) if j.address == url]
+    assert len(found) == 1 and found[0].gpus == [3] and found[0].pid == worker
