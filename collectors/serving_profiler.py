@@ -343,9 +343,11 @@ class TorchProfilerHttp:
             if main is not None:
                 traces = [f for f in found if any(fnmatch(f.name, pat) for pat in TRACE_PATTERNS)]
                 sizes = {f: _size(f) for f in traces}
-                # the engine said it is written, or every trace of the session is whole on disk
-                # while its answer is pending (vLLM writes the API server's after the worker's)
-                if done or all(seen.get(f) == n and complete(f) for f, n in sizes.items()):
+                # the engine said it is written, or, while its answer is pending, every trace of
+                # the session is whole on disk and the worker's is among them: the API server's
+                # alone is not the session (a real vLLM 0.32 wrote it a minute before the worker's)
+                worker = any(not _frontend(f) for f in traces)
+                if done or worker and all(seen.get(f) == n and complete(f) for f, n in sizes.items()):
                     if stopper.status == 200:
                         _STOP_SECONDS[self.base_url] = stopper.seconds
                     return main, [f for f in found if f != main]
@@ -396,8 +398,13 @@ class TorchProfilerHttp:
         traces = [(p, _size(p)) for p in files if any(fnmatch(p.name, pat) for pat in TRACE_PATTERNS)]
         if not traces:
             return None
-        traces.sort(key=lambda f: ("async_llm" in f[0].name, -f[1]))
+        traces.sort(key=lambda f: (_frontend(f[0]), -f[1]))
         return traces[0][0]
+
+
+def _frontend(path: Path) -> bool:
+    """vLLM's API server (frontend) trace: host-side only, not the worker's."""
+    return "async_llm" in path.name
 
 
 class _Request(threading.Thread):

@@ -32,7 +32,10 @@ class VllmLike:
     answers after that; stop_never: the stop never writes nor answers."""
 
     def __init__(self, trace_dir: Path, start_block_s=0.0, write_s=0.1, answer_s=0.0, stop_never=False,
-                 worker_trace=TRACE):
+                 worker_trace=TRACE, worker_after_s=0.0):
+        """worker_after_s: the API server's trace is written that long before
+        the worker's (a real vLLM 0.32 CPU build: about a minute)."""
+        self.worker_after_s = worker_after_s
         self.trace_dir = trace_dir
         self.worker_trace = worker_trace
         trace_dir.mkdir(parents=True, exist_ok=True)
@@ -85,6 +88,9 @@ class VllmLike:
                                 return self._answer(400)
                         time.sleep(engine.write_s)
                         stamp = time.time_ns()
+                        if engine.worker_after_s:
+                            (engine.trace_dir / f"host_1.async_llm.{stamp}.pt.trace.json.gz").write_bytes(TRACE)
+                            time.sleep(engine.worker_after_s)
                         (engine.trace_dir / f"rank0.{stamp}.pt.trace.json.gz").write_bytes(engine.worker_trace)
                         (engine.trace_dir / f"host_1.async_llm.{stamp}.pt.trace.json.gz").write_bytes(TRACE)
                         (engine.trace_dir / "profiler_out_0.txt").write_text(f"Name  Self CPU % {stamp}\n")
@@ -116,6 +122,20 @@ def _client(engine, stops, **kw):
     kw.setdefault("stop_timeout_s", 1.0)
     kw.setdefault("stop_s_per_capture_s", 0.0)
     return TorchProfilerHttp(engine.url, engine.trace_dir, pending=stops, poll_s=0.2, **kw)
+
+
+def test_the_workers_trace_is_awaited_when_the_api_servers_comes_first(tmp_path, stops):
+    """Against a real vLLM 0.32 (CPU build), short captures came back with the
+    API server's trace alone: it was whole on disk a minute before the
+    worker's, and the capture took it while the stop was still pending."""
+    worker = gzip.compress(gzip.decompress(TRACE) + b" ")
+    engine = VllmLike(tmp_path / "engine", write_s=0.1, worker_after_s=1.5, answer_s=3.0, worker_trace=worker)
+    runner = CaptureRunner(CaptureConfig(tmp_path / "caps"), "h")
+    rec, data = runner.capture(engine.url, 100, kind="torch-http", client=_client(engine, stops, stop_timeout_s=30))
+    assert rec.status == "ok" and data == worker, "the worker's trace, not the API server's"
+    assert Path(rec.path).name.startswith("rank0.")
+    assert stops.wait(10) and not engine.active
+    engine.close()
 
 
 def test_the_trace_is_taken_when_whole_on_disk_while_the_stop_still_answers(tmp_path, stops):
