@@ -273,6 +273,12 @@ class TorchProfilerHttp:
         if self.budget_s is not None and self.budget_s < duration_ms / 1e3 + 2:
             raise ProfilerError(f"the caller allows {self.budget_s:.0f} s, less than the {duration_ms / 1e3:g} s "
                                 f"capture itself; nothing was started (give a longer timeout)")
+        if self.base_url in self.pending.pending():
+            # vLLM would hold a start until that stop's trace is written (minutes on a small
+            # host), and a capture that waits that long reads as a dead server
+            raise ProfilerBusy(f"{self.base_url}: still writing the trace of an earlier capture (its "
+                               f"/stop_profile has not answered yet); a start now would wait for it, so none "
+                               f"was sent. Try again once it is written")
         start = _Request(self.base_url, "/start_profile", START_WAIT_S)
         self.pending.starting(self.base_url, start)
         start.start()

@@ -138,6 +138,21 @@ def test_the_workers_trace_is_awaited_when_the_api_servers_comes_first(tmp_path,
     engine.close()
 
 
+def test_a_capture_while_the_last_stop_is_still_pending_is_busy_without_a_start(tmp_path, stops):
+    """Against a real vLLM: a start sent while the previous capture's stop
+    was still writing blocked for up to 90 s; the agent answers busy at once."""
+    engine = VllmLike(tmp_path / "engine", write_s=0.1, answer_s=3.0)
+    runner = CaptureRunner(CaptureConfig(tmp_path / "caps"), "h")
+    first, _ = runner.capture(engine.url, 100, kind="torch-http", client=_client(engine, stops, stop_timeout_s=30))
+    assert first.status == "ok" and stops.pending() == [engine.url]       # its stop has not answered yet
+    t0 = time.monotonic()
+    second, _ = runner.capture(engine.url, 100, kind="torch-http", client=_client(engine, stops, stop_timeout_s=30))
+    assert second.status == "busy" and "still writing the trace" in second.error
+    assert time.monotonic() - t0 < 1.0 and engine.starts == 1
+    assert stops.wait(10) and not engine.active
+    engine.close()
+
+
 def test_the_trace_is_taken_when_whole_on_disk_while_the_stop_still_answers(tmp_path, stops):
     engine = VllmLike(tmp_path / "engine", write_s=0.2, answer_s=4.0)
     runner = CaptureRunner(CaptureConfig(tmp_path / "caps"), "h")
@@ -254,17 +269,22 @@ def test_the_agent_answers_before_its_callers_deadline_with_the_capture_id(tmp_p
 
 
 def test_a_capture_behind_a_previous_stop_takes_its_own_trace_and_leaves_nothing_running(tmp_path, stops):
-    """Capture 1 answers 'slow' while vLLM still writes its trace; capture 2
-    starts at once, its start blocked until that write ends: it must not
-    take capture 1's files, and both sessions end stopped."""
+    """Capture 1 answers 'slow' while vLLM still writes its trace; capture 2,
+    asked at once, is busy without a start (vLLM would block it behind the
+    write); capture 3, once that stop answered, must not take capture 1's
+    files, and every session ends stopped."""
     engine = VllmLike(tmp_path / "engine", write_s=3.0)
     first, _ = CaptureRunner(CaptureConfig(tmp_path / "c1", margin_s=0.0), "h").capture(
         engine.url, 100, kind="torch-http", client=_client(engine, stops, stop_timeout_s=0.5))
     assert first.status == "slow"
-    second, data = CaptureRunner(CaptureConfig(tmp_path / "c2"), "h").capture(
+    second, _ = CaptureRunner(CaptureConfig(tmp_path / "c2"), "h").capture(
         engine.url, 100, kind="torch-http", client=_client(engine, stops, start_timeout_s=10, stop_timeout_s=10))
-    assert second.status == "ok", second.error
-    assert Path(second.path).name == engine.written[-1] != engine.written[0]
+    assert second.status == "busy" and engine.starts == 1
+    assert stops.wait(20)
+    third, data = CaptureRunner(CaptureConfig(tmp_path / "c3"), "h").capture(
+        engine.url, 100, kind="torch-http", client=_client(engine, stops, start_timeout_s=10, stop_timeout_s=10))
+    assert third.status == "ok", third.error
+    assert Path(third.path).name == engine.written[-1] != engine.written[0]
     assert stops.wait(20) and not engine.active
 
 
