@@ -49,8 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--buffer-samples", type=int, default=50_000,
                         help="samples kept while the analyzer is away (default 50000; oldest dropped first)")
         sp.add_argument("--duration", type=duration, default=None, help="stop after this long (default: run until Ctrl-C)")
-        sp.add_argument("--capture-dir", default=os.path.join(os.path.dirname(default_db()), "captures"),
-                        help="where deep captures are written (default: beside the default DB)")
+        sp.add_argument("--capture-dir", default=None,
+                        help="where deep captures are written (default: captures/ beside the DB: --db for up, "
+                             "the default DB's directory for agent)")
         sp.add_argument("--capture-budget-mb", type=int, default=2048, help="capture directory budget (default 2048)")
         sp.add_argument("--profiler", action="append", metavar="HOST:PORT",
                         help="a JAX profiler server to know about (repeat); others are discovered")

@@ -16,7 +16,7 @@ from gpuscope.v1 import agent_pb2_grpc, analyzer_pb2_grpc
 
 from . import clients, logs
 from .agent import Agent, AgentConfig
-from .cliutil import UsageError
+from .cliutil import UsageError, default_db
 from .security_flags import agent_security, server_tls_dir, server_tls_files, server_tokens
 from .serve import build_server, ensure_free, parse_hostport, shutdown
 from .service import AgentServicer
@@ -69,7 +69,7 @@ def _setup_captures(agent: Agent, ns, analyzer_target: str | None, links) -> Non
     from .captures import CaptureConfig, CaptureRunner
     from .convert import capture_pb
 
-    agent.captures = CaptureRunner(CaptureConfig(Path(ns.capture_dir), max_bytes=ns.capture_budget_mb << 20), ns.host)
+    agent.captures = CaptureRunner(CaptureConfig(capture_dir(ns), max_bytes=ns.capture_budget_mb << 20), ns.host)
     serving, serving_gpus = parse_serving(ns.serving or [])
     agent.discovery = JobDiscovery(lambda addr: XlaProfilerClient(addr).probe(), configured=ns.profiler or [],
                                    serving=serving, serving_gpus=serving_gpus)
@@ -80,6 +80,14 @@ def _setup_captures(agent: Agent, ns, analyzer_target: str | None, links) -> Non
     if analyzer_target:
         agent.capture_reporter = lambda rec, data: clients.report_capture(analyzer_target, capture_pb(rec), data,
                                                                           security=links)
+
+
+def capture_dir(ns) -> Path:
+    """--capture-dir, else captures/ beside the DB (`up --db` elsewhere kept
+    its captures under ~/.local/state before)."""
+    if ns.capture_dir:
+        return Path(ns.capture_dir)
+    return Path(getattr(ns, "db", None) or default_db()).parent / "captures"
 
 
 _GPU_LIST = re.compile(r"\d{1,3}(,\d{1,3})*")

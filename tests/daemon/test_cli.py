@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -115,3 +116,15 @@ def test_agent_and_analyzer_as_separate_processes(fixture_dir, tmp_path):
         for p in (agent, analyzer):
             p.communicate(timeout=30)
     assert agent.returncode == 0 and analyzer.returncode == 0
+
+
+def test_captures_go_beside_the_db_unless_told_otherwise(tmp_path):
+    """Found in two trials: `up --db /elsewhere` wrote its captures under
+    ~/.local/state/gpuscope/captures."""
+    from gpuscope.daemon.cli import build_parser
+    from gpuscope.daemon.cliutil import default_db
+    from gpuscope.daemon.cmd_serve import capture_dir
+    parse = build_parser().parse_args
+    assert capture_dir(parse(["up", "--db", str(tmp_path / "x.duckdb")])) == tmp_path / "captures"
+    assert capture_dir(parse(["up", "--db", str(tmp_path / "x.duckdb"), "--capture-dir", "/c"])) == Path("/c")
+    assert capture_dir(parse(["agent"])) == Path(default_db()).parent / "captures"
