@@ -335,9 +335,15 @@ class Store:
         sql = "SELECT * FROM findings" + (" WHERE " + " AND ".join(where) if where else "")
         sql += " ORDER BY start DESC LIMIT ?"
         args.append(limit)
-        rel = self.reader().sql(sql, params=args)
-        # DuckDB 2 names it to_arrow_table; 1.x arrow
-        return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+        # a cursor of its own: a relation refuses a cursor whose last result was not read to the end
+        # (this thread's reader may hold one), and Arrow from execute() warns of an extra copy
+        cur = self._con.cursor()
+        try:
+            rel = cur.sql(sql, params=args)
+            # DuckDB 2 names it to_arrow_table; 1.x arrow
+            return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+        finally:
+            cur.close()
 
     def top_bottlenecked(self, start: float, end: float, limit: int = 10, now: float | None = None) -> list[dict]:
         """GPUs with the most seconds in a bottleneck (any verdict but idle) over [start, end]."""

@@ -255,7 +255,10 @@ class Calibrator:
             for what, step in steps:
                 self._progress(what)
                 measurements += step()
-        return Calibration(device=_describe(jax, dev, sizes), measurements=measurements, started_at=started,
+        device = _describe(jax, dev, sizes)
+        if self._tel.probe_error:          # conditions are missing: say why rather than leave them empty
+            device["probe_error"] = self._tel.probe_error
+        return Calibration(device=device, measurements=measurements, started_at=started,
                            duration_s=time.monotonic() - t_start, quick=self.config.quick)
 
     # -- the microbenchmarks ---------------------------------------------------

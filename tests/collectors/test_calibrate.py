@@ -51,6 +51,7 @@ def test_a_failing_probe_does_not_stop_calibration():
         raise OSError("NVML went away")
     result = Calibrator(CalibrateConfig(**SMALL, dtypes=("fp32",)), probe=probe).run()
     assert all(m.conditions == {} for m in result.measurements)
+    assert result.device["probe_error"] == "OSError: NVML went away"
     assert result.ceilings()["fp32_flop_per_second"] > 0
 
 
