@@ -15,12 +15,19 @@ JSON_SUFFIXES = (".trace.json.gz", ".trace.json", "perfetto_trace.json.gz", ".pt
 
 
 def resolve(path: str | Path) -> Path:
+    """The trace to read at `path`: the file itself, or in a directory the
+    newest run's XSpace (else its first trace JSON)."""
+    return traces_at(path)[0]
+
+
+def traces_at(path: str | Path) -> list[Path]:
+    """Every trace at `path`, the one `resolve` reads first."""
     p = Path(path)
     try:
         if not p.exists():
             raise TraceError(f"{p}: no such file or directory")
         if p.is_file():
-            return p
+            return [p]
         if not p.is_dir():
             raise TraceError(f"{p}: neither a file nor a directory (a pipe or a device?)")
         candidates = [f for f in p.rglob("*")
@@ -32,7 +39,7 @@ def resolve(path: str | Path) -> Path:
     newest_run = max(c.parent for c in candidates)   # runs are named by timestamp: YYYY_MM_DD_HH_MM_SS
     runs = [c for c in candidates if c.parent == newest_run] or candidates
     runs.sort(key=lambda f: (not f.name.endswith(".xplane.pb"), f.name))
-    return runs[0]
+    return runs + sorted(set(candidates) - set(runs))
 
 
 def parse_trace(data: bytes, source: str) -> Trace:

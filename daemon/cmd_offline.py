@@ -2,6 +2,7 @@
 list the metric catalogue."""
 from __future__ import annotations
 
+import sys
 import time
 
 from gpuscope.collectors import catalogue as cat
@@ -37,9 +38,13 @@ _CAUSE_WORDS = dict(dispatch="dispatching", host_work="other host work", host_tr
 
 def cmd_trace_summarize(ns) -> int:
     from gpuscope.analyzers.trace_analysis import summarize
-    from gpuscope.collectors.trace_files import load_trace
+    from gpuscope.collectors.trace_files import load_trace, traces_at
 
-    summary = summarize(load_trace(ns.path))
+    found = traces_at(ns.path)
+    if len(found) > 1:          # never silent about the others (a vLLM trace dir holds every session's)
+        print(f"gpuscope trace summarize: {ns.path} holds {len(found)} traces; summarizing {found[0]} "
+              f"(name a file to read another)", file=sys.stderr)
+    summary = summarize(load_trace(found[0]))
     if ns.json:
         print_json(summary)
         return 0

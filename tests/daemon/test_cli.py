@@ -128,3 +128,17 @@ def test_captures_go_beside_the_db_unless_told_otherwise(tmp_path):
     assert capture_dir(parse(["up", "--db", str(tmp_path / "x.duckdb")])) == tmp_path / "captures"
     assert capture_dir(parse(["up", "--db", str(tmp_path / "x.duckdb"), "--capture-dir", "/c"])) == Path("/c")
     assert capture_dir(parse(["agent"])) == Path(default_db()).parent / "captures"
+
+
+def test_trace_summarize_of_a_directory_of_several_says_which_it_read(tmp_path):
+    """Found against a real vLLM: its trace directory held 18 traces and one
+    was summarized without a word about the others."""
+    import shutil
+    data = Path(__file__).resolve().parents[1] / "data" / "h200-torch-2.11"
+    for name in ("matmul_bf16.pt.trace.json.gz", "stream_f32.pt.trace.json.gz"):
+        shutil.copy(data / name, tmp_path / name)
+    r = subprocess.run([sys.executable, "-m", "gpuscope.daemon.cli", "trace", "summarize", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"{tmp_path} holds 2 traces; summarizing {tmp_path / 'matmul_bf16.pt.trace.json.gz'}" in r.stderr
+    assert "compute-bound" in r.stdout
