@@ -14,8 +14,8 @@ one noisy repeat neither makes nor breaks a ceiling:
   path's latency); `dispatch_rate`: tiny kernels a host thread enqueues per
   second without waiting (the rate a launch-bound program cannot beat);
 - `h2d`, `d2h`: host to device and back (pinned host memory where the
-  backend has it, else pageable, said in `method`); `d2d`: device to device
-  for each neighbouring pair when there are several devices.
+  backend has it, else pageable, said in `method`); `d2d`: from the device
+  calibrated to the next one, when there are several.
 
 While it runs, an optional probe (the caller's NVML reading) is sampled on a
 thread, and each measurement keeps the clocks, power and temperatures seen
@@ -344,18 +344,16 @@ class Calibrator:
         if len(devices) < 2:
             return [Measurement(name="d2d", unit="bytes_per_second", error="one device: nothing to copy between")]
         nbytes = sizes["transfer_bytes"]
-        out = []
-        pairs = [(self.config.device, (self.config.device + 1) % len(devices))]
-        for i, j in pairs:
-            x = jax.device_put(jnp.ones((nbytes // 4,), jnp.float32), devices[i])
-            rates, t0 = [], time.monotonic()
+        i = self.config.device
+        j = (i + 1) % len(devices)
+        x = jax.device_put(jnp.ones((nbytes // 4,), jnp.float32), devices[i])
+        rates, t0 = [], time.monotonic()
+        jax.device_put(x, devices[j]).block_until_ready()
+        for _ in range(sizes["repeats"]):
+            t = time.perf_counter()
             jax.device_put(x, devices[j]).block_until_ready()
-            for _ in range(sizes["repeats"]):
-                t = time.perf_counter()
-                jax.device_put(x, devices[j]).block_until_ready()
-                rates.append(nbytes / (time.perf_counter() - t))
-            out.append(self._measured("d2d", rates, t0, {"bytes": nbytes, "from": i, "to": j}))
-        return out
+            rates.append(nbytes / (time.perf_counter() - t))
+        return [self._measured("d2d", rates, t0, {"bytes": nbytes, "from": i, "to": j})]
 
 
 def _matmul_fn(jax, jnp, dev, dtype: str, n: int):
