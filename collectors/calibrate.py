@@ -156,6 +156,16 @@ def _jax():
     return jax, jnp
 
 
+GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+
+
+def default_platform() -> str:
+    """The backend JAX picks when none is asked for ("cpu" where its GPU
+    plugin is missing, even on a GPU host)."""
+    jax, _ = _jax()
+    return jax.default_backend()
+
+
 def _device(jax, cfg: CalibrateConfig):
     try:
         devices = jax.devices(cfg.platform) if cfg.platform else jax.devices()
@@ -169,7 +179,7 @@ def _device(jax, cfg: CalibrateConfig):
 
 
 def _sizes(cfg: CalibrateConfig, platform: str, free_bytes: int | None) -> dict[str, Any]:
-    gpu = platform == "gpu" or platform == "cuda" or platform == "rocm"
+    gpu = platform in GPU_PLATFORMS
     stream = cfg.stream_bytes or ((1 << 30) if gpu else (64 << 20))
     if free_bytes:                       # three arrays for triad, with room to spare
         stream = min(stream, free_bytes // 8)

@@ -70,9 +70,13 @@ class ServingSampler:
             return
         for url in set(self._scrapers) - set(found):
             self._scrapers.pop(url).close()
-        for url in found:
+        for url in list(found):
             if url not in self._scrapers:
-                self._scrapers[url] = EngineScraper(url, self._timeout, self._clock)
+                try:
+                    self._scrapers[url] = EngineScraper(url, self._timeout, self._clock)
+                except ValueError as exc:      # one unusable address costs only itself
+                    scrape.count_error(f"serving metrics: {exc}"[:300])
+                    del found[url]
         self.engines = {url: sorted(g) for url, g in sorted(found.items())}
 
     def close(self) -> None:

@@ -55,8 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--capture-budget-mb", type=int, default=2048, help="capture directory budget (default 2048)")
         sp.add_argument("--profiler", action="append", metavar="HOST:PORT",
                         help="a JAX profiler server to know about (repeat); others are discovered")
-        sp.add_argument("--serving", action="append", metavar="URL=TRACE_DIR",
-                        help="a vLLM/SGLang server with /start_profile and the directory it writes traces to (repeat)")
+        sp.add_argument("--serving", action="append", metavar="URL=TRACE_DIR[@GPUS]",
+                        help="a vLLM/SGLang server with /start_profile, the directory it writes traces to, and "
+                             "the GPUs it uses (e.g. http://127.0.0.1:8000=/tmp/vllm@0,1; without @GPUS: the ones "
+                             "its processes are seen on, else all) (repeat)")
         sp.add_argument("--serving-interval", type=float, default=5.0, metavar="S",
                         help="seconds between scrapes of each serving engine's /metrics, 1-300, 0 for never "
                              "(default 5: one analysis window)")

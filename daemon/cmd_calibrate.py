@@ -9,7 +9,8 @@ import json
 import os
 import sys
 
-from gpuscope.collectors.calibrate import CalibrateConfig, CalibrationError, Calibrator, MATMUL_DTYPES
+from gpuscope.collectors.calibrate import (GPU_PLATFORMS, MATMUL_DTYPES, CalibrateConfig, CalibrationError,
+                                           Calibrator, default_platform)
 from gpuscope.collectors.nvml import NvmlCollector, SourceUnavailable
 
 from .cliutil import UsageError, print_json
@@ -46,7 +47,18 @@ def cmd_calibrate(ns, nvml_module=None) -> int:
                          f"choose from {', '.join(MATMUL_DTYPES)}")
     if ns.gpu < 0:
         raise UsageError(f"--gpu {ns.gpu}: a device index is 0 or more")
-    nvml, gpu_info, note = _nvml(ns, nvml_module)
+    if ns.output:
+        _check_writable(ns.output)       # before minutes of measuring, not after
+    try:
+        platform = ns.platform or default_platform()
+    except CalibrationError as exc:
+        raise UsageError(str(exc)) from None
+    if platform in GPU_PLATFORMS:
+        nvml, gpu_info, note = _nvml(ns, nvml_module)
+    else:   # JAX runs on the CPU: no GPU is used, so none is read or named
+        nvml, gpu_info, note = None, {}, (f"JAX runs on the {platform} here: these are its figures, not a GPU's"
+                                          + ("" if ns.platform else " (install JAX's CUDA plugin to calibrate "
+                                                                    "the GPU)"))
     probe = None
     if nvml is not None:
         def probe() -> dict[str, float]:
@@ -60,7 +72,7 @@ def cmd_calibrate(ns, nvml_module=None) -> int:
             print(f"  measuring {what} …", file=sys.stderr, flush=True)
 
     try:
-        cfg = CalibrateConfig(device=ns.gpu, platform=ns.platform, quick=ns.quick, dtypes=dtypes)
+        cfg = CalibrateConfig(device=ns.gpu, platform=platform, quick=ns.quick, dtypes=dtypes)
         result = Calibrator(cfg, probe=probe, progress=progress).run()
     except CalibrationError as exc:
         raise UsageError(str(exc)) from None
@@ -72,14 +84,28 @@ def cmd_calibrate(ns, nvml_module=None) -> int:
     out["forced"] = bool(ns.force)
     if note:
         out["note"] = note
-    if ns.output:
-        with open(ns.output, "w") as f:
-            json.dump(out, f, indent=1)
     if ns.json:
         print_json(out)
     else:
         _print(out)
+    if ns.output:
+        try:
+            with open(ns.output, "w") as f:
+                json.dump(out, f, indent=1)
+        except OSError as exc:      # the results are printed above: only the file is lost
+            print(f"gpuscope calibrate: error: --output {ns.output}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
     return 0
+
+
+def _check_writable(path: str) -> None:
+    if os.path.isdir(path):
+        raise UsageError(f"--output {path}: is a directory; give a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"--output {path}: no directory {parent}")
+    if not os.access(parent if not os.path.exists(path) else path, os.W_OK):
+        raise UsageError(f"--output {path}: not writable")
 
 
 def _nvml(ns, module):

@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 from gpuscope.collectors.nvml import NvmlCollector, NvmlConfig, SourceUnavailable
@@ -94,15 +95,24 @@ _GPU_LIST = re.compile(r"\d{1,3}(,\d{1,3})*")
 
 
 def parse_serving(items: list[str]) -> tuple[dict[str, str], dict[str, list[int]]]:
-    """--serving URL=TRACE_DIR[@GPUS] -> ({url: trace_dir}, {url: GPUs named})."""
+    """--serving URL=TRACE_DIR[@GPUS] -> ({url: trace_dir}, {url: GPUs named}).
+    A trailing @ is always the GPU list: a typo there must not turn into a
+    directory name and spread one engine's numbers over every GPU."""
     serving, gpus = {}, {}
     for item in items:
         url, sep, trace_dir = item.partition("=")
-        if not sep or not url.startswith("http"):
+        u = urllib.parse.urlsplit(url)
+        if not sep or u.scheme not in ("http", "https") or not u.hostname or not trace_dir:
             raise UsageError(f"--serving: {item!r} is not URL=TRACE_DIR[@GPUS] "
                              "(e.g. http://127.0.0.1:8000=/tmp/vllm_profile@0,1)")
+        try:
+            u.port
+        except ValueError:
+            raise UsageError(f"--serving: {url!r} has a bad port") from None
         head, at, tail = trace_dir.rpartition("@")
-        if at and _GPU_LIST.fullmatch(tail):
+        if at and "/" not in tail:
+            if not _GPU_LIST.fullmatch(tail) or not head:
+                raise UsageError(f"--serving: {item!r}: after @ comes a list of GPU indexes, e.g. @0 or @0,1")
             trace_dir, gpus[url] = head, sorted({int(g) for g in tail.split(",")})
         serving[url] = trace_dir
     return serving, gpus

@@ -66,11 +66,31 @@ def test_a_configured_engine_is_a_job_even_when_no_gpu_process_shows_it(vllm_tre
     from gpuscope.daemon.cmd_serve import parse_serving
     api, worker, port, _ = vllm_tree
     url = f"http://127.0.0.1:{port}"
-    serving, gpus = parse_serving([f"{url}={tmp_path / 'traces'}@1,0", "http://127.0.0.1:9=/tmp/t@b"])
-    assert serving == {url: str(tmp_path / "traces"), "http://127.0.0.1:9": "/tmp/t@b"} and gpus == {url: [0, 1]}
+    serving, gpus = parse_serving([f"{url}={tmp_path / 'traces'}@1,0", "http://127.0.0.1:9=/tmp/a@b/t"])
+    assert serving == {url: str(tmp_path / "traces"), "http://127.0.0.1:9": "/tmp/a@b/t"} and gpus == {url: [0, 1]}
     discovery = JobDiscovery(lambda a: False, serving=serving, serving_gpus=gpus)
     alone = [j for j in discovery.discover({}) if j.kind == "torch-http"]
     assert [(j.address, j.gpus, j.found_by) for j in alone] == [(url, [0, 1], "config"), ("http://127.0.0.1:9", [], "config")]
     # seen on a GPU, the engine is listed once, with the GPU its worker holds
     found = [j for j in discovery.discover({worker: [3]}) if j.address == url]
     assert len(found) == 1 and found[0].gpus == [3] and found[0].pid == worker
+
+
+def test_bad_serving_entries_are_refused_at_start_up():
+    """Found in a trial: `httpbogus=/d` was accepted and then stopped every
+    engine's scrape; `@0,a` and a trailing `@` silently became directory
+    names, spreading one engine's numbers over all GPUs."""
+    from gpuscope.daemon.cliutil import UsageError
+    from gpuscope.daemon.cmd_serve import parse_serving
+    for bad in ("httpbogus=/d", "http://x=", "http://x=/d@", "http://x=/d@0,a", "http://x=/d@-1", "http://x:99999=/d"):
+        with pytest.raises(UsageError, match="--serving"):
+            parse_serving([bad])
+    assert parse_serving(["http://x:8000=/mnt/a@b/traces"]) == ({"http://x:8000": "/mnt/a@b/traces"}, {})
+
+
+def test_one_unusable_engine_address_does_not_stop_the_others():
+    from gpuscope.collectors.serving_sampler import ServingSampler
+    sampler = ServingSampler(lambda: [("httpbogus", [0]), ("http://127.0.0.1:9", [1])])
+    scrape = sampler.scrape()
+    assert list(sampler.engines) == ["http://127.0.0.1:9"]
+    assert any("httpbogus" in e for e in scrape.errors)

@@ -9,13 +9,21 @@ import pytest
 
 from gpuscope.daemon.cli import build_parser
 from gpuscope.daemon.cliutil import UsageError
+from gpuscope.daemon import cmd_calibrate as cmd
 from gpuscope.daemon.cmd_calibrate import cmd_calibrate
 from tests.fakes.nvml import FakeNvml, h200
 
 ARGS = ["calibrate", "--quick", "--platform", "cpu", "--dtypes", "bf16,fp32"]
 
 
-def test_json_carries_ceilings_and_the_gpus_conditions(capsys, tmp_path):
+@pytest.fixture
+def cpu_as_gpu(monkeypatch):
+    """No GPU backend here: JAX's CPU backend stands in for the GPU that the
+    fake NVML describes, so the GPU path (probe, in-use check) runs."""
+    monkeypatch.setattr(cmd, "GPU_PLATFORMS", ("cpu",))
+
+
+def test_json_carries_ceilings_and_the_gpus_conditions(capsys, tmp_path, cpu_as_gpu):
     fake = FakeNvml([h200(sm_clock_mhz=1755, power_mw=650_000)])
     out_file = tmp_path / "cal.json"
     ns = build_parser().parse_args(ARGS + ["--json", "--output", str(out_file)])
@@ -30,7 +38,7 @@ def test_json_carries_ceilings_and_the_gpus_conditions(capsys, tmp_path):
     assert out["forced"] is False
 
 
-def test_a_gpu_held_by_another_process_is_refused_unless_forced(capsys):
+def test_a_gpu_held_by_another_process_is_refused_unless_forced(capsys, cpu_as_gpu):
     fake = FakeNvml([h200(processes=[(4242, 1 << 30)])])
     with pytest.raises(UsageError, match=r"GPU 0 is in use by pid 4242.*--force"):
         cmd_calibrate(build_parser().parse_args(ARGS), nvml_module=fake)
@@ -39,7 +47,37 @@ def test_a_gpu_held_by_another_process_is_refused_unless_forced(capsys):
     assert "forced while in use" in text and "matmul_bf16" in text and "FLOP/s" in text
 
 
-def test_bad_arguments_are_named():
+def test_the_cpu_backend_is_never_labelled_as_the_gpu(capsys):
+    """Found in a trial: --platform cpu (or JAX without its CUDA plugin) on a
+    GPU host printed the CPU's figures under the GPU's name and clocks, and
+    refused to run because a job held the GPU it would not touch."""
+    fake = FakeNvml([h200(processes=[(4242, 1 << 30)])])
+    assert cmd_calibrate(build_parser().parse_args(ARGS + ["--json"]), nvml_module=fake) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["gpu"] == {} and "not a GPU's" in out["note"]
+    assert all(m["conditions"] == {} for m in out["measurements"])
+
+
+def test_a_bad_output_is_refused_before_measuring_and_a_late_failure_keeps_the_results(tmp_path, capsys,
+                                                                                      monkeypatch):
+    for bad, why in ((tmp_path / "no" / "x.json", "no directory"), (tmp_path, "is a directory")):
+        with pytest.raises(UsageError, match=why):
+            cmd_calibrate(build_parser().parse_args(ARGS + ["--output", str(bad)]), nvml_module=FakeNvml([h200()]))
+    target = tmp_path / "x.json"
+    real_open = open
+
+    def full_disk(path, *a, **k):
+        if str(path) == str(target):
+            raise OSError(28, "No space left on device")
+        return real_open(path, *a, **k)
+    monkeypatch.setattr("builtins.open", full_disk)
+    assert cmd_calibrate(build_parser().parse_args(ARGS + ["--output", str(target)]),
+                         nvml_module=FakeNvml([h200()])) == 1
+    out, err = capsys.readouterr()
+    assert "hbm_triad" in out and "No space left on device" in err
+
+
+def test_bad_arguments_are_named(cpu_as_gpu):
     fake = FakeNvml([h200()])
     with pytest.raises(UsageError, match=r"--dtypes: unknown int4; choose from bf16"):
         cmd_calibrate(build_parser().parse_args(ARGS[:-2] + ["--dtypes", "int4"]), nvml_module=fake)
@@ -54,7 +92,7 @@ def test_without_nvml_or_gpu_the_command_says_what_to_do():
                                     text=True, timeout=300, env={**os.environ, "XLA_FLAGS": ""})
     ok = run(*ARGS)
     assert ok.returncode == 0, ok.stderr
-    assert "hbm_triad" in ok.stdout and "no NVML here" in ok.stdout
+    assert "hbm_triad" in ok.stdout and "these are its figures, not a GPU's" in ok.stdout
     bad = run("calibrate", "--platform", "gpu")
     assert bad.returncode == 1 and "without a GPU use --platform cpu" in bad.stderr
     assert "Traceback" not in bad.stderr
