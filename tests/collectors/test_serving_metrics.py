@@ -6,6 +6,8 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpuscope.collectors import serving_metrics as sm
 from gpuscope.collectors.serving_sampler import ServingSampler
@@ -318,3 +320,82 @@ def test_readings_prometheus_would_give_for_odd_but_legal_expositions():
     assert d == {"serving_generation_tokens_per_second": 100.0}
     untyped_gauge = "vllm:num_requests_waiting 7\n"
     assert sm.parse(untyped_gauge, 0).gauges == {"waiting": 7.0}
+
+
+def _expositions() -> list[str]:
+    from prometheus_client import generate_latest
+    texts = [(VLLM / f"metrics_{n}.txt").read_text() for n in ("idle", "busy", "after")]
+    for flavour, series, tp in (("sglang", 2, 2), ("trtllm", 1, 1), ("vllm-0.6", 1, 1)):
+        engine = FakeEngine(flavour, series=series, tp=tp)
+        try:
+            engine.load(running=3, waiting=2, kv=0.5, requests=4, prompt=100, generation=50, preemptions=1,
+                        ttft=[0.05] * 7, itl=[0.015] * 9, queue=[0.7] * 3, e2e=[2.0] * 3)
+            texts.append(generate_latest(engine.registry).decode())
+        finally:
+            engine.stop()
+    return texts
+
+
+_BASES = _expositions()
+
+
+def _moved(line: str, factor: float) -> str:
+    head, _, value = line.rpartition(" ")
+    try:
+        return f"{head} {float(value) * factor + 1}" if head and not line.startswith("#") else line
+    except ValueError:
+        return line
+
+
+def _mutate(text: str, rnd, kind: str) -> str:
+    """One change a real engine's next answer could bring (or a broken one)."""
+    lines = text.split("\n")
+    samples = [i for i, ln in enumerate(lines) if ln and not ln.startswith("#")]
+    i = rnd.choice(samples)
+    head, _, value = lines[i].rpartition(" ")
+    if kind == "values":
+        return "\n".join(_moved(ln, rnd.choice((1, 2, 1.5))) for ln in lines)
+    if kind == "drop":
+        del lines[i]
+    elif kind == "new series":
+        lines.insert(i + 1, head.replace('="', '="x', 1) + " " + value if "{" in head else head + "_x 1")
+    elif kind == "swap":
+        j = rnd.choice(samples)
+        lines[i], lines[j] = lines[j], lines[i]
+    elif kind == "retype":
+        t = [k for k, ln in enumerate(lines) if ln.startswith("# TYPE")]
+        k = rnd.choice(t)
+        lines[k] = lines[k].rpartition(" ")[0] + " " + rnd.choice(("gauge", "counter", "histogram", "untyped"))
+    elif kind == "timestamp":
+        lines[i] += " 1700000000000"
+    elif kind == "tab":
+        lines[i] = head + "\t" + value
+    elif kind == "garbage":
+        lines[i] = head + " " + rnd.choice(("1_0", "abc", "", "0x10", "+Inf", "NaN", "-1"))
+    elif kind == "blank":
+        lines.insert(i, "")
+    return "\n".join(lines)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(base=st.integers(0, len(_BASES) - 1), seed=st.integers(0, 2**32 - 1),
+       kinds=st.lists(st.sampled_from(("values", "values", "drop", "new series", "swap", "retype", "timestamp",
+                                       "tab", "garbage", "blank")), min_size=1, max_size=6))
+def test_reading_scrape_after_scrape_is_what_parsing_each_afresh_gives(base, seed, kinds):
+    """The agent reads an engine's next exposition against the lines it saw
+    before; whatever changed, the reading is the one a fresh parse gives,
+    error or not."""
+    import random
+    rnd = random.Random(seed)
+    reader, text = sm.Exposition(), _BASES[base]
+    for n, kind in enumerate(["values", *kinds]):
+        text = _mutate(text, rnd, kind) if n else text
+        try:
+            want = sm.parse(text, n)
+        except sm.ExpositionError as exc:
+            want = type(exc)
+        try:
+            got = reader.read(text, n)
+        except sm.ExpositionError as exc:
+            got = type(exc)
+        assert got == want, (kind, n)
