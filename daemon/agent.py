@@ -184,7 +184,19 @@ class Agent:
         return out
 
     def jobs(self) -> list:
-        return self.discovery.discover(self.gpu_pids()) if self.discovery is not None else []
+        """What discovery finds. A serving engine whose GPU processes the agent
+        cannot see (another PID namespace, a container, a CPU build) and that
+        names no GPUs (--serving URL=DIR@0,1) is taken to serve on all of them:
+        listed so, its numbers go to each, its captures concern each."""
+        if self.discovery is None:
+            return []
+        jobs = self.discovery.discover(self.gpu_pids())
+        if any(j.kind == "torch-http" and not j.gpus for j in jobs):
+            every = [d.gpu for d in self.devices()]
+            for j in jobs:
+                if j.kind == "torch-http" and not j.gpus:
+                    j.gpus = list(every)
+        return jobs
 
     def capture(self, duration_ms: int, address: str = "", pid: int | None = None,
                 trigger: str = "on-call", gpu: int | None = None,

@@ -74,10 +74,7 @@ def _setup_captures(agent: Agent, ns, analyzer_target: str | None, links) -> Non
     serving, serving_gpus = parse_serving(ns.serving or [])
     agent.discovery = JobDiscovery(lambda addr: XlaProfilerClient(addr).probe(), configured=ns.profiler or [],
                                    serving=serving, serving_gpus=serving_gpus)
-    # An engine whose GPU processes the agent cannot see (another PID namespace, a
-    # container) and that names no GPUs (URL=DIR@0,1) is taken to serve on all of them.
-    agent.serving = ServingSampler(lambda: [(j.address, j.gpus or [d.gpu for d in agent.devices()])
-                                            for j in agent.jobs() if j.kind == "torch-http"])
+    agent.serving = ServingSampler(lambda: [(j.address, j.gpus) for j in agent.jobs() if j.kind == "torch-http"])
     if analyzer_target:
         agent.capture_reporter = lambda rec, data: clients.report_capture(analyzer_target, capture_pb(rec), data,
                                                                           security=links)

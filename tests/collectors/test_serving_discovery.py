@@ -94,3 +94,22 @@ def test_one_unusable_engine_address_does_not_stop_the_others():
     scrape = sampler.scrape()
     assert list(sampler.engines) == ["http://127.0.0.1:9"]
     assert any("httpbogus" in e for e in scrape.errors)
+
+
+def test_an_engine_that_names_no_gpus_is_listed_on_every_gpu_it_is_sampled_for(tmp_path):
+    """Found in a trial: `gpuscope jobs` said `gpus: []` for `--serving URL=DIR`
+    while the engine's numbers went to every GPU of the host."""
+    from gpuscope.collectors.nvml import NvmlCollector
+    from gpuscope.daemon.agent import Agent, AgentConfig
+    from tests.fakes.nvml import FakeNvml, h200
+    agent = Agent(AgentConfig(host="h", interval_s=0.1, slow_interval_s=1.0),
+                  NvmlCollector(nvml=FakeNvml([h200(), h200(), h200()])))
+    agent.collector.start()
+    try:
+        agent.discovery = JobDiscovery(lambda a: False, serving={"http://127.0.0.1:9": str(tmp_path),
+                                                                 "http://127.0.0.1:10": str(tmp_path)},
+                                       serving_gpus={"http://127.0.0.1:10": [1]})
+        assert {j.address: j.gpus for j in agent.jobs()} == {"http://127.0.0.1:9": [0, 1, 2],
+                                                             "http://127.0.0.1:10": [1]}
+    finally:
+        agent.collector.close()
