@@ -1,5 +1,6 @@
 """Finds and opens a trace: an `.xplane.pb`, a Chrome trace JSON, or a
-profile directory (then its newest run, preferring the XSpace).
+profile directory (then its newest run, preferring the XSpace; of a torch
+profiler's directory, the newest session's largest trace).
 
 Whatever the path or the bytes, these return a Trace or raise TraceError
 naming the file and what is wrong with it."""
@@ -14,9 +15,12 @@ from .xspace_reader import MAX_TRACE_BYTES, TraceError, parse_xspace
 JSON_SUFFIXES = (".trace.json.gz", ".trace.json", "perfetto_trace.json.gz", ".pt.trace.json.gz", ".json.gz", ".json")
 
 
+SESSION_S = 120.0     # trace files written this close to the newest one are taken as its session
+
+
 def resolve(path: str | Path) -> Path:
     """The trace to read at `path`: the file itself, or in a directory the
-    newest run's XSpace (else its first trace JSON)."""
+    newest run's XSpace, else its newest session's largest trace JSON."""
     return traces_at(path)[0]
 
 
@@ -32,14 +36,22 @@ def traces_at(path: str | Path) -> list[Path]:
             raise TraceError(f"{p}: neither a file nor a directory (a pipe or a device?)")
         candidates = [f for f in p.rglob("*")
                       if (f.name.endswith(".xplane.pb") or f.name.endswith(JSON_SUFFIXES)) and f.is_file()]
+        stats = {f: f.stat() for f in candidates}
     except (OSError, ValueError, RecursionError) as exc:   # name too long, a NUL in it, unreadable or too deep
         raise TraceError(f"{p}: cannot be searched ({type(exc).__name__}: {exc})") from None
     if not candidates:
         raise TraceError(f"{p}: no .xplane.pb or trace JSON below it")
-    newest_run = max(c.parent for c in candidates)   # runs are named by timestamp: YYYY_MM_DD_HH_MM_SS
-    runs = [c for c in candidates if c.parent == newest_run] or candidates
-    runs.sort(key=lambda f: (not f.name.endswith(".xplane.pb"), f.name))
-    return runs + sorted(set(candidates) - set(runs))
+    newest_run = max(c.parent for c in candidates)   # JAX names runs by timestamp: YYYY_MM_DD_HH_MM_SS
+    newest = max(stats[c].st_mtime for c in candidates if c.parent == newest_run)
+
+    # A torch profiler (vLLM, SGLang) writes every session into one directory, each rank's worker trace
+    # beside the API server's: the newest session's largest file is the one with the GPU's kernels.
+    def order(f: Path) -> tuple:
+        st = stats[f]
+        recent = newest - st.st_mtime <= SESSION_S
+        return (f.parent != newest_run, not f.name.endswith(".xplane.pb"), not recent,
+                -st.st_size if recent else -st.st_mtime, f.name)
+    return sorted(candidates, key=order)
 
 
 def parse_trace(data: bytes, source: str) -> Trace:

@@ -42,11 +42,12 @@ def cmd_trace_summarize(ns) -> int:
 
     found = traces_at(ns.path)
     if len(found) > 1:          # never silent about the others (a vLLM trace dir holds every session's)
-        print(f"gpuscope trace summarize: {ns.path} holds {len(found)} traces; summarizing {found[0]} "
-              f"(name a file to read another)", file=sys.stderr)
+        print(f"gpuscope trace summarize: {ns.path} holds {len(found)} traces; summarizing {found[0]}, the "
+              f"newest session's {'XSpace' if found[0].name.endswith('.xplane.pb') else 'largest'} "
+              f"(name a file to read another; --json lists them all)", file=sys.stderr)
     summary = summarize(load_trace(found[0]))
     if ns.json:
-        print_json(summary)
+        print_json({**summary, "traces_found": [str(f) for f in found]})
         return 0
     print(f"{summary['source']} ({summary['format']}, {summary['span_seconds'] * 1e3:.0f} ms)")
     devices = summary.get("devices") or []

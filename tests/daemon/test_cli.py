@@ -132,13 +132,28 @@ def test_captures_go_beside_the_db_unless_told_otherwise(tmp_path):
 
 def test_trace_summarize_of_a_directory_of_several_says_which_it_read(tmp_path):
     """Found against a real vLLM: its trace directory held 18 traces and one
-    was summarized without a word about the others."""
+    was summarized without a word about the others; then the first by name
+    was read, the oldest session's. The newest session's largest trace (the
+    worker's, with the GPU's kernels, not the API server's) is read."""
+    import gzip
+    import json
+    import os
     import shutil
     data = Path(__file__).resolve().parents[1] / "data" / "h200-torch-2.11"
-    for name in ("matmul_bf16.pt.trace.json.gz", "stream_f32.pt.trace.json.gz"):
-        shutil.copy(data / name, tmp_path / name)
-    r = subprocess.run([sys.executable, "-m", "gpuscope.daemon.cli", "trace", "summarize", str(tmp_path)],
-                       capture_output=True, text=True, timeout=60)
+    old, new = tmp_path / "rank0.1000.pt.trace.json.gz", tmp_path / "rank0.2000.pt.trace.json.gz"
+    shutil.copy(data / "matmul_bf16.pt.trace.json.gz", old)
+    shutil.copy(data / "stream_f32.pt.trace.json.gz", new)
+    api = tmp_path / "vm_1.async_llm.2001.pt.trace.json.gz"
+    api.write_bytes(gzip.compress(json.dumps({"traceEvents": [
+        {"ph": "X", "name": "generate", "pid": 1, "tid": 1, "ts": 0, "dur": 10}]}).encode()))
+    now = time.time()
+    os.utime(old, (now - 3600, now - 3600))
+    os.utime(new, (now - 5, now - 5))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "gpuscope.daemon.cli", "trace", "summarize", *a],
+                                    capture_output=True, text=True, timeout=60)
+    r = run(str(tmp_path))
     assert r.returncode == 0, r.stderr
-    assert f"{tmp_path} holds 2 traces; summarizing {tmp_path / 'matmul_bf16.pt.trace.json.gz'}" in r.stderr
-    assert "compute-bound" in r.stdout
+    assert f"{tmp_path} holds 3 traces; summarizing {new}, the newest session's largest" in r.stderr
+    assert "memory-bound" in r.stdout
+    r = run(str(tmp_path), "--json")
+    assert json.loads(r.stdout)["traces_found"] == [str(new), str(api), str(old)]
