@@ -197,8 +197,13 @@ class _Events:
                        **{pid: name for pid, name in self.procs.items() if name.startswith(DEVICE_PREFIXES)}}
         props = _device_properties(meta.deviceProperties)
         builders = {}
+        # Kineto labels a process for every GPU index it could see (16 on a one-GPU host); the GPUs that
+        # exist are in deviceProperties: a labelled one that is neither there nor active is not a GPU
+        active = {k[0] for k in self.keys}
         for pid, name in device_pids.items():
             index = name.split()[-1] if not name.startswith("/device") else name.rsplit(":", 1)[-1]
+            if props and index not in props and pid not in active:
+                continue
             builders[pid] = _Builder(name if name.startswith("/device") else f"/device:GPU:{index}",
                                      props.get(index, {}))
         if not self.parts:
