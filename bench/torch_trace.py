@@ -11,8 +11,9 @@ gzip / ~670 MB JSON / 2.25 M events of a 2 s capture of a loaded server.
 Each measurement runs in a fresh process (wall time and peak RSS of that
 process): gpuscope's `parse_trace` + `summarize` (what the analyzer runs on
 a capture), and, as the peer, a plain `gzip` + `json.load` of the same file,
-which builds Python objects and nothing else. Results to
-bench/out/torch_trace.json.
+which builds Python objects and nothing else. `--gpu` moves every other
+CPU op onto GPU 0 as a kernel, as a worker's trace on a GPU holds them.
+Results to bench/out/torch_trace[-gpu].json.
 """
 from __future__ import annotations
 
@@ -51,8 +52,39 @@ print(time.perf_counter() - t, peak(), len(doc["traceEvents"]))
 """
 
 
-def build(copies: int, path: Path) -> dict:
+KERNELS = ("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coo", "void at::native::vectorized_elementwise_kernel<4, "
+           "at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul> >(int, "
+           "at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul>)", "flash_fwd_splitkv_kernel",
+           "void vllm::rms_norm_kernel<c10::BFloat16, 8, 4>(c10::BFloat16*, c10::BFloat16 const*, long, float, int, int)")
+GPU_META = """
+  {"ph": "M", "name": "process_name", "ts": TS, "pid": 0, "tid": 0, "args": {"name": "python"}},
+  {"ph": "M", "name": "process_labels", "ts": TS, "pid": 0, "tid": 0, "args": {"labels": "GPU 0"}},
+  {"ph": "M", "name": "thread_name", "ts": TS, "pid": 0, "tid": 7, "args": {"name": "stream 7 "}},"""
+_CPU_OP = re.compile(r'"cat": "cpu_op",\n    "name": "[^"]*",\n    "pid": \d+,\n    "tid": \d+,')
+
+
+def on_gpu(text: str) -> str:
+    """Every other CPU op becomes a kernel on GPU 0's stream 7 (the layout of
+    an H200's torch trace, tests/data/h200-torch-2.11): a vLLM worker on a
+    GPU launches about one kernel per op."""
+    n = [0]
+
+    def swap(m: re.Match) -> str:
+        n[0] += 1
+        if n[0] % 2:
+            return m.group(0)
+        return f'"cat": "kernel",\n    "name": "{KERNELS[n[0] // 2 % len(KERNELS)]}",\n    "pid": 0,\n    "tid": 7,'
+    text = _CPU_OP.sub(swap, text)
+    text = text.replace('"deviceProperties": [],', '"deviceProperties": [{"id": 0, "name": "NVIDIA H200", '
+                        '"computeMajor": 9, "computeMinor": 0, "numSms": 132}],', 1)
+    first = re.search(r'"ts": ([0-9.]+)', text).group(1)      # where the copies are placed from
+    return text.replace('"traceEvents": [', '"traceEvents": [' + GPU_META.replace("TS", first), 1)
+
+
+def build(copies: int, path: Path, gpu: bool = False) -> dict:
     text = gzip.decompress(FIXTURE.read_bytes()).decode()
+    if gpu:
+        text = on_gpu(text)
     head, sep, rest = text.partition('"traceEvents": [')
     body, end, tail = rest.rpartition("\n  ]")
     ts = [float(x) for x in re.findall(r'"ts": ([0-9.]+)', body)]
@@ -81,10 +113,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--copies", type=int, default=10)
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--gpu", action="store_true", help="every other CPU op moved to GPU 0 as a kernel")
     ns = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "big.pt.trace.json.gz"
-        out = dict(date=time.strftime("%Y-%m-%d"), trace=build(ns.copies, path), gpuscope=[], json_load=[])
+        out = dict(date=time.strftime("%Y-%m-%d"), trace=build(ns.copies, path, ns.gpu), gpuscope=[], json_load=[])
         for _ in range(ns.runs):
             out["gpuscope"].append(run(GPUSCOPE, path))
             out["json_load"].append(run(PEER, path))
@@ -93,7 +126,7 @@ def main() -> None:
     out["ratio_peak_rss"] = round(best("gpuscope")["peak_rss_mb"] / best("json_load")["peak_rss_mb"], 3)
     print(json.dumps(out, indent=1))
     (ROOT / "bench" / "out").mkdir(exist_ok=True)
-    (ROOT / "bench" / "out" / "torch_trace.json").write_text(json.dumps(out, indent=1))
+    (ROOT / "bench" / "out" / f"torch_trace{'-gpu' if ns.gpu else ''}.json").write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
