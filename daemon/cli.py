@@ -17,7 +17,7 @@ from gpuscope.collectors.nvml import SourceUnavailable
 from gpuscope.collectors.recording import RecordingError
 from gpuscope.collectors.xspace_reader import TraceError
 
-from . import clients, logs
+from . import client_config, clients, logs
 from .cliutil import VERDICTS, UsageError, default_db, duration, positive_float, positive_int
 from .cmd_accuracy import cmd_accuracy
 from .cmd_calibrate import add_calibrate_parser
@@ -34,6 +34,7 @@ __all__ = ["main", "build_parser", "render_report"]
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuscope", description="GPU fleet profiler: names each GPU's bottleneck.")
+    p.add_argument("--version", action="version", version=f"gpuscope {_version()}")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--json-logs", action="store_true", default=None, help="JSON log lines (default off a terminal)")
     sub = p.add_subparsers(dest="command", required=True)
@@ -113,7 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_analyzer)
 
     def server_args(sp):
-        sp.add_argument("--server", required=True, help="analyzer (or agent) HOST:PORT")
+        port = 9401 if sp.prog.split()[-1] in client_config.AGENT_COMMANDS else 9400
+        sp.add_argument("--server", default=None, metavar="HOST[:PORT]",
+                        help=f"{'agent' if port == 9401 else 'analyzer (or agent)'} to ask (default: "
+                             f"${client_config.ENV_SERVER}, else `server` in {client_config.config_path()}, else "
+                             f"{client_config.DEFAULT_SERVER}); a bare HOST means port {port}")
         sp.add_argument("--json", action="store_true", help="JSON output")
         add_client_flags(sp)
 
@@ -221,6 +226,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("gpuscope")
+    except PackageNotFoundError:          # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 SERVERS = ("analyzer", "agent", "up")
 _served = False          # main() ran a server: run() skips the interpreter's teardown
 
@@ -247,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(ns.log_level, ns.json_logs)
     _served = ns.command in SERVERS
     try:
+        if hasattr(ns, "server"):
+            client_config.apply(ns)
         return ns.fn(ns)
     except (UsageError, ValueError, RecordingError, TraceError, SourceUnavailable, ListenError,
             clients.ClientError, RuntimeError) as exc:

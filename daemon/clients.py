@@ -8,6 +8,7 @@ import json
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
 
 from gpuscope.collectors.serving_profiler import expected_seconds
 from gpuscope.security.tls import INSECURE, ClientSecurity, explain_failure
@@ -24,11 +25,15 @@ _OPTIONS = (("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES))
 
 
-def _client_error(exc: grpc.RpcError, server: str, security: ClientSecurity) -> ClientError:
+def _client_error(exc: grpc.RpcError, server: str, security: ClientSecurity, wants: str = "analyzer") -> ClientError:
     """One line that says what went wrong and, for TLS and authentication, what to do."""
     explained = explain_failure(exc, server, security)
     if explained:
         return ClientError(explained)
+    if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+        wrong = _wrong_service(server, security, wants)
+        if wrong:
+            return ClientError(wrong)
     if exc.code() == grpc.StatusCode.UNAVAILABLE and "retry shortly" in (exc.details() or ""):
         return ClientError(f"{server}: {exc.details()}")      # it answered: busy or restarting, not unreachable
     if exc.code() == grpc.StatusCode.UNAVAILABLE:
@@ -37,12 +42,30 @@ def _client_error(exc: grpc.RpcError, server: str, security: ClientSecurity) -> 
     return ClientError(f"{server}: {exc.code().name}: {exc.details()}")
 
 
-def _call(server: str, fn, timeout: float = 10.0, security: ClientSecurity = INSECURE):
+def _wrong_service(server: str, security: ClientSecurity, wants: str) -> str | None:
+    """When a call is not implemented there: what answers at `server`
+    instead, and where to ask (an agent knows its analyzer)."""
+    with security.channel(server, options=_OPTIONS) as ch:
+        try:
+            if wants == "analyzer":
+                s = agent_pb2_grpc.AgentStub(ch).GetStatus(agent_pb2.AgentStatusRequest(), timeout=3)
+                where = (f"at {s.analyzer}: pass --server {s.analyzer}" if s.analyzer else
+                         "(this agent streams to none: it was started without --analyzer)")
+                return (f"{server} is the agent of host {s.host or '?'}, not an analyzer: findings, queries, reports, "
+                        f"anomalies and watch are answered by the analyzer {where}")
+            analyzer_pb2_grpc.AnalyzerStub(ch).GetStatus(apb.StatusRequest(gpu_limit=1), timeout=3)
+            return (f"{server} is an analyzer, not an agent: captures and jobs are asked of the agent on the job's "
+                    f"host (--server HOST, port 9401; `gpuscope status` lists the hosts), or of `gpuscope up`")
+        except grpc.RpcError:
+            return None
+
+
+def _call(server: str, fn, timeout: float = 10.0, security: ClientSecurity = INSECURE, wants: str = "analyzer"):
     with security.channel(server, options=_OPTIONS) as ch:
         try:
             return fn(ch, timeout)
         except grpc.RpcError as exc:
-            raise _client_error(exc, server, security) from None
+            raise _client_error(exc, server, security, wants) from None
 
 
 def finding_dict(f: apb.Finding) -> dict:
@@ -71,7 +94,7 @@ def capture(server: str, jax: str | None, pid: int | None, duration_ms: int, *,
     # longer than the agent may take (a serving engine's stop can take minutes): the agent
     # sizes its waits to this deadline and always answers, with the capture id, before it
     reply = _call(server, lambda ch, t: agent_pb2_grpc.AgentStub(ch).Capture(req, timeout=t),
-                  timeout=timeout_s or expected_seconds(duration_ms) + 30, security=security)
+                  timeout=timeout_s or expected_seconds(duration_ms) + 30, security=security, wants="agent")
     return _record_dict(reply.record), reply.xspace
 
 
@@ -93,7 +116,7 @@ def captures(server: str, *, security: ClientSecurity = INSECURE) -> list[dict]:
 
 def jobs(server: str, *, security: ClientSecurity = INSECURE) -> list[dict]:
     resp = _call(server, lambda ch, t: agent_pb2_grpc.AgentStub(ch).ListJobs(agent_pb2.ListJobsRequest(), timeout=t),
-                 timeout=30, security=security)
+                 timeout=30, security=security, wants="agent")
     return [dict(pid=j.pid or None, address=j.address, gpus=list(j.gpus), command=j.command, found_by=j.found_by)
             for j in resp.jobs]
 
@@ -141,15 +164,46 @@ def status(server: str, host: str = "", gpu_limit: int = 0, *, security: ClientS
         try:
             s = analyzer_pb2_grpc.AnalyzerStub(ch).GetStatus(apb.StatusRequest(host=host, gpu_limit=gpu_limit),
                                                              timeout=timeout)
-            return dict(kind="analyzer", **json_format.MessageToDict(
-                s, preserving_proto_field_name=True, always_print_fields_with_no_presence=True))
+            return dict(kind="analyzer", **message_dict(s))
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
                 raise
         s = agent_pb2_grpc.AgentStub(ch).GetStatus(agent_pb2.AgentStatusRequest(), timeout=timeout)
-        return dict(kind="agent", **json_format.MessageToDict(
-            s, preserving_proto_field_name=True, always_print_fields_with_no_presence=True))
+        return dict(kind="agent", **message_dict(s))
     return _call(server, fn, security=security)
+
+
+_INT64 = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
+          FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64}
+
+
+def message_dict(msg) -> dict:
+    """A message as JSON-ready dict with proto field names; 64-bit integers
+    stay numbers (protobuf's JSON mapping makes them strings, and a script
+    reading `"samples_committed": "51"` beside numbers breaks)."""
+    d = json_format.MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    _numbers(msg.DESCRIPTOR, d)
+    return d
+
+
+def _numbers(desc, d: dict) -> None:
+    for f in desc.fields:
+        v = d.get(f.name)
+        if v is None:
+            continue
+        if f.type in _INT64:
+            d[f.name] = [int(x) for x in v] if isinstance(v, list) else int(v)
+        elif f.message_type is not None and f.message_type.GetOptions().map_entry:
+            value = f.message_type.fields_by_name["value"]
+            if value.type in _INT64:
+                d[f.name] = {k: int(x) for k, x in v.items()}
+            elif value.message_type is not None:
+                for x in v.values():
+                    _numbers(value.message_type, x)
+        elif f.message_type is not None:
+            for x in v if isinstance(v, list) else [v]:
+                if isinstance(x, dict):
+                    _numbers(f.message_type, x)
 
 
 def _in_range(req, start: float | None, end: float | None):

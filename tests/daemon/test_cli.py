@@ -13,8 +13,8 @@ from tests.conftest import SAMPLES, free_port
 GPUSCOPE = [sys.executable, "-m", "gpuscope.daemon.cli"]
 
 
-def run(*args, timeout=120, tls_dir=None):
-    env = {**os.environ, "GPUSCOPE_TLS_DIR": str(tls_dir)} if tls_dir else None
+def run(*args, timeout=120, tls_dir=None, env=None):
+    env = {**os.environ, **({"GPUSCOPE_TLS_DIR": str(tls_dir)} if tls_dir else {}), **(env or {})}
     return subprocess.run(GPUSCOPE + list(args), capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -107,9 +107,24 @@ def test_agent_and_analyzer_as_separate_processes(fixture_dir, tmp_path):
                 break
             time.sleep(0.5)
         st = json.loads(run("status", "--server", f"127.0.0.1:{aport}", "--json", tls_dir=pki).stdout)
-        assert int(st["samples_committed"]) > 50 and st["gpus"][0]["host"] == "gpu-host-7"
+        assert st["samples_committed"] > 50 and st["gpus"][0]["host"] == "gpu-host-7"
+        assert all(isinstance(st[k], int) for k in ("samples_committed", "batches_committed", "samples_stored"))
         ag = json.loads(run("status", "--server", f"127.0.0.1:{gport}", "--json", tls_dir=pki).stdout)
-        assert ag["kind"] == "agent" and ag["uplink_connected"]
+        assert ag["kind"] == "agent" and ag["uplink_connected"] and isinstance(ag["samples"], int)
+        # the wrong kind of server says which it is and where to ask (found in a trial: a raw UNIMPLEMENTED)
+        r = run("findings", "--server", f"127.0.0.1:{gport}", tls_dir=pki)
+        assert r.returncode == 1 and (f"127.0.0.1:{gport} is the agent of host gpu-host-7, not an analyzer" in r.stderr
+                                      and f"pass --server 127.0.0.1:{aport}" in r.stderr), r.stderr
+        r = run("jobs", "--server", f"127.0.0.1:{aport}", tls_dir=pki)
+        assert r.returncode == 1 and f"127.0.0.1:{aport} is an analyzer, not an agent" in r.stderr, r.stderr
+        # where to ask, from a config file (no --server, no flags)
+        conf = tmp_path / "gpuscope.toml"
+        conf.write_text(f'server = "127.0.0.1:{aport}"\ntls_dir = "{pki}"\n')
+        r = run("status", "--json", env={"GPUSCOPE_CONFIG": str(conf)})
+        assert r.returncode == 0 and json.loads(r.stdout)["kind"] == "analyzer", r.stderr
+        # ... the environment beats the file
+        r = run("status", "--json", env={"GPUSCOPE_CONFIG": str(conf), "GPUSCOPE_SERVER": f"127.0.0.1:{gport}"})
+        assert r.returncode == 0 and json.loads(r.stdout)["kind"] == "agent", r.stderr
     finally:
         for p in (agent, analyzer):
             p.send_signal(2)
@@ -157,3 +172,55 @@ def test_trace_summarize_of_a_directory_of_several_says_which_it_read(tmp_path):
     assert "memory-bound" in r.stdout
     r = run(str(tmp_path), "--json")
     assert json.loads(r.stdout)["traces_found"] == [str(new), str(api), str(old)]
+
+
+def test_where_to_ask_defaults_and_bare_hosts(tmp_path, monkeypatch):
+    """Found in a trial: --server was required on every on-call command, and
+    `--server localhost` went to port 443."""
+    import argparse
+    from gpuscope.daemon import client_config as cc
+    from gpuscope.daemon.cliutil import UsageError
+    assert cc.with_port("localhost", 9400) == "localhost:9400"
+    assert cc.with_port("node17", 9401) == "node17:9401"
+    assert cc.with_port("10.0.0.5:7000", 9400) == "10.0.0.5:7000"
+    assert cc.with_port("::1", 9400) == "[::1]:9400" and cc.with_port("[::1]", 9400) == "[::1]:9400"
+    assert cc.with_port("[::1]:9", 9400) == "[::1]:9"
+    for bad in ("http://a:1", "a:0", "a:99999", "a:", ":80", " "):
+        with pytest.raises(UsageError, match="--server"):
+            cc.with_port(bad, 9400)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("GPUSCOPE_SERVER", raising=False)
+    monkeypatch.delenv("GPUSCOPE_CONFIG", raising=False)
+    monkeypatch.delenv("GPUSCOPE_TLS_DIR", raising=False)
+    monkeypatch.delenv("GPUSCOPE_TOKEN", raising=False)
+
+    def resolved(command="findings", **flags):
+        ns = argparse.Namespace(command=command, server=None, tls_dir=None, ca=None, cert=None, key=None,
+                                token_file=None, tls_server_name=None, insecure=False)
+        vars(ns).update(flags)
+        cc.apply(ns)
+        return ns
+    assert resolved().server == "127.0.0.1:9400"
+    assert resolved(server="gpu-7").server == "gpu-7:9400" and resolved("jobs", server="gpu-7").server == "gpu-7:9401"
+    (tmp_path / "gpuscope").mkdir()
+    conf = tmp_path / "gpuscope" / "config.toml"
+    conf.write_text('server = "analyzer.example"\ntls_dir = "/etc/gs"\ntoken_file = "~/tok"\n')
+    ns = resolved()
+    assert (ns.server, ns.tls_dir, ns.token_file) == ("analyzer.example:9400", "/etc/gs", os.path.expanduser("~/tok"))
+    assert resolved(insecure=True).tls_dir is None                 # a flag decides, the file does not add to it
+    monkeypatch.setenv("GPUSCOPE_SERVER", "other:1")
+    assert resolved().server == "other:1" and resolved(server="x:2").server == "x:2"
+    conf.write_text('server = "a"\nsevrer = "b"\n')
+    with pytest.raises(UsageError, match="unknown key 'sevrer'"):
+        resolved()
+    conf.write_text('server = [1]\n')
+    with pytest.raises(UsageError, match="server must be a non-empty string"):
+        resolved()
+    conf.write_text('server = "a\n')
+    with pytest.raises(UsageError, match="not TOML"):
+        resolved()
+
+
+def test_version():
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.startswith("gpuscope ") and r.stdout.split()[1][0].isdigit()
