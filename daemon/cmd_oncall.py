@@ -9,7 +9,7 @@ from gpuscope.analyzers import accuracy
 from gpuscope.collectors import catalogue as cat
 
 from . import clients
-from .cliutil import UsageError, print_json, seen
+from .cliutil import UsageError, age, print_json, seen
 from .security_flags import client_security
 
 
@@ -19,6 +19,44 @@ def _time_range(ns) -> tuple[float | None, float | None]:
     if ns.since is not None:
         start = (end or time.time()) - ns.since
     return start, end
+
+
+def _nothing(ns, what: str) -> str:
+    """One line for an answer with nothing in it: what was asked and, when a
+    host or GPU was named that the analyzer has never heard of, which exist."""
+    asked = []
+    if getattr(ns, "host", ""):
+        asked.append(f"host {ns.host!r}")
+    if getattr(ns, "gpu", None) is not None:
+        asked.append(f"GPU {ns.gpu}")
+    if getattr(ns, "verdict", None):
+        asked.append("verdict " + " or ".join(ns.verdict))
+    line = f"no {what}" + (f" for {', '.join(asked)}" if asked else "")
+    if getattr(ns, "since", None):
+        whole = next((f"{ns.since / n:g}{u}" for n, u in ((86400, "d"), (3600, "h"), (60, "m"))
+                      if ns.since % n == 0), None)      # as typed: 1h, not 60m
+        line += f" in the last {whole or age(ns.since)}"
+    elif getattr(ns, "start", None) is not None or getattr(ns, "end", None) is not None:
+        line += " in that time range"
+    return line + _known(ns)
+
+
+def _known(ns) -> str:
+    host, gpu = getattr(ns, "host", ""), getattr(ns, "gpu", None)
+    if not host and gpu is None:
+        return ""
+    try:
+        gpus = clients.status(ns.server, "", 1000, security=client_security(ns)).get("gpus", [])
+    except clients.ClientError:
+        return ""
+    hosts = sorted({g["host"] for g in gpus})
+    if host and host not in hosts:
+        shown = ", ".join(hosts[:8]) + (f" … ({len(hosts)} in all)" if len(hosts) > 8 else "")
+        return f"; the analyzer knows no host {host!r} (hosts: {shown or 'none yet'})"
+    mine = sorted({g.get("gpu", 0) for g in gpus if not host or g["host"] == host})
+    if gpu is not None and gpu not in mine:
+        return f"; {'host ' + repr(host) if host else 'the fleet'} has GPUs {', '.join(map(str, mine)) or 'none'}"
+    return ""
 
 
 def cmd_status(ns) -> int:
@@ -63,7 +101,7 @@ def cmd_findings(ns) -> int:
         print_json({"findings": rows})
         return 0
     if not rows:
-        print("no findings")
+        print(_nothing(ns, "open findings" if ns.open else "findings"))
     for f in rows:
         end_s = "open" if f["end"] is None else time.strftime("%H:%M:%S", time.localtime(f["end"]))
         trust = accuracy.trust_words(f["counters_verdict"], measured)
@@ -95,6 +133,9 @@ def cmd_query(ns) -> int:
     if ns.json:
         print_json(r)
         return 0
+    if not r["series"]:
+        default = "" if ns.since or ns.start is not None else " in the last hour (--since for longer)"
+        print(_nothing(ns, f"{ns.metric} samples") + default)
     for s in r["series"]:
         if r["aggregate"] == "series":
             print(f"{s['host']}/gpu{s['gpu']} {r['metric']} ({r['unit']}), {len(s['points'])} points:")
@@ -202,7 +243,7 @@ def cmd_records(ns) -> int:
         print_json({ns.command: rows})
         return 0
     if not rows:
-        print(f"no {ns.command}")
+        print(_nothing(ns, ns.command))
     kind = "anomaly" if ns.command == "anomalies" else "decision"
     for r in rows:
         print(_event_line(dict(kind=kind, t=r["t"], host=r["host"], gpu=r["gpu"], record=r)))

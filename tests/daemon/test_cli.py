@@ -76,6 +76,17 @@ def test_up_replays_without_a_gpu_and_answers_on_call_queries(fixture_dir, tmp_p
         assert q["unit"] == "watts" and q["series"][0]["value"] > 100
         one = run("findings", "--server", server, "--verdict", "memory-bound", "--json", tls_dir=tls)
         assert {x["verdict"] for x in json.loads(one.stdout)["findings"]} == {"memory-bound"}
+        # nothing found is said, with what exists (found in a trial: silence and exit 0)
+        host = st["gpus"][0]["host"]
+        none = run("query", "--server", server, "--metric", "power_watts", "--host", "nosuchhost", tls_dir=tls)
+        assert none.returncode == 0 and none.stdout.startswith(
+            "no power_watts samples for host 'nosuchhost' in the last hour (--since for longer); the analyzer knows "
+            f"no host 'nosuchhost' (hosts: {host})"), none.stdout
+        none = run("findings", "--server", server, "--host", host, "--gpu", "7", "--since", "1h", tls_dir=tls)
+        assert none.stdout.startswith(f"no findings for host {host!r}, GPU 7 in the last 1h; host {host!r} has "
+                                      "GPUs 0"), none.stdout
+        assert json.loads(run("anomalies", "--server", server, "--host", "x", "--json", tls_dir=tls).stdout) == {
+            "anomalies": []}
     finally:
         proc.send_signal(2)   # Ctrl-C
         out, err = proc.communicate(timeout=30)
