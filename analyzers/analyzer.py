@@ -45,7 +45,7 @@ from .findings import FindingsTracker
 from .ingest import DecodedBatch, clean_command, decode
 from .links import pcie_link
 from .live import LiveWindows
-from .report import build_report
+from .report import build_report, full_id
 from .retention import PassResult, Retention, RetentionConfig
 from .status import GpuRow, summarize as summarize_status
 from .store import FINDING_COLUMNS, Store, StoreConfig, finding_row, merge_live
@@ -617,8 +617,10 @@ class Analyzer:
         return None if row is None else self.live_finding(row)
 
     def report(self, finding_id: str, context_s: float = 0.0) -> dict | None:
-        """The story of one finding (analyzers/report.py), open ones as they are now."""
-        return build_report(self.store, finding_id, context_s, lookup=self.finding)
+        """The story of one finding (analyzers/report.py), open ones as they
+        are now; the id may be its first characters."""
+        fid = full_id(self.store, finding_id)
+        return None if fid is None else build_report(self.store, fid, context_s, lookup=self.finding)
 
     def analysis_lag(self) -> float:
         """How far live analysis is behind the newest samples received: per

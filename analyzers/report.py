@@ -14,6 +14,27 @@ KEY_METRICS = ("util_gpu_ratio", "util_mem_ratio", "gpm_sm_util_ratio", "gpm_sm_
                "gpm_tensor_util_ratio", "gpm_dram_bw_util_ratio", "gpm_pcie_tx_bytes_per_second",
                "gpm_pcie_rx_bytes_per_second", "procs_cpu_cores", "power_watts", "sm_clock_hertz", "temp_celsius")
 MIN_CONTEXT_S, MAX_CONTEXT_S = 60.0, 1800.0
+ALWAYS_NAMED = ("sm_clock_hertz", "power_watts", "temp_celsius")   # a clock or power change is news at 5 %
+MIN_PREFIX = 4
+
+
+class AmbiguousId(LookupError):
+    """A finding id prefix that matches more than one finding."""
+
+
+def full_id(store: Store, given: str) -> str | None:
+    """The finding `given` names, whole or by its first characters (at least
+    MIN_PREFIX); None when none matches. Raises AmbiguousId."""
+    if len(given) < MIN_PREFIX:
+        return given if store.finding_ids(given, 1) == [given] else None
+    ids = store.finding_ids(given)
+    if given in ids or len(ids) == 1:
+        return given if given in ids else ids[0]
+    if ids:
+        more = "" if len(ids) < 6 else ", …"
+        raise AmbiguousId(f"finding_id {given!r} is the start of {'5 or more' if more else len(ids)} findings "
+                          f"({', '.join(ids[:5])}{more}): give more of it")
+    return None
 
 
 def build_report(store: Store, finding_id: str, context_s: float = 0.0, now: float | None = None,
@@ -49,7 +70,10 @@ def build_report(store: Store, finding_id: str, context_s: float = 0.0, now: flo
 
 
 def _changes(before: dict, during: dict) -> list[dict]:
-    """Metrics that moved most between the baseline and the incident."""
+    """Metrics that moved most between the baseline and the incident (by
+    `relative`, the change over the larger of the two, so that a rise and a
+    fall rank alike), and clocks, power and temperature whenever they moved
+    by 5 % or more."""
     out = []
     for m in KEY_METRICS:
         b, d = before.get(m), during.get(m)
@@ -58,4 +82,5 @@ def _changes(before: dict, during: dict) -> list[dict]:
         scale = max(abs(b), abs(d), 1e-9)
         out.append(dict(metric=m, before=b, during=d, change=d - b, relative=(d - b) / scale))
     out.sort(key=lambda r: abs(r["relative"]), reverse=True)
-    return [r for r in out if abs(r["relative"]) >= 0.1][:6]
+    top = [r for r in out if abs(r["relative"]) >= 0.1][:6]
+    return top + [r for r in out if r not in top and r["metric"] in ALWAYS_NAMED and abs(r["relative"]) >= 0.05]

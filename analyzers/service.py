@@ -23,6 +23,7 @@ from gpuscope.security.context import current_caller
 from gpuscope.security.redact import command_label
 
 from .analyzer import Analyzer
+from .report import AmbiguousId
 from .events import Watch
 from .ingest import BatchError, validate_capture_record
 from .store import AGGREGATES
@@ -322,9 +323,14 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             ctx_s = _finite(request.context_seconds, "context_seconds")
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        report = await self._query(self.analyzer.report, request.finding_id, ctx_s)
+        try:
+            report = await self._query(self.analyzer.report, request.finding_id, ctx_s)
+        except AmbiguousId as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if report is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"finding_id: no finding {request.finding_id!r}")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"finding_id: no finding {request.finding_id!r} "
+                                                           "(`gpuscope findings` lists them; the first 6 characters "
+                                                           "of an id are enough)")
         return apb.ReportResponse(json=json.dumps(_for_caller(report), default=str))
 
     @_unavailable_as_status

@@ -254,6 +254,11 @@ class Store:
         rows = _findings(self.reader().execute("SELECT * FROM findings WHERE id = ?", [finding_id]))
         return rows[0] if rows else None
 
+    def finding_ids(self, prefix: str, limit: int = 6) -> list[str]:
+        """Ids starting with `prefix` (people type the first few characters)."""
+        return [r[0] for r in self.reader().execute(
+            "SELECT id FROM findings WHERE starts_with(id, ?) ORDER BY id LIMIT ?", [prefix, limit]).fetchall()]
+
     def means(self, host: str, gpu: int, start: float, end: float, metrics: Sequence[str]) -> dict:
         """Mean of each metric for one GPU over [start, end), and the sample
         count; minutes already rolled up count with their sample counts (a

@@ -8,7 +8,7 @@ import time
 from gpuscope.analyzers import accuracy
 from gpuscope.collectors import catalogue as cat
 
-from . import clients
+from . import clients, human
 from .cliutil import UsageError, age, print_json, seen
 from .security_flags import client_security
 
@@ -138,12 +138,12 @@ def cmd_query(ns) -> int:
         print(_nothing(ns, f"{ns.metric} samples") + default)
     for s in r["series"]:
         if r["aggregate"] == "series":
-            print(f"{s['host']}/gpu{s['gpu']} {r['metric']} ({r['unit']}), {len(s['points'])} points:")
+            print(f"{s['host']}/gpu{s['gpu']} {r['metric']}, {len(s['points'])} points:")
             for t, v in s["points"]:
-                print(f"  {time.strftime('%H:%M:%S', time.localtime(t))} {v:.6g}")
+                print(f"  {_when(t)} {human.value(r['unit'], v)}")
         else:
-            print(f"{s['host']}/gpu{s['gpu']} {r['aggregate']}({r['metric']}) = {s['value']} {r['unit']} "
-                  f"over {s['samples']} samples")
+            print(f"{s['host']}/gpu{s['gpu']} {r['aggregate']}({r['metric']}) = {human.value(r['unit'], s['value'])} "
+                  f"over {s['samples']:,} samples")
     return 0
 
 
@@ -259,21 +259,51 @@ def cmd_report(ns) -> int:
     return 0
 
 
+def _when(t: float | None, today: float | None = None) -> str:
+    """A local time: the clock alone today, with the date and zone before."""
+    if not t:
+        return "open"
+    day = time.strftime("%Y-%m-%d", time.localtime(t))
+    if day == time.strftime("%Y-%m-%d", time.localtime(today or time.time())):
+        return time.strftime("%H:%M:%S", time.localtime(t))
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t))
+
+
+def _moved(ch: dict) -> str:
+    """How much a number moved, relative to where it was: `16× more`,
+    `3.2× less`, `+24 %`."""
+    factor = ch["during"] / ch["before"] if ch["before"] else None
+    if factor is None:
+        return "from 0"
+    if factor >= 2:
+        return f"{factor:.3g}× more"
+    if 0 < factor <= 0.5:
+        return f"{1 / factor:.3g}× less"
+    return f"{(factor - 1) * 100:+.0f} %"
+
+
+def _said(metric: str, v: float | None) -> str:
+    m = cat.BY_NAME.get(metric)
+    return human.value(m.unit, v) if m is not None else ("—" if v is None else f"{v:.3g}")
+
+
 def render_report(rep: dict) -> str:
     f, c, v = rep["finding"], rep["counters"], rep["verdict"]
-    fmt = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "open"  # noqa: E731
     lines = [f"finding {f['id']}: {f['host']}/gpu{f['gpu']} {v['decided']} (decided by {v['by']}; counters said "
              f"{v['counters']}, trace said {v['trace'] or '-'})",
-             f"  {fmt(f['start'])} -> {fmt(f['end'])}, {f['windows']} windows, confidence {f['confidence']:.2f}, "
-             f"job {f['job'] or '-'}", f"  {f['summary']}", "",
-             f"counters (means; before/after = {c['context_seconds']:.0f} s around the episode):",
-             f"  {'metric':<32} {'before':>12} {'during':>12} {'after':>12}"]
+             f"  {_when(f['start'])} -> {_when(f['end'])}, {f['windows']} windows, confidence "
+             f"{f['confidence']:.2f}, job {f['job'] or '-'}", f"  {f['summary']}"]
+    if f.get("flags"):
+        lines.append(f"  flags: {', '.join(x.replace('_', '-') for x in f['flags'])}")
+    lines += ["", f"counters (means; before/after = {c['context_seconds']:.0f} s around the episode):",
+              f"  {'metric':<32} {'before':>12} {'during':>12} {'after':>12}"]
     for m in [k for k in c["during"] if k != "samples"]:
         vals = [c[w].get(m) if c[w] else None for w in ("before", "during", "after")]
         if any(x is not None for x in vals):
-            lines.append(f"  {m:<32} " + " ".join(f"{x:>12.4g}" if x is not None else f"{'-':>12}" for x in vals))
+            lines.append(f"  {m:<32} " + " ".join(f"{_said(m, x):>12}" for x in vals))
     lines += ["", "what changed against the job's baseline (before):"]
-    lines += [f"  {ch['metric']}: {ch['before']:.4g} -> {ch['during']:.4g} ({ch['relative']:+.0%})"
+    lines += [f"  {ch['metric']}: {_said(ch['metric'], ch['before'])} -> {_said(ch['metric'], ch['during'])} "
+              f"({_moved(ch)})"
               for ch in rep["changes"]] or ["  nothing moved by 10 % or more"]
     lines += ["", f"captures: {len(rep['captures'])}"]
     for cap in rep["captures"]:
@@ -281,8 +311,10 @@ def render_report(rep: dict) -> str:
         lines.append(f"  {cap['id']} {cap.get('kind')} {cap['status']} {cap['path'] or ''}")
         if t:
             lines.append(f"    trace: {t.get('verdict')} — {t.get('summary')}")
+            for op in (t.get("top_ops") or [])[:3]:
+                lines.append(f"      {op.get('time_fraction', 0):6.1%}  {op.get('op') or '-'}  {op.get('kernel', '')}")
     lines += ["", f"anomalies: {len(rep['anomalies'])}"]
-    lines += [f"  {fmt(a['t'])} {','.join(a['kinds'])}: {a['reason']}" for a in rep["anomalies"]]
+    lines += [f"  {_when(a['t'])} {','.join(a['kinds'])}: {a['reason']}" for a in rep["anomalies"]]
     lines += [f"decisions: {len(rep['decisions'])}"]
-    lines += [f"  {fmt(d['t'])} {d['action']} [{d['status']}] {d['reason']}" for d in rep["decisions"]]
+    lines += [f"  {_when(d['t'])} {d['action']} [{d['status']}] {d['reason']}" for d in rep["decisions"]]
     return "\n".join(lines)

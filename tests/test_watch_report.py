@@ -64,6 +64,7 @@ def test_watch_streams_findings_anomalies_and_decisions_and_report_tells_the_sto
         assert rep["anomalies"] and rep["decisions"]
         text = render_report(rep)
         assert "memory-bound" in text and "what changed" in text
+        assert clients.report(srv.target, mem["id"][:6])["finding"]["id"] == mem["id"]   # the first characters do
     finally:
         stop.set()
         agent.stop()
@@ -78,3 +79,19 @@ def test_report_of_an_unknown_finding_is_not_found(tmp_path):
             clients.report(srv.target, "nope")
     finally:
         srv.stop()
+
+
+def test_a_finding_id_prefix_names_one_finding_or_says_which_it_could_be(tmp_path):
+    from gpuscope.analyzers.report import AmbiguousId, full_id
+    from gpuscope.analyzers.store import FINDING_COLUMNS, Store, StoreConfig
+    store = Store(StoreConfig(str(tmp_path / "p.duckdb")))
+    try:
+        rows = [tuple(fid if c == "id" else "h" if c == "host" else 0 if c == "gpu" else None
+                      for c in FINDING_COLUMNS) for fid in ("abcd11112222", "abcd33334444", "ef0011112222")]
+        store.upsert_findings(rows)
+        assert full_id(store, "ef00") == "ef0011112222" and full_id(store, "abcd11112222") == "abcd11112222"
+        assert full_id(store, "ab") is None and full_id(store, "9999") is None     # too short to guess; none
+        with pytest.raises(AmbiguousId, match=r"'abcd' is the start of 2 findings \(abcd11112222, abcd33334444\)"):
+            full_id(store, "abcd")
+    finally:
+        store.close()

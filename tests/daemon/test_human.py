@@ -1,0 +1,48 @@
+"""Numbers for people (daemon/human.py) and the report as a person reads it:
+the outputs below are the reviewed formats."""
+import time
+
+import pytest
+
+from gpuscope.daemon import human
+from gpuscope.daemon.cmd_oncall import render_report
+
+
+@pytest.mark.parametrize("unit, v, said", [
+    # found in a trial: `694.2760000000001 watts`, `5597167616.0 bytes`, `4.0 bitmask`
+    ("watts", 694.2760000000001, "694 W"), ("bytes", 5597167616.0, "5.21 GiB"), ("bytes", 512.0, "512 B"),
+    ("bitmask", 12.0, "sw-power-cap, hw-slowdown"), ("bitmask", 0.0, "none"), ("bitmask", 4096.0 + 4, "sw-power-cap, 0x1000"),
+    ("ratio", 0.739, "74 %"), ("ratio", 0.046, "4.6 %"), ("ratio", 0.0, "0 %"),
+    ("bytes/s", 2.43e8, "243 MB/s"), ("hertz", 1.96e9, "1.96 GHz"), ("celsius", 61.4, "61 °C"),
+    ("seconds", 0.297, "297 ms"), ("1/s", 2126.4, "2,126/s"), ("1/s", 3.5, "3.50/s"), ("count", 40.0, "40"),
+    ("count", 0.5, "0.50"), ("cores", 1.25, "1.25 cores"), ("watts", None, "—"), ("watts", float("nan"), "—"),
+])
+def test_values_read_at_a_glance(unit, v, said):
+    assert human.value(unit, v) == said
+
+
+def _report(**finding):
+    f = dict(id="a1b2c3d4e5f6", host="gpu-7", gpu=3, verdict="memory-bound", start=time.time() - 600,
+             end=time.time() - 60, windows=108, confidence=0.83, job="pid:461 python train.py",
+             summary="memory-bound: DRAM 74 % busy", flags=["power_capped"])
+    f.update(finding)
+    before = dict(samples=600, gpm_dram_bw_util_ratio=0.046, sm_clock_hertz=1.96e9, power_watts=694.276)
+    during = dict(samples=540, gpm_dram_bw_util_ratio=0.739, sm_clock_hertz=1.49e9, power_watts=700.0)
+    return dict(finding=f, counters=dict(context_seconds=600, before=before, during=during, after=None),
+                verdict=dict(decided="memory-bound", by="counters", counters="memory-bound", trace=None),
+                changes=[dict(metric="gpm_dram_bw_util_ratio", before=0.046, during=0.739, change=0.693,
+                              relative=0.938),
+                         dict(metric="sm_clock_hertz", before=1.96e9, during=1.49e9, change=-4.7e8, relative=-0.24)],
+                captures=[], anomalies=[], decisions=[])
+
+
+def test_a_report_says_changes_relative_to_before_and_names_flags_and_clocks():
+    """Found in a trial: `0.046 -> 0.739 (+94%)` for a 16x rise, and neither
+    the power-capped flag nor the SM clock's drop was mentioned."""
+    text = render_report(_report())
+    assert "  flags: power-capped" in text
+    assert "  gpm_dram_bw_util_ratio: 4.6 % -> 74 % (16.1× more)" in text
+    assert "  sm_clock_hertz: 1.96 GHz -> 1.49 GHz (-24 %)" in text
+    assert "  power_watts                             694 W        700 W            —" in text
+    yesterday = render_report(_report(start=time.time() - 2 * 86400, end=None))
+    assert time.strftime("%Z") in yesterday.splitlines()[1] and "-> open" in yesterday
