@@ -616,6 +616,21 @@ class Analyzer:
         row = self.store.finding(finding_id)
         return None if row is None else self.live_finding(row)
 
+    def top(self, start: float, end: float, host: str = "", by: str = "gpu", limit: int = 20) -> list[dict]:
+        """The GPUs (or jobs) bottlenecked longest over [start, end]
+        (Store.top_bottlenecked) and what holds each now: its open finding,
+        as it is in memory."""
+        rows = self.store.top_bottlenecked(start, end, limit, now=self._clock(), host=host, by=by)
+        open_now: dict = {}
+        for f in self.list_findings(host=host, open_only=True, limit=100_000):
+            if f["verdict"] != "idle":
+                open_now.setdefault((f["host"], f["gpu"]) if by == "gpu" else f["job"], f)
+        for r in rows:
+            f = open_now.get((r["host"], r["gpu"]) if by == "gpu" else r["job"])
+            r["now"] = None if f is None else {k: f[k] for k in ("id", "verdict", "start", "confidence", "summary",
+                                                                 "flags")}
+        return rows
+
     def report(self, finding_id: str, context_s: float = 0.0) -> dict | None:
         """The story of one finding (analyzers/report.py), open ones as they
         are now; the id may be its first characters."""

@@ -59,7 +59,7 @@ RESTART_DELAY_S = 2.0
 SWITCH_INTERVAL_S = 0.0005
 LOCK_WAIT_S = 20.0            # how long a new child waits for the store's lock held by a dying one
 # What the parent may call in the child, by name: nothing else crosses.
-CALLS = {"status", "list_findings", "findings_payload", "finding", "report", "report_capture",
+CALLS = {"status", "list_findings", "findings_payload", "finding", "report", "report_capture", "top",
          "store.captures", "store.metric", "store.records", "store.verdict_pairs", "store.count"}
 
 
@@ -520,6 +520,9 @@ class EngineClient:
 
     def report(self, finding_id: str, context_s: float = 0.0) -> dict | None:
         return self.call("report", finding_id, context_s)
+
+    def top(self, start: float, end: float, host: str = "", by: str = "gpu", limit: int = 20) -> list[dict]:
+        return self.call("top", start, end, host, by, limit)
 
     def report_capture(self, record, xspace: bytes) -> dict:
         return self.call("report_capture", record, xspace, timeout=CAPTURE_TIMEOUT_S)

@@ -334,6 +334,30 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         return apb.ReportResponse(json=json.dumps(_for_caller(report), default=str))
 
     @_unavailable_as_status
+    async def Top(self, request, context):
+        by = request.by or "gpu"
+        if by not in ("gpu", "job"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"by: {by!r}, expected gpu or job")
+        start, end = await _optional_range(request, context)
+        end = time.time() if end is None else end
+        start = end - 3600 if start is None else start
+        if start >= end:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "start: not before end")
+        rows = await self._query(self.analyzer.top, start, end, request.host, by, _limit(request.limit, 20))
+        out = apb.TopResponse(start=start, end=end, by=by)
+        for r in map(_for_caller, rows):
+            now = r["now"] or {}
+            shown = now or {"id": r["finding_id"], "confidence": r["confidence"], "summary": r["summary"],
+                            "flags": r["flags"]}
+            out.rows.add(host=r["host"], gpu=r["gpu"], job=r["job"] or "", verdict=r["main_verdict"],
+                         bottleneck_seconds=r["bottleneck_seconds"], findings=r["findings"], gpus=r["gpus"],
+                         share=r["bottleneck_seconds"] / ((end - start) * max(r["gpus"] if by == "job" else 1, 1)),
+                         now_verdict=now.get("verdict", ""), now_since=now.get("start") or 0.0,
+                         confidence=shown["confidence"] or 0.0, summary=shown["summary"] or "",
+                         flags=shown["flags"] or [], finding_id=shown["id"] or "")
+        return out
+
+    @_unavailable_as_status
     async def GetAccuracy(self, request, context):
         start, end = await _optional_range(request, context)
 

@@ -350,19 +350,33 @@ class Store:
         finally:
             cur.close()
 
-    def top_bottlenecked(self, start: float, end: float, limit: int = 10, now: float | None = None) -> list[dict]:
-        """GPUs with the most seconds in a bottleneck (any verdict but idle) over [start, end]."""
+    def top_bottlenecked(self, start: float, end: float, limit: int = 10, now: float | None = None,
+                         host: str = "", by: str = "gpu") -> list[dict]:
+        """GPUs (by="gpu") or jobs (by="job") with the most seconds in a
+        bottleneck (any verdict but idle) over [start, end], most first; the
+        verdict, job, summary, confidence, flags and id are those of the
+        longest finding in the range."""
+        if by not in ("gpu", "job"):
+            raise ValueError(f"by: {by!r}, expected gpu or job")
         now = end if now is None else now
-        sql = """
-            SELECT host, gpu,
-                   sum(least(coalesce("end", ?), ?) - greatest(start, ?)) AS bottleneck_seconds,
-                   arg_max(verdict, least(coalesce("end", ?), ?) - greatest(start, ?)) AS main_verdict,
-                   count(*) AS findings
-            FROM findings
-            WHERE verdict <> 'idle' AND start <= ? AND coalesce("end", ?) >= ?
-            GROUP BY host, gpu ORDER BY bottleneck_seconds DESC LIMIT ?"""
-        args = [now, end, start, now, end, start, end, now, start, limit]
-        return _dicts(self.reader().execute(sql, args))
+        where, args = ["verdict <> 'idle'", "start <= ?", 'coalesce("end", ?) >= ?'], [end, now, start]
+        if host:
+            where.append("host = ?")
+            args.append(host)
+        keys = "host, gpu" if by == "gpu" else "job"
+        sql = f"""
+            WITH f AS (SELECT *, least(coalesce("end", ?), ?) - greatest(start, ?) AS overlap
+                       FROM findings WHERE {' AND '.join(where)})
+            SELECT {'host, gpu' if by == 'gpu' else 'arg_max(host, overlap) AS host, arg_max(gpu, overlap) AS gpu'},
+                   sum(overlap) AS bottleneck_seconds, arg_max(verdict, overlap) AS main_verdict,
+                   count(*) AS findings, count(DISTINCT (host, gpu)) AS gpus, arg_max(job, overlap) AS job,
+                   arg_max(id, overlap) AS finding_id, arg_max(summary, overlap) AS summary,
+                   arg_max(confidence, overlap) AS confidence, arg_max(flags, overlap) AS flags
+            FROM f GROUP BY {keys} ORDER BY bottleneck_seconds DESC, {keys} LIMIT ?"""
+        rows = _dicts(self.reader().execute(sql, [now, end, start] + args + [limit]))
+        for r in rows:
+            r["flags"] = json.loads(r["flags"]) if r["flags"] else []
+        return rows
 
     def metric(self, metric: str, host: str, gpu: int | None, start: float, end: float,
                aggregate: str, step: float) -> list[dict]:

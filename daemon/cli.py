@@ -24,7 +24,7 @@ from .cmd_calibrate import add_calibrate_parser
 from .cmd_certs import add_certs_parser
 from .cmd_offline import cmd_classify, cmd_metrics, cmd_trace_summarize
 from .cmd_oncall import (cmd_capture, cmd_captures, cmd_findings, cmd_jobs, cmd_query, cmd_records, cmd_report,
-                         cmd_status, cmd_watch, render_report)
+                         cmd_status, cmd_top, cmd_watch, render_report)
 from .cmd_serve import cmd_agent, cmd_analyzer, cmd_up
 from .security_flags import add_client_flags, add_server_flags
 from .serve import ListenError
@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     def server_args(sp):
         port = 9401 if sp.prog.split()[-1] in client_config.AGENT_COMMANDS else 9400
         sp.add_argument("--server", default=None, metavar="HOST[:PORT]",
-                        help=f"{'agent' if port == 9401 else 'analyzer (or agent)'} to ask (default: "
+                        help=f"{_asks(sp.prog.split()[-1])} to ask (default: "
                              f"${client_config.ENV_SERVER}, else `server` in {client_config.config_path()}, else "
                              f"{client_config.DEFAULT_SERVER}); a bare HOST means port {port}")
         sp.add_argument("--json", action="store_true", help="JSON output")
@@ -143,6 +143,19 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--open", action="store_true", help="open findings only")
     sp.add_argument("--limit", type=int, default=1000)
     sp.set_defaults(fn=cmd_findings)
+
+    sp = sub.add_parser("top", help="what is wrong on the fleet: GPUs (or jobs) bottlenecked longest over a "
+                                    "range, and what holds them now")
+    server_args(sp)
+    sp.add_argument("--since", type=duration, default=None, help="from this long ago (default 1h)")
+    sp.add_argument("--start", type=float, default=None, help="Unix seconds")
+    sp.add_argument("--end", type=float, default=None, help="Unix seconds (default now)")
+    sp.add_argument("--host", default="", help="one host (default: the fleet)")
+    sp.add_argument("--by", choices=("gpu", "job"), default="gpu", help="rank GPUs (default) or jobs")
+    sp.add_argument("--limit", type=positive_int, default=20, metavar="N", help="at most N rows (default 20)")
+    sp.add_argument("--watch", type=positive_float, nargs="?", const=5.0, default=None, metavar="S",
+                    help="redraw every S seconds (default 5), like top")
+    sp.set_defaults(fn=cmd_top)
 
     sp = sub.add_parser("query", help="a metric's series or aggregate over a time range")
     server_args(sp)
@@ -224,6 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_certs_parser(sub)
     add_calibrate_parser(sub)
     return p
+
+
+def _asks(command: str) -> str:
+    if command in client_config.AGENT_COMMANDS:
+        return "agent (or `gpuscope up`)"
+    return "analyzer or agent" if command in ("status", "captures") else "analyzer"
 
 
 def _version() -> str:

@@ -225,6 +225,17 @@ def accuracy(server: str, start: float | None = None, end: float | None = None, 
                  pairs=p.pairs) for p in resp.pairs]
 
 
+def top(server: str, start: float | None = None, end: float | None = None, host: str = "", by: str = "gpu",
+        limit: int = 20, *, security: ClientSecurity = INSECURE) -> dict:
+    req = _in_range(apb.TopRequest(host=host, by=by, limit=limit), start, end)
+    r = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).Top(req, timeout=t), security=security)
+    return dict(start=r.start, end=r.end, by=r.by, rows=[dict(
+        host=x.host, gpu=x.gpu, job=x.job, verdict=x.verdict, bottleneck_seconds=x.bottleneck_seconds,
+        share=x.share, findings=x.findings, gpus=x.gpus, now_verdict=x.now_verdict or None,
+        now_since=x.now_since or None, confidence=x.confidence, summary=x.summary, flags=list(x.flags),
+        finding_id=x.finding_id) for x in r.rows])
+
+
 def findings(server: str, host: str = "", gpu: int | None = None, verdicts: list[str] | None = None,
              start: float | None = None, end: float | None = None, open_only: bool = False,
              limit: int = 1000, *, security: ClientSecurity = INSECURE) -> list[dict]:

@@ -111,6 +111,50 @@ def cmd_findings(ns) -> int:
     return 0
 
 
+def cmd_top(ns) -> int:
+    """The fleet's worst GPUs (or jobs) over a range, and what holds them now;
+    --watch redraws like top(1)."""
+    if ns.since is None and ns.start is None:
+        ns.since = 3600.0
+    while True:
+        start, end = _time_range(ns)
+        r = clients.top(ns.server, start, end, ns.host or "", ns.by, ns.limit, security=client_security(ns))
+        if ns.json:
+            print_json(r)
+            return 0
+        text = render_top(r, ns)
+        if not ns.watch:
+            print(text)
+            return 0
+        print("\x1b[H\x1b[2J" + text + f"\n\nevery {ns.watch:g} s; Ctrl-C to stop", flush=True)
+        time.sleep(ns.watch)
+
+
+def render_top(r: dict, ns) -> str:
+    span = r["end"] - r["start"]
+    whole = f"last {age(span)}" if abs(r["end"] - time.time()) < 60 else f"{_when(r['start'])} -> {_when(r['end'])}"
+    head = (f"most bottlenecked {'jobs' if r['by'] == 'job' else 'GPUs'}{' of ' + ns.host if ns.host else ''}, "
+            f"{whole} (idle is not a bottleneck)")
+    if not r["rows"]:
+        return head + "\n" + _nothing(ns, "bottlenecks")
+    who = "JOB" if r["by"] == "job" else "GPU"
+    lines = [head, "", f"{who:<28} {'TIME':>6} {'SHARE':>6}  {'VERDICT':<20} {'NOW':<28} {'ID':<12}  "
+                      + ("GPUS" if r["by"] == "job" else "JOB")]
+    for x in r["rows"]:
+        now = (f"{x['now_verdict']} for {age(time.time() - x['now_since'])}" if x["now_verdict"] else "-")
+        name = x["job"] or "-" if r["by"] == "job" else f"{x['host']}/gpu{x['gpu']}"
+        last = str(x["gpus"]) if r["by"] == "job" else (x["job"] or "-")
+        lines.append(f"{_fit(name, 28):<28} {age(x['bottleneck_seconds']):>6} {human.percent(x['share']):>6}  "
+                     f"{x['verdict']:<20} {_fit(now, 28):<28} {x['finding_id']:<12}  {_fit(last, 40)}")
+        lines.append(f"    {x['summary']}" + (f" [{', '.join(f.replace('_', '-') for f in x['flags'])}]"
+                                                 if x["flags"] else ""))
+    return "\n".join(lines)
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
 def _measured_precision(ns, rows: list[dict]) -> dict[str, dict]:
     """Each counters verdict's precision against traces, where enough pairs
     exist (gpuscope accuracy); {} from an analyzer that does not keep them."""

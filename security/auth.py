@@ -75,6 +75,7 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
     "/gpuscope.v1.Analyzer/ListRecords": _READ,
     "/gpuscope.v1.Analyzer/Report": _READ,
     "/gpuscope.v1.Analyzer/GetAccuracy": _READ,
+    "/gpuscope.v1.Analyzer/Top": _READ,
     # an agent's own API
     "/gpuscope.v1.Agent/GetStatus": _READ,
     "/gpuscope.v1.Agent/RecentSamples": _READ,

@@ -59,6 +59,64 @@ class Event(_message.Message):
     json: str
     def __init__(self, kind: _Optional[str] = ..., t: _Optional[float] = ..., host: _Optional[str] = ..., gpu: _Optional[int] = ..., verdict: _Optional[str] = ..., json: _Optional[str] = ...) -> None: ...
 
+class TopRequest(_message.Message):
+    __slots__ = ("start", "end", "host", "by", "limit")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    start: float
+    end: float
+    host: str
+    by: str
+    limit: int
+    def __init__(self, start: _Optional[float] = ..., end: _Optional[float] = ..., host: _Optional[str] = ..., by: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class TopRow(_message.Message):
+    __slots__ = ("host", "gpu", "job", "verdict", "bottleneck_seconds", "share", "findings", "gpus", "now_verdict", "now_since", "confidence", "summary", "flags", "finding_id")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    BOTTLENECK_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    FINDINGS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    NOW_VERDICT_FIELD_NUMBER: _ClassVar[int]
+    NOW_SINCE_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    FINDING_ID_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    gpu: int
+    job: str
+    verdict: str
+    bottleneck_seconds: float
+    share: float
+    findings: int
+    gpus: int
+    now_verdict: str
+    now_since: float
+    confidence: float
+    summary: str
+    flags: _containers.RepeatedScalarFieldContainer[str]
+    finding_id: str
+    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., job: _Optional[str] = ..., verdict: _Optional[str] = ..., bottleneck_seconds: _Optional[float] = ..., share: _Optional[float] = ..., findings: _Optional[int] = ..., gpus: _Optional[int] = ..., now_verdict: _Optional[str] = ..., now_since: _Optional[float] = ..., confidence: _Optional[float] = ..., summary: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., finding_id: _Optional[str] = ...) -> None: ...
+
+class TopResponse(_message.Message):
+    __slots__ = ("rows", "start", "end", "by")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[TopRow]
+    start: float
+    end: float
+    by: str
+    def __init__(self, rows: _Optional[_Iterable[_Union[TopRow, _Mapping]]] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., by: _Optional[str] = ...) -> None: ...
+
 class RecordsRequest(_message.Message):
     __slots__ = ("table", "host", "since", "limit")
     TABLE_FIELD_NUMBER: _ClassVar[int]

@@ -96,6 +96,11 @@ class AnalyzerStub:
                 request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.AccuracyRequest.SerializeToString,
                 response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.AccuracyResponse.FromString,
                 _registered_method=True)
+        self.Top = channel.unary_unary(
+                '/gpuscope.v1.Analyzer/Top',
+                request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.TopRequest.SerializeToString,
+                response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.TopResponse.FromString,
+                _registered_method=True)
 
 
 class AnalyzerServicer:
@@ -183,6 +188,13 @@ class AnalyzerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Top(self, request, context):
+        """The fleet's worst: GPUs (or jobs) ranked by time spent bottlenecked over a range, and what holds them now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AnalyzerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -245,6 +257,11 @@ def add_AnalyzerServicer_to_server(servicer, server):
                     servicer.GetAccuracy,
                     request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.AccuracyRequest.FromString,
                     response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.AccuracyResponse.SerializeToString,
+            ),
+            'Top': grpc.unary_unary_rpc_method_handler(
+                    servicer.Top,
+                    request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.TopRequest.FromString,
+                    response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.TopResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -572,6 +589,33 @@ class Analyzer:
             '/gpuscope.v1.Analyzer/GetAccuracy',
             gpuscope_dot_v1_dot_analyzer__pb2.AccuracyRequest.SerializeToString,
             gpuscope_dot_v1_dot_analyzer__pb2.AccuracyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Top(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuscope.v1.Analyzer/Top',
+            gpuscope_dot_v1_dot_analyzer__pb2.TopRequest.SerializeToString,
+            gpuscope_dot_v1_dot_analyzer__pb2.TopResponse.FromString,
             options,
             channel_credentials,
             insecure,
