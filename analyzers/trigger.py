@@ -5,7 +5,9 @@ so the policy errs on the side of fewer: one capture per host at a time and
 a cooldown after each, a per-job hourly limit, and a fleet-wide cap on hosts
 capturing at once (a small fraction, as Google-Wide Profiling samples a
 fraction of machines rather than all). Every decision is returned with its
-reason, captured or not; dry-run records what would have happened.
+reason, captured or not. A dry run applies the whole policy (connected
+agents, cooldowns, job and fleet limits, as if each capture it would start
+had run for its duration) and records what would have happened and why.
 """
 from __future__ import annotations
 
@@ -69,6 +71,7 @@ class TriggerPolicy:
         self._inflight: dict[str, _InFlight] = {}          # decision id -> in flight
         self._last_start: dict[str, float] = {}            # host -> last capture start
         self._job_starts: dict[str, collections.deque] = {}
+        self._dry_until: dict[str, float] = {}             # dry run: host -> end of the capture it would run
 
     def decide(self, a: Anomaly, hosts_known: int, agent_connected: bool) -> Decision:
         now = self._clock()
@@ -81,13 +84,12 @@ class TriggerPolicy:
             return self._skip(d, "the GPU is lost: nothing left to capture")
         proc_key = f"{a.host}/pid:{d.pid}" if d.pid is not None else f"{a.host}/gpu:{a.gpu}"
         job_key = f"{a.host}/{a.job.split(' ')[0] if a.job else a.gpu}"
-        if cfg.dry_run:
-            return self._skip(d, f"dry-run: would start a {action} ({a.kind})", action="dry-run")
         if not agent_connected:
             return self._skip(d, "the host's agent is not connected to the analyzer's command stream")
+        self._dry_until = {h: t for h, t in self._dry_until.items() if t > now}
         if any(f.key == proc_key for f in self._inflight.values()):
             return self._skip(d, "a capture of this process is already running")
-        if any(f.decision.host == a.host for f in self._inflight.values()):
+        if any(f.decision.host == a.host for f in self._inflight.values()) or a.host in self._dry_until:
             return self._skip(d, "this host is already capturing")
         last = self._last_start.get(a.host)
         if last is not None and now - last < cfg.host_cooldown_s:
@@ -98,12 +100,15 @@ class TriggerPolicy:
         if len(starts) >= cfg.job_captures_per_hour:
             return self._skip(d, f"job limit: {len(starts)} captures of this job in the last hour")
         cap = max(cfg.fleet_min_hosts, math.ceil(cfg.fleet_fraction * max(hosts_known, 1)))
-        capturing = {f.decision.host for f in self._inflight.values()}
+        capturing = {f.decision.host for f in self._inflight.values()} | set(self._dry_until)
         if len(capturing) >= cap:
             return self._skip(d, f"fleet cap: {len(capturing)} of {cap} allowed hosts are capturing")
-        self._inflight[d.id] = _InFlight(d, proc_key, now)
         self._last_start[a.host] = now
         starts.append(now)
+        if cfg.dry_run:
+            self._dry_until[a.host] = now + d.duration_ms / 1e3
+            return self._skip(d, f"dry-run: would start a {action} ({a.kind}: {a.reason})", action="dry-run")
+        self._inflight[d.id] = _InFlight(d, proc_key, now)
         d.reason = f"{a.kind}: {a.reason}"
         return d
 

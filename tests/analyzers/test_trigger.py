@@ -45,6 +45,28 @@ def test_dry_run_and_disconnected_agents_record_why():
     assert "not connected" in p.decide(anomaly(), 1, False).reason
 
 
+def test_a_dry_run_applies_the_whole_policy():
+    """Found in a trial: a dry run "would have started" 35 captures in 10
+    minutes on one host (cooldown 10 min, 3 a job an hour), with no agent
+    connected. It says what the policy would have done."""
+    clock = Clock()
+    p = TriggerPolicy(TriggerConfig(dry_run=True, host_cooldown_s=600, job_captures_per_hour=2,
+                                    fleet_fraction=0.1), clock)
+    assert "not connected" in p.decide(anomaly(), 10, False).reason
+    assert "would start a capture (bottleneck-changed: r)" in p.decide(anomaly(), 10, True).reason
+    assert p.decide(anomaly(gpu=1, job="pid:43"), 10, True).reason == "this host is already capturing"
+    assert p.decide(anomaly(host="h2"), 10, True).reason.startswith("fleet cap: 1 of 1")
+    clock.t += 3
+    assert p.decide(anomaly(), 10, True).reason.startswith("host cooldown")
+    assert p.decide(anomaly(host="h2"), 10, True).action == "dry-run"     # h1's would-be capture has ended
+    clock.t += 601
+    assert p.decide(anomaly(), 10, True).action == "dry-run"
+    clock.t += 601
+    assert p.decide(anomaly(), 10, True).reason.startswith("job limit: 2 captures")
+    decisions = [p.decide(anomaly(), 10, True) for _ in range(35)]
+    assert sum(d.action == "dry-run" for d in decisions) == 0 and p.in_flight == 0
+
+
 @pytest.mark.parametrize("hosts,fraction,allowed", [(1000, 0.05, 50), (10, 0.05, 1), (100, 0.2, 20)])
 def test_storm_on_many_hosts_respects_the_fleet_cap(hosts, fraction, allowed):
     p = TriggerPolicy(TriggerConfig(fleet_fraction=fraction))
