@@ -193,7 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "'slow' with the capture id if the engine has not finished")
     sp.set_defaults(fn=cmd_capture)
 
-    sp = sub.add_parser("watch", help="findings, anomalies, capture decisions and captures as they happen")
+    sp = sub.add_parser("watch", help="findings, anomalies, capture decisions and captures as they happen",
+                        description="Starts with the open findings and the last 5 minutes' anomalies, then "
+                                    "prints each event as it happens. --json: one JSON object per line, "
+                                    '{"kind": finding|anomaly|decision|capture, "t": Unix seconds, "host", "gpu", '
+                                    '"verdict", "record": the finding, anomaly, decision or capture}; the lines of '
+                                    'the state at start carry "backlog": true.')
     server_args(sp)
     sp.add_argument("--host", default="")
     sp.add_argument("--gpu", type=int, default=None)

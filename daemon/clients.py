@@ -122,14 +122,19 @@ def jobs(server: str, *, security: ClientSecurity = INSECURE) -> list[dict]:
 
 
 def watch(server: str, host: str = "", gpu: int | None = None, verdicts=(), kinds=(), *,
-          security: ClientSecurity = INSECURE):
-    """Yields events as the analyzer publishes them (until interrupted)."""
+          security: ClientSecurity = INSECURE, on_open=None):
+    """Yields events as the analyzer publishes them (until interrupted).
+    `on_open()` runs once the stream is open, before the first event: what it
+    reads of the current state misses no event that follows."""
     req = apb.WatchRequest(host=host, verdicts=list(verdicts), kinds=list(kinds))
     if gpu is not None:
         req.gpu = gpu
     with security.channel(server) as ch:
         try:
-            for e in analyzer_pb2_grpc.AnalyzerStub(ch).Watch(req):
+            stream = analyzer_pb2_grpc.AnalyzerStub(ch).Watch(req)
+            if on_open is not None:
+                on_open()
+            for e in stream:
                 yield dict(kind=e.kind, t=e.t, host=e.host, gpu=e.gpu, verdict=e.verdict or None,
                            record=json.loads(e.json))
         except grpc.RpcError as exc:

@@ -267,14 +267,44 @@ def _event_line(e: dict) -> str:
             f"{r.get('path') or ''} {r.get('error') or ''}")
 
 
+BACKLOG_S = 300.0          # `watch` starts with the anomalies of the last 5 minutes
+
+
 def cmd_watch(ns) -> int:
+    """Open findings and the last minutes' anomalies first (in JSON, with
+    "backlog": true), then every event as it happens."""
     security = client_security(ns)
+
+    def show(e: dict) -> None:
+        print(json.dumps(e, default=str) if ns.json else _event_line(e), flush=True)
+
+    def backlog() -> None:
+        kinds = set(ns.kind or ("finding", "anomaly", "decision", "capture"))
+        if not ns.json:
+            asked = ", ".join(sorted(kinds)) + (f" of host {ns.host!r}" if ns.host else "") + (
+                f", GPU {ns.gpu}" if ns.gpu is not None else "")
+            print(f"watching {ns.server}: {asked}, as they happen (Ctrl-C to stop)", flush=True)
+        old = []
+        if "finding" in kinds:
+            old += [dict(kind="finding", t=f["start"], host=f["host"], gpu=f["gpu"], verdict=f["verdict"], record=f)
+                    for f in clients.findings(ns.server, ns.host or "", ns.gpu, ns.verdict, open_only=True,
+                                              security=security)]
+        if "anomaly" in kinds:
+            old += [dict(kind="anomaly", t=a["t"], host=a["host"], gpu=a["gpu"], verdict=None, record=a)
+                    for a in clients.records(ns.server, "anomalies", ns.host or "", time.time() - BACKLOG_S, 200,
+                                             security=security) if ns.gpu is None or a["gpu"] == ns.gpu]
+        if not ns.json:
+            print(f"now: {sum(e['kind'] == 'finding' for e in old)} open findings, "
+                  f"{sum(e['kind'] == 'anomaly' for e in old)} anomalies in the last {BACKLOG_S / 60:.0f} min",
+                  flush=True)
+        for e in sorted(old, key=lambda e: e["t"] or 0):
+            show({**e, "backlog": True} if ns.json else e)
+        if not ns.json:
+            print("--- live ---", flush=True)
     try:
-        for e in clients.watch(ns.server, ns.host or "", ns.gpu, ns.verdict or (), ns.kind or (), security=security):
-            if ns.json:
-                print(json.dumps(e, default=str), flush=True)
-            else:
-                print(_event_line(e), flush=True)
+        for e in clients.watch(ns.server, ns.host or "", ns.gpu, ns.verdict or (), ns.kind or (), security=security,
+                               on_open=backlog):
+            show(e)
     except KeyboardInterrupt:
         pass
     return 0

@@ -43,6 +43,27 @@ def test_top_ranks_what_was_bottlenecked_longest_and_says_what_holds_it_now(tmp_
         assert json.loads(out.stdout)["by"] == "job"
         out = subprocess.run(cli + ["--host", "nowhere"], capture_output=True, text=True, timeout=60)
         assert "no bottlenecks for host 'nowhere'" in out.stdout and "knows no host 'nowhere'" in out.stdout
+        # watch starts with what is open now (found in a trial: no header, no current state)
+        for args, want in ((["--json"], '"kind": "finding"'), ([], "--- live ---")):
+            w = subprocess.Popen([sys.executable, "-m", "gpuscope.daemon.cli", "watch", "--server", srv.target,
+                                  "--insecure", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                lines = []
+                while sum(want in ln for ln in lines) < (2 if args else 1):
+                    line = w.stdout.readline()
+                    assert line, w.stderr.read()
+                    lines.append(line)
+            finally:
+                w.kill()
+                w.communicate(timeout=10)
+            if args:
+                first = [json.loads(ln) for ln in lines]
+                assert all(e["backlog"] for e in first)
+                assert {e["record"]["verdict"] for e in first if e["kind"] == "finding"} >= {"memory-bound",
+                                                                                           "compute-bound"}
+            else:
+                assert lines[0].startswith(f"watching {srv.target}: anomaly, capture, decision, finding")
+                assert lines[1].startswith("now: ") and "open findings" in lines[1]
     finally:
         agent.stop()
         srv.stop()
