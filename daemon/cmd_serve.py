@@ -138,6 +138,27 @@ def _analyzer_config(ns, dry_run: bool):
                           rollup=not ns.no_rollup)
 
 
+def _alerter(ns, analyzer):
+    """The alert hooks the flags ask for, subscribed to the analyzer's events
+    and started; None without receivers."""
+    from gpuscope.analyzers.alerts import ALERTMANAGER, JSON, AlertConfig, Alerter, parse_receiver
+
+    receivers = []
+    for flag, urls, fmt in (("--alertmanager", ns.alertmanager, ALERTMANAGER),
+                            ("--alert-webhook", ns.alert_webhook, JSON)):
+        for url in urls:
+            try:
+                receivers.append(parse_receiver(url, fmt))
+            except ValueError as exc:
+                raise UsageError(f"{flag} {exc}") from None
+    if not receivers:
+        return None
+    alerter = Alerter(AlertConfig(tuple(receivers), min_severity=ns.alert_severity, per_minute=ns.alert_rate))
+    analyzer.events.subscribe(alerter.watch())
+    alerter.start()
+    return alerter
+
+
 def _start_commands(agent: Agent, target: str, host: str, links):
     from .commands import CommandListener
 
@@ -250,6 +271,7 @@ def cmd_up(ns) -> int:
     # A replay has no real process to capture: decisions are recorded as dry runs.
     analyzer = Analyzer(_analyzer_config(ns, dry_run=ns.dry_run or source.startswith("replay:")))
     analyzer.start()
+    alerter = _alerter(ns, analyzer)
     agent_cfg = AgentConfig(host=ns.host, source=source, interval_s=ns.interval,
                               serving_interval_s=_serving_interval(ns))
     agent = Agent(agent_cfg, collector)
@@ -281,7 +303,7 @@ def cmd_up(ns) -> int:
     finally:
         listener.stop()
         agent.stop()
-        _stop_analyzer(server, servicer, analyzer)
+        _stop_analyzer(server, servicer, analyzer, alerter)
     print("gpuscope: stopped", file=sys.stderr)
     return 0
 
@@ -342,6 +364,12 @@ def cmd_analyzer(ns) -> int:
         raise
     if ns.engine == "thread":
         analyzer.start()
+    try:
+        alerter = _alerter(ns, analyzer)
+    except BaseException:
+        shutdown(server, grace_s=0)
+        analyzer.close()
+        raise
     server.start()
     oncall = f", on-call (tokens) on {ns.oncall_listen.rpartition(':')[0]}:{server.extra_ports[0]}" \
         if server.extra_ports else ""
@@ -352,15 +380,18 @@ def cmd_analyzer(ns) -> int:
     try:
         _wait(stop, ns.duration)
     finally:
-        _stop_analyzer(server, servicer, analyzer)
+        _stop_analyzer(server, servicer, analyzer, alerter)
     return 0
 
 
-def _stop_analyzer(server, servicer, analyzer) -> None:
+def _stop_analyzer(server, servicer, analyzer, alerter=None) -> None:
     """Within 10 s: the writer commits what it holds while the server can
     still send those acks; later batches are refused UNAVAILABLE (agents
-    resend them elsewhere or later); then the server and the store close."""
+    resend them elsewhere or later); then the server and the store close,
+    and the alerts queued are sent (2 s at most)."""
     analyzer.drain(timeout_s=6.0)
     shutdown(server, grace_s=1.0)
     servicer.close()
     analyzer.close()
+    if alerter is not None:
+        alerter.stop(timeout_s=2.0)
