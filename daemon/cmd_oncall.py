@@ -21,7 +21,7 @@ def _time_range(ns) -> tuple[float | None, float | None]:
     return start, end
 
 
-def _nothing(ns, what: str) -> str:
+def _nothing(ns, what: str, default_range: str = "") -> str:
     """One line for an answer with nothing in it: what was asked and, when a
     host or GPU was named that the analyzer has never heard of, which exist."""
     asked = []
@@ -38,6 +38,8 @@ def _nothing(ns, what: str) -> str:
         line += f" in the last {whole or age(ns.since)}"
     elif getattr(ns, "start", None) is not None or getattr(ns, "end", None) is not None:
         line += " in that time range"
+    else:
+        line += default_range
     return line + _known(ns)
 
 
@@ -178,8 +180,7 @@ def cmd_query(ns) -> int:
         print_json(r)
         return 0
     if not r["series"]:
-        default = "" if ns.since or ns.start is not None else " in the last hour (--since for longer)"
-        print(_nothing(ns, f"{ns.metric} samples") + default)
+        print(_nothing(ns, f"{ns.metric} samples", " in the last hour (--since for longer)"))
     for s in r["series"]:
         if r["aggregate"] == "series":
             print(f"{s['host']}/gpu{s['gpu']} {r['metric']}, {len(s['points'])} points:")

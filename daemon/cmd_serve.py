@@ -138,10 +138,9 @@ def _analyzer_config(ns, dry_run: bool):
                           rollup=not ns.no_rollup)
 
 
-def _alerter(ns, analyzer):
-    """The alert hooks the flags ask for, subscribed to the analyzer's events
-    and started; None without receivers."""
-    from gpuscope.analyzers.alerts import ALERTMANAGER, JSON, AlertConfig, Alerter, parse_receiver
+def _alert_config(ns):
+    """The alert hooks the flags ask for (checked before anything starts), or None."""
+    from gpuscope.analyzers.alerts import ALERTMANAGER, JSON, AlertConfig, parse_receiver
 
     receivers = []
     for flag, urls, fmt in (("--alertmanager", ns.alertmanager, ALERTMANAGER),
@@ -151,9 +150,17 @@ def _alerter(ns, analyzer):
                 receivers.append(parse_receiver(url, fmt))
             except ValueError as exc:
                 raise UsageError(f"{flag} {exc}") from None
-    if not receivers:
+    return AlertConfig(tuple(receivers), min_severity=ns.alert_severity, per_minute=ns.alert_rate) \
+        if receivers else None
+
+
+def _alerter(config, analyzer):
+    """Subscribed to the analyzer's events and started; None without receivers."""
+    from gpuscope.analyzers.alerts import Alerter
+
+    if config is None:
         return None
-    alerter = Alerter(AlertConfig(tuple(receivers), min_severity=ns.alert_severity, per_minute=ns.alert_rate))
+    alerter = Alerter(config)
     analyzer.events.subscribe(alerter.watch())
     alerter.start()
     return alerter
@@ -269,9 +276,10 @@ def cmd_up(ns) -> int:
     security = _server_security(ns, "analyzer", ns.listen)
     links = agent_security(ns, server_name="localhost")
     # A replay has no real process to capture: decisions are recorded as dry runs.
+    alerts = _alert_config(ns)
     analyzer = Analyzer(_analyzer_config(ns, dry_run=ns.dry_run or source.startswith("replay:")))
     analyzer.start()
-    alerter = _alerter(ns, analyzer)
+    alerter = _alerter(alerts, analyzer)
     agent_cfg = AgentConfig(host=ns.host, source=source, interval_s=ns.interval,
                               serving_interval_s=_serving_interval(ns))
     agent = Agent(agent_cfg, collector)
@@ -347,6 +355,7 @@ def cmd_analyzer(ns) -> int:
     parse_hostport(ns.listen, "--listen")
     ensure_free(ns.listen)                     # before the DB is opened: fail fast, touch nothing
     security = _server_security(ns, "analyzer", ns.listen)
+    alerts = _alert_config(ns)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
     config = _analyzer_config(ns, dry_run=ns.dry_run)
@@ -364,12 +373,7 @@ def cmd_analyzer(ns) -> int:
         raise
     if ns.engine == "thread":
         analyzer.start()
-    try:
-        alerter = _alerter(ns, analyzer)
-    except BaseException:
-        shutdown(server, grace_s=0)
-        analyzer.close()
-        raise
+    alerter = _alerter(alerts, analyzer)
     server.start()
     oncall = f", on-call (tokens) on {ns.oncall_listen.rpartition(':')[0]}:{server.extra_ports[0]}" \
         if server.extra_ports else ""

@@ -46,10 +46,13 @@ def test_bad_input_gets_a_clear_message_and_nonzero_exit(fixture_dir, args, mess
 
 
 def test_up_replays_without_a_gpu_and_answers_on_call_queries(fixture_dir, tmp_path):
+    from tests.analyzers.test_alerts import Receiver_
     port = free_port()
     db = tmp_path / "up.duckdb"
+    hook = Receiver_()
     proc = subprocess.Popen(GPUSCOPE + ["up", "--db", str(db), "--listen", f"127.0.0.1:{port}",
-                                        "--speed", "5", "--window", "1", "--interval", "0.2", "--duration", "60s"],
+                                        "--speed", "5", "--window", "1", "--interval", "0.2", "--duration", "60s",
+                                        "--alert-webhook", hook.url + "/gpus"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     server = f"127.0.0.1:{port}"
     tls = tmp_path / "tls"          # `up` provisions its CA and certificates beside the DB
@@ -90,8 +93,12 @@ def test_up_replays_without_a_gpu_and_answers_on_call_queries(fixture_dir, tmp_p
     finally:
         proc.send_signal(2)   # Ctrl-C
         out, err = proc.communicate(timeout=30)
+        hook.close()
     assert proc.returncode == 0, err
     assert "replaying the bundled NVIDIA H200 recording" in err
+    # the findings went to the webhook as they opened
+    assert {b["verdict"] for path, b in hook.posts if path == "/gpus" and b["kind"] == "finding"} >= {
+        "compute-bound", "memory-bound"}
     assert db.exists()
 
 
