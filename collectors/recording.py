@@ -1,4 +1,5 @@
-"""Reads recordings in the format of shared/fixtures/h200-run1/samples.csv.
+"""Reads recordings in the format of shared/fixtures/h200-run1/samples.csv,
+and nvidia-smi's CSV (collectors/nvidia_smi_csv.py).
 
 Any subset and order of columns; `t` (Unix seconds) is required; `gpu` is
 optional (absent: GPU 0); `procs` is `pid:used_bytes;...`; raw units are the
@@ -12,6 +13,7 @@ import csv
 import gzip
 import io
 import math
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -19,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import catalogue as cat
+from . import nvidia_smi_csv
 from .records import ProcessRecord
 
 NEVER_READ = frozenset({"phase"})
@@ -87,8 +90,14 @@ def read_recording(path: str | Path) -> Recording:
     except (csv.Error, OSError) as exc:
         raise RecordingError(f"{path}: {exc}") from exc
     header = [h.strip() for h in header]
+    if "t" not in header and nvidia_smi_csv.looks_like(header):
+        return _nvidia_smi(path, header, reader)
     if "t" not in header:
-        raise RecordingError(f"{path}: no 't' column (Unix seconds) in the header {header[:8]}...")
+        if header and re.match(r"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d", header[0]):
+            raise RecordingError(f"{path}: nvidia-smi's CSV without its header (--format=csv,noheader): keep the "
+                                 "header, it names the columns (docs/recordings.md)")
+        raise RecordingError(f"{path}: no 't' column (Unix seconds) in the header {header[:8]}, and not nvidia-smi's "
+                             "CSV either (docs/recordings.md lists the formats)")
     columns: list[tuple[int, cat.Metric, bool]] = []   # index, metric, already normalised
     ignored = []
     for i, name in enumerate(header):
@@ -142,6 +151,20 @@ def read_recording(path: str | Path) -> Recording:
                 procs.append(_procs(row[pi], where))
     except csv.Error as exc:
         raise RecordingError(f"{path}: {exc}") from exc
+    return _recording(path, t, gpu, cols, procs, ignored)
+
+
+def _nvidia_smi(path: Path, header: list[str], reader) -> Recording:
+    def error(message: str):
+        raise RecordingError(message)
+    try:
+        t, gpu, cols, ignored = nvidia_smi_csv.read(path, header, reader, error)
+    except csv.Error as exc:
+        raise RecordingError(f"{path}: {exc}") from exc
+    return _recording(path, t, gpu, cols, [], ignored)
+
+
+def _recording(path: Path, t: list, gpu: list, cols: dict, procs: list, ignored: list) -> Recording:
     if not t:
         raise RecordingError(f"{path}: header but no samples")
     t_arr = np.asarray(t)

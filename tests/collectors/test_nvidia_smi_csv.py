@@ -1,0 +1,68 @@
+"""nvidia-smi's CSV read as a recording: with and without units, missing
+values, and clear errors for what cannot be read."""
+import time
+
+import numpy as np
+import pytest
+
+from gpuscope.collectors.recording import RecordingError, read_recording
+
+HEADER = ("timestamp, index, utilization.gpu [%], utilization.memory [%], power.draw [W], clocks.sm [MHz], "
+          "memory.used [MiB], temperature.gpu, clocks_event_reasons.active, pstate")
+
+
+def test_units_missing_values_and_two_gpus(tmp_path):
+    p = tmp_path / "gpus.csv"
+    p.write_text(HEADER + "\n"
+                 "2026/11/30 12:00:00.250, 0, 96 %, 35 %, 690.50 W, 1980 MHz, 80000 MiB, 62, 0x0000000000000004, P0\n"
+                 "2026/11/30 12:00:00.250, 1, 0 %, 0 %, [N/A], 345 MHz, 0 MiB, 30, [Not Supported], P8\n")
+    r = read_recording(p)
+    assert r.gpus() == [0, 1] and r.ignored_columns == ["pstate"]
+    assert r.t[0] == pytest.approx(time.mktime(time.strptime("2026/11/30 12:00:00", "%Y/%m/%d %H:%M:%S")) + 0.25)
+    m = r.metrics
+    assert m["util_gpu_ratio"][0] == pytest.approx(0.96) and m["power_watts"][0] == pytest.approx(690.5)
+    assert m["sm_clock_hertz"][0] == 1.98e9 and m["mem_used_bytes"][0] == 80000 * 2**20
+    assert m["temp_celsius"][0] == 62 and m["clock_event_reasons"][0] == 4
+    assert np.isnan(m["power_watts"][1]) and np.isnan(m["clock_event_reasons"][1])       # missing, not zero
+
+
+def test_nounits_reads_the_same(tmp_path):
+    p = tmp_path / "gpus.csv"
+    p.write_text("timestamp, index, utilization.gpu, power.draw, memory.used\n"
+                 "2026/11/30 12:00:00.000, 0, 96, 690.5, 80000\n")
+    r = read_recording(p)
+    assert r.metrics["util_gpu_ratio"][0] == pytest.approx(0.96) and r.metrics["mem_used_bytes"][0] == 80000 * 2**20
+
+
+@pytest.mark.parametrize("text, words", [
+    (HEADER.split(", pstate")[0] + "\n2026/11/30 12:00:00.000, 0, 96 %, 35 %, lots W, 1980 MHz, 1 MiB, 62, 0x0\n",
+     ":2, column power.draw: 'lots W' is not a number"),
+    ("timestamp, index, power.draw [W]\nyesterday, 0, 1 W\n", "column timestamp: 'yesterday'"),
+    ("timestamp, index, power.draw [W]\n2026/11/30 12:00:00.000, 0, 1 furlong\n", "unit 'furlong'"),
+    ("timestamp, index, power.draw [W]\n2026/11/30 12:00:00.000, x, 1 W\n", "column index: 'x' is not a GPU index"),
+    ("timestamp, index, power.draw [W]\n2026/11/30 12:00:00.000, 0\n", ":2: 2 cells where the header has 3"),
+    ("2026/11/30 12:00:00.000, 0, 96 %\n", "without its header"),
+])
+def test_what_cannot_be_read_is_named(tmp_path, text, words):
+    p = tmp_path / "bad.csv"
+    p.write_text(text)
+    with pytest.raises(RecordingError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        read_recording(p)
+
+
+def test_classify_reads_an_nvidia_smi_log(tmp_path):
+    import subprocess
+    import sys
+    rows = [HEADER]
+    t0 = time.mktime(time.strptime("2026/11/30 12:00:00", "%Y/%m/%d %H:%M:%S"))
+    for i in range(30):
+        ts = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(t0 + i)) + ".100"
+        rows.append(f"{ts}, 0, 96 %, 30 %, 690.5 W, 1980 MHz, 80000 MiB, 62, 0x0000000000000000, P0")
+        rows.append(f"{ts}, 1, 0 %, 0 %, 70.0 W, 345 MHz, 0 MiB, 30, 0x0000000000000001, P8")
+    p = tmp_path / "gpus.csv"
+    p.write_text("\n".join(rows) + "\n")
+    out = subprocess.run([sys.executable, "-m", "gpuscope.daemon.cli", "classify", str(p)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    verdicts = {line.split()[0]: line.split()[2] for line in out.stdout.splitlines()}
+    assert verdicts == {"gpu0": "compute-bound", "gpu1": "idle"}
