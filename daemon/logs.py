@@ -1,5 +1,7 @@
 """structlog set-up: JSON lines when stderr is not a terminal (journald,
-Kubernetes), readable key=value on a terminal."""
+Kubernetes), readable key=value on a terminal. Libraries that log through
+the standard `logging` (APScheduler, gRPC's Python side) come out in the
+same form: a plain-text warning inside a JSON log breaks its parsers."""
 from __future__ import annotations
 
 import logging
@@ -19,4 +21,12 @@ def configure(level: str = "info", json_logs: bool | None = None) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO)),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        foreign_pre_chain=[structlog.stdlib.add_log_level, structlog.stdlib.add_logger_name,
+                           structlog.processors.TimeStamper(fmt="iso", utc=True)]))
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
