@@ -28,5 +28,6 @@ def configure(level: str = "info", json_logs: bool | None = None) -> None:
                            structlog.processors.TimeStamper(fmt="iso", utc=True)]))
     root = logging.getLogger()
     root.handlers = [handler]
-    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    # libraries speak at warning and above, as Python's last-resort handler let them (debug: everything)
+    root.setLevel(logging.DEBUG if level == "debug" else max(logging.WARNING, getattr(logging, level.upper(), 20)))
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
