@@ -18,7 +18,7 @@ from gpuscope.collectors.recording import RecordingError
 from gpuscope.collectors.xspace_reader import TraceError
 
 from . import client_config, clients, logs
-from .cliutil import VERDICTS, UsageError, default_db, duration, positive_float, positive_int
+from .cliutil import VERDICTS, UsageError, default_db, duration, number, positive_float, positive_int
 from .cmd_accuracy import cmd_accuracy
 from .cmd_calibrate import add_calibrate_parser
 from .cmd_certs import add_certs_parser
@@ -41,40 +41,41 @@ def build_parser() -> argparse.ArgumentParser:
 
     def source_args(sp, default):
         sp.add_argument("--source", default=default, help="nvml, replay:FILE, or auto (NVML, else the bundled H200 recording)")
-        sp.add_argument("--speed", type=float, default=1.0, help="replay speed (default 1)")
-        sp.add_argument("--interval", type=float, default=1.0, help="sampling interval in seconds, 0.1 to 60 (default 1)")
+        sp.add_argument("--speed", type=number(0, 1000, above=True), default=1.0, help="replay speed (default 1)")
+        sp.add_argument("--interval", type=number(0.1, 60, unit=" s"), default=1.0, help="sampling interval in seconds, 0.1 to 60 (default 1)")
         sp.add_argument("--host", default=socket.gethostname(), help="host name reported (default: this host's)")
-        sp.add_argument("--flush-interval", type=float, default=1.0,
+        sp.add_argument("--flush-interval", type=number(0.1, 60, unit=" s"), default=1.0,
                         help="seconds between batches to the analyzer, 0.1-60 (default 1; 5 lets one "
                              "analyzer hold ~3x the agents, see docs/operations.md)")
-        sp.add_argument("--buffer-samples", type=int, default=50_000,
+        sp.add_argument("--buffer-samples", type=number(100, 100_000_000, int), default=50_000,
                         help="samples kept while the analyzer is away (default 50000; oldest dropped first)")
         sp.add_argument("--duration", type=duration, default=None, help="stop after this long (default: run until Ctrl-C)")
         sp.add_argument("--capture-dir", default=None,
                         help="where deep captures are written (default: captures/ beside the DB: --db for up, "
                              "the default DB's directory for agent)")
-        sp.add_argument("--capture-budget-mb", type=int, default=2048, help="capture directory budget (default 2048)")
+        sp.add_argument("--capture-budget-mb", type=number(1, 10_000_000, int), default=2048, help="capture directory budget (default 2048)")
         sp.add_argument("--profiler", action="append", metavar="HOST:PORT",
                         help="a JAX profiler server to know about (repeat); others are discovered")
         sp.add_argument("--serving", action="append", metavar="URL=TRACE_DIR[@GPUS]",
                         help="a vLLM/SGLang server with /start_profile, the directory it writes traces to, and "
                              "the GPUs it uses (e.g. http://127.0.0.1:8000=/tmp/vllm@0,1; without @GPUS: the ones "
                              "its processes are seen on, else all) (repeat)")
-        sp.add_argument("--serving-interval", type=float, default=5.0, metavar="S",
+        sp.add_argument("--serving-interval", type=number(1, 300, unit=" s", zero=True), default=5.0, metavar="S",
                         help="seconds between scrapes of each serving engine's /metrics, 1-300, 0 for never "
                              "(default 5: one analysis window)")
 
     def analyzer_args(sp):
         sp.add_argument("--db", default=default_db(), help=f"DuckDB file (default {default_db()})")
-        sp.add_argument("--window", type=float, default=5.0, help="classification window in seconds, 1-60 (default 5)")
+        sp.add_argument("--window", type=number(1, 60, unit=" s"), default=5.0,
+                        help="classification window in seconds, 1-60 (default 5)")
         sp.add_argument("--memory-limit", default="1GB", help="DuckDB memory cap (default 1GB)")
         sp.add_argument("--dry-run", action="store_true", help="record capture decisions, start none")
         sp.add_argument("--host-cooldown", type=duration, default=600.0, help="between captures on a host (default 10m)")
-        sp.add_argument("--job-captures", type=int, default=3, help="captures per job per hour (default 3)")
-        sp.add_argument("--fleet-fraction", type=float, default=0.05,
+        sp.add_argument("--job-captures", type=number(0, 10_000, int), default=3, help="captures per job per hour (default 3)")
+        sp.add_argument("--fleet-fraction", type=number(0, 1, above=True), default=0.05,
                         help="share of hosts that may capture at once, at least one (default 0.05)")
-        sp.add_argument("--capture-duration-ms", type=int, default=2000, help="triggered capture length (default 2000)")
-        sp.add_argument("--retention", default="14d",
+        sp.add_argument("--capture-duration-ms", type=number(1, 600_000, int), default=2000, help="triggered capture length (default 2000)")
+        sp.add_argument("--retention", type=_retention, default=_retention("14d"),
                         help="raw samples older than this are rolled up to per-minute means and deleted "
                              "(e.g. 14d, 36h; default 14d)")
         sp.add_argument("--no-rollup", action="store_true", help="delete old samples without keeping per-minute means")
@@ -108,11 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--listen", default="127.0.0.1:9400",
                     help="gRPC address (default 127.0.0.1:9400: this host only; for the fleet use 0.0.0.0:9400 "
                          "with --tls-dir)")
-    sp.add_argument("--threads", type=int, default=2, help="DuckDB threads (default 2)")
+    sp.add_argument("--threads", type=number(1, 1024, int), default=2, help="DuckDB threads (default 2)")
     sp.add_argument("--oncall-listen", default=None, metavar="HOST:PORT",
                     help="a second TLS port where on-call callers authenticate with a bearer token alone "
                          "(--tokens); the main port requires client certificates")
-    sp.add_argument("--max-streams", type=int, default=10_000,
+    sp.add_argument("--max-streams", type=number(2, 10_000_000, int), default=10_000,
                     help="agents' streams at once, two per agent (ingest, commands); on-call calls are not "
                          "counted (default 10000)")
     sp.add_argument("--duration", type=duration, default=None, help="stop after this long")
@@ -177,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("classify", help="classify a recording offline, window by window")
     sp.add_argument("file")
-    sp.add_argument("--window", type=float, default=5.0, help="seconds, 1-60 (default 5)")
+    sp.add_argument("--window", type=number(1, 60, unit=" s"), default=5.0, help="seconds, 1-60 (default 5)")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(fn=cmd_classify)
 
@@ -252,6 +253,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_certs_parser(sub)
     add_calibrate_parser(sub)
     return p
+
+
+def _retention(value: str) -> float:
+    from gpuscope.analyzers.retention import parse_age
+    try:
+        return parse_age(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _asks(command: str) -> str:

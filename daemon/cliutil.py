@@ -43,6 +43,24 @@ def positive_float(value: str) -> float:
     return x
 
 
+def number(lo: float, hi: float, kind=float, unit: str = "", zero: bool = False, above: bool = False):
+    """An argparse type: a number from lo to hi (above lo when `above`; 0
+    also allowed when `zero`), refused at parse time, before anything
+    starts, with the range in the message."""
+    def parse(value: str):
+        try:
+            x = kind(value)
+        except ValueError:
+            x = None
+        ok = x is not None and x == x and ((lo < x if above else lo <= x) and x <= hi or zero and x == 0)
+        if not ok:
+            span = (f"above {lo:g} and at most {hi:g}{unit}" if above else f"from {lo:g} to {hi:g}{unit}") + (
+                " (0: off)" if zero else "")
+            raise argparse.ArgumentTypeError(f"{value!r} is not a {'whole ' if kind is int else ''}number {span}")
+        return x
+    return parse
+
+
 def age(seconds: float) -> str:
     """A duration for people: 45s, 12m, 5h, 3d."""
     if seconds < 120:

@@ -242,3 +242,17 @@ def test_where_to_ask_defaults_and_bare_hosts(tmp_path, monkeypatch):
 def test_version():
     r = run("--version")
     assert r.returncode == 0 and r.stdout.startswith("gpuscope ") and r.stdout.split()[1][0].isdigit()
+
+
+@pytest.mark.parametrize("flag, value, words", [
+    ("--window", "100", "'100' is not a number from 1 to 60 s"), ("--fleet-fraction", "7", "above 0 and at most 1"),
+    ("--capture-duration-ms", "-5", "whole number from 1 to 600000"), ("--job-captures", "-1", "from 0 to 10000"),
+    ("--retention", "forever", "expected an age like 14d"), ("--serving-interval", "0.5", "(0: off)"),
+])
+def test_up_refuses_bad_flags_before_it_says_anything_else(tmp_path, flag, value, words):
+    """Found in a trial: the 'no GPU here, replaying' banner came before the
+    error; some values (-5 ms captures, a fleet fraction of 7) were taken."""
+    r = run("up", "--no-view", "--insecure", "--db", str(tmp_path / "x.duckdb"), flag, value, timeout=30)
+    assert r.returncode == 2 and r.stderr.splitlines()[-1] == f"gpuscope up: error: argument {flag}: " + \
+        r.stderr.splitlines()[-1].split(f"argument {flag}: ", 1)[1] and words in r.stderr, r.stderr
+    assert "no GPU here" not in r.stderr and not (tmp_path / "x.duckdb").exists()
