@@ -253,6 +253,6 @@ def test_up_refuses_bad_flags_before_it_says_anything_else(tmp_path, flag, value
     """Found in a trial: the 'no GPU here, replaying' banner came before the
     error; some values (-5 ms captures, a fleet fraction of 7) were taken."""
     r = run("up", "--no-view", "--insecure", "--db", str(tmp_path / "x.duckdb"), flag, value, timeout=30)
-    assert r.returncode == 2 and r.stderr.splitlines()[-1] == f"gpuscope up: error: argument {flag}: " + \
-        r.stderr.splitlines()[-1].split(f"argument {flag}: ", 1)[1] and words in r.stderr, r.stderr
+    assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith(f"gpuscope up: error: argument {flag}: ")
+    assert words in r.stderr, r.stderr
     assert "no GPU here" not in r.stderr and not (tmp_path / "x.duckdb").exists()
