@@ -222,7 +222,7 @@ class Detector:
             for k in [k for k in st.fired if k.startswith(BOTTLENECK) and k != f"{BOTTLENECK}:{now}"]:
                 st.fired.discard(k)
             if st.streak[BOTTLENECK] >= cfg.confirm_windows or strong:
-                hits[f"{BOTTLENECK}:{now}"] = (f"bottleneck changed: {usual} -> {c.verdict}", {"usual_verdict": usual})
+                hits[f"{BOTTLENECK}:{now}"] = (f"{usual} -> {c.verdict}", {"usual_verdict": usual})
         else:
             st.streak[BOTTLENECK], st.pending_verdict = 0, None
             for k in [k for k in st.fired if k.startswith(BOTTLENECK)]:

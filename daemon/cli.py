@@ -186,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     trace_sub = sp.add_subparsers(dest="trace_command", required=True)
     tp = trace_sub.add_parser("summarize", help="the bottleneck of one trace: .xplane.pb, trace JSON, or a profile dir")
     tp.add_argument("path")
+    tp.add_argument("--all", action="store_true", help="every trace under a directory, newest session first "
+                                                         "(default: the newest session's main trace)")
     tp.add_argument("--json", action="store_true")
     tp.set_defaults(fn=cmd_trace_summarize)
 

@@ -8,6 +8,8 @@ import time
 from gpuscope.collectors import catalogue as cat
 from gpuscope.collectors.recording import read_recording
 
+from gpuscope.collectors.xspace_reader import TraceError
+
 from .cliutil import UsageError, print_json
 
 
@@ -41,14 +43,46 @@ def cmd_trace_summarize(ns) -> int:
     from gpuscope.collectors.trace_files import load_trace, traces_at
 
     found = traces_at(ns.path)
+    if ns.all:
+        return _summarize_each(found, ns.json)
     if len(found) > 1:          # never silent about the others (a vLLM trace dir holds every session's)
         print(f"gpuscope trace summarize: {ns.path} holds {len(found)} traces; summarizing {found[0]}, the "
               f"newest session's {'XSpace' if found[0].name.endswith('.xplane.pb') else 'largest'} "
-              f"(name a file to read another; --json lists them all)", file=sys.stderr)
+              f"(name a file to read another, or --all; --json lists them)", file=sys.stderr)
     summary = summarize(load_trace(found[0]))
     if ns.json:
         print_json({**summary, "traces_found": [str(f) for f in found]})
         return 0
+    _print_summary(summary)
+    return 0
+
+
+def _summarize_each(found, as_json: bool) -> int:
+    """--all: every trace, in the order `traces_at` gives (newest session
+    first); one that cannot be read is said and the others still are."""
+    from gpuscope.analyzers.trace_analysis import summarize
+    from gpuscope.collectors.trace_files import load_trace
+
+    out, failed = [], 0
+    for i, path in enumerate(found):
+        try:
+            summary = summarize(load_trace(path))
+        except TraceError as exc:
+            failed += 1
+            out.append({"source": str(path), "error": str(exc)})
+            if not as_json:
+                print(f"{path}: cannot be read: {exc}\n")
+            continue
+        out.append(summary)
+        if not as_json:
+            _print_summary(summary)
+            print()
+    if as_json:
+        print_json({"traces": out})
+    return 1 if failed == len(found) else 0
+
+
+def _print_summary(summary: dict) -> None:
     print(f"{summary['source']} ({summary['format']}, {summary['span_seconds'] * 1e3:.0f} ms)")
     devices = summary.get("devices") or []
     which = f" for {summary['device']}" if len(devices) > 1 and summary.get("device") else ""
@@ -82,7 +116,6 @@ def cmd_trace_summarize(ns) -> int:
             print(f"  {d['device']}: {d['verdict']} ({d['confidence']:.2f}) {d['summary'][:160]}")
     for w in summary["warnings"]:
         print(f"  note: {w}")
-    return 0
 
 
 def cmd_metrics(ns) -> int:

@@ -74,10 +74,11 @@ def cmd_status(ns) -> int:
             print(f"  gpu{d.get('gpu', 0)} {d.get('name', '')} {'LOST' if d.get('lost') else ''}")
         return 0
     stale = f" ({s.get('hosts_stale', 0)} stale)" if s.get("hosts_stale") else ""
-    print(f"analyzer {s['version']}: {s['hosts']} hosts{stale}, {s.get('samples_stored', 0)} samples stored "
-          f"({s['samples_committed']} since start), {s['findings_open']} open findings, "
-          f"{s['anomalies']} anomalies since start, {s['captures_in_flight']} captures in flight, "
-          f"{s['agents_connected']} agents on the command stream, analysis lag "
+    print(f"analyzer {s['version']}: {human.many(s['hosts'], 'host')}{stale}, "
+          f"{human.many(s.get('samples_stored', 0), 'sample')} stored ({s['samples_committed']:,} since start), "
+          f"{human.many(s['findings_open'], 'open finding')}, {human.many(s['anomalies'], 'anomaly', 'anomalies')} "
+          f"since start, {human.many(s['captures_in_flight'], 'capture')} in flight, "
+          f"{human.many(s['agents_connected'], 'agent')} on the command stream, analysis lag "
           f"{s.get('analysis_lag_seconds', 0):.0f} s, db {s['db_path']}")
     for g in s.get("gpus", []):
         last = seen(g.get("stale", False), g.get("last_seen_age_seconds"))

@@ -90,3 +90,8 @@ def value(unit: str, v: float | None) -> str:
         text = f"{v:,.0f}" if abs(v) >= 100 else _three(v)
         return text + ("/s" if unit == "1/s" else "")
     return si(v, {"bytes/s": "B/s", "watts": "W", "hertz": "Hz", "seconds": "s", "joules": "J"}.get(unit, unit))
+
+
+def many(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 host`, `2 hosts`, `1,204 findings`."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"

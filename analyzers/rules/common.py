@@ -78,3 +78,10 @@ def starved(f: Features) -> np.ndarray:
 
 def pct(x: float | None) -> str:
     return "?" if x is None else f"{100 * x:.0f}%"
+
+
+def sms_busy(w, lead: str = ", ") -> str:
+    """`, 53% of SMs busy`, or nothing where the GPU reports no SM activity
+    (found in a trial: "? of SMs busy")."""
+    x = w.get("sm_util_ratio")
+    return "" if x is None else f"{lead}{pct(x)} of SMs busy"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..features import Window
-from .common import COMPUTE, Features, busy, known, pct, ramp
+from .common import COMPUTE, Features, busy, known, pct, ramp, sms_busy
 
 VERDICT, ALTERNATIVES = COMPUTE, ()
 PIPES = ("tensor_util_ratio", "fp16_util_ratio", "fp32_util_ratio")
@@ -55,6 +55,6 @@ def describe(w: Window) -> str:
     if w.get("dram_bw_util_ratio") is not None and any(w.get(k) is not None for k in PIPES):
         top = max(w.get(k) or 0.0 for k in PIPES)
         return (f"math pipes {pct(top)} active vs DRAM bandwidth {pct(w.get('dram_bw_util_ratio'))} "
-                f"of peak with {pct(w.get('sm_util_ratio'))} of SMs busy")
+                f"of peak{sms_busy(w, ' with ')}")
     return (f"GPU busy {pct(w.get('util_gpu_ratio'))} of the time but memory only "
             f"{pct(w.get('util_mem_ratio'))} (no GPM: NVML utilisation ratio)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..features import Window
-from .common import HOST, LAUNCH, Features, known, pct, ramp, starved
+from .common import HOST, LAUNCH, Features, known, pct, ramp, sms_busy, starved
 
 VERDICT, ALTERNATIVES = LAUNCH, (HOST,)
 
@@ -28,8 +28,8 @@ def score(f: Features) -> np.ndarray:
 def starved_words(w: Window) -> str:
     cpu = w.get("host_cpu_cores")
     host = f"its processes use {cpu:.2f} host cores" if cpu is not None else "no per-process CPU recorded"
-    return (f"GPU starved by the host: kernels run {pct(w.get('util_gpu_ratio'))} of the time, "
-            f"{pct(w.get('sm_util_ratio'))} of SMs busy, {host}")
+    return (f"GPU starved by the host: kernels run {pct(w.get('util_gpu_ratio'))} of the time"
+            f"{sms_busy(w)}, {host}")
 
 
 def describe(w: Window) -> str:

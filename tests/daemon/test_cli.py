@@ -190,6 +190,12 @@ def test_trace_summarize_of_a_directory_of_several_says_which_it_read(tmp_path):
     assert "memory-bound" in r.stdout
     r = run(str(tmp_path), "--json")
     assert json.loads(r.stdout)["traces_found"] == [str(new), str(api), str(old)]
+    (tmp_path / "broken.pt.trace.json").write_text("{not json")
+    r = run(str(tmp_path), "--all", "--json")
+    each = {Path(t["source"]).name: t for t in json.loads(r.stdout)["traces"]}
+    assert r.returncode == 0 and "error" in each["broken.pt.trace.json"]              # said, and the rest still read
+    assert (each[new.name]["verdict"], each[api.name]["verdict"], each[old.name]["verdict"]) == (
+        "memory-bound", None, "compute-bound")
 
 
 def test_where_to_ask_defaults_and_bare_hosts(tmp_path, monkeypatch):
