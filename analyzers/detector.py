@@ -180,6 +180,12 @@ class Detector:
         self.config = config
         self._gpus: dict[tuple[str, int], _GpuState] = {}
 
+    def warmup(self) -> tuple[int, int]:
+        """(windows the least-known GPU has, windows needed before anything
+        counts as unusual); (0, needed) before any GPU is seen."""
+        have = min((len(st.history) for st in list(self._gpus.values())), default=0)
+        return min(have, self.config.warmup_windows), self.config.warmup_windows
+
     def observe(self, host: str, c: Classification, job: str, finding_id: str | None = None) -> Anomaly | None:
         """A transitional window is neither compared nor remembered: its
         means describe neither regime."""

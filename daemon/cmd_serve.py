@@ -253,10 +253,11 @@ def cmd_up(ns) -> int:
     from .view import LiveView
 
     parse_hostport(ns.listen, "--listen")
+    Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
+    log_path = _logs_beside_the_view(ns)
     # the source first: a wrong --source is the user's to fix whatever holds the port
     collector, source = make_source(ns.source, ns.speed, allow_fallback=True)
     ensure_free(ns.listen)
-    Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
     _provision_local_pki(ns)
     security = _server_security(ns, "analyzer", ns.listen)
     links = agent_security(ns, server_name="localhost")
@@ -285,20 +286,52 @@ def cmd_up(ns) -> int:
               f"db {ns.db}")
     print(f"gpuscope: serving on {ns.listen.rpartition(':')[0]}:{port}; query it with "
           f"`gpuscope findings --server {target}`", file=sys.stderr)
+    if log_path is not None:
+        header += f"  logs {log_path}"
+    started = time.time()
 
     def tick():
         if not ns.no_view:
             known = accuracy.measured(analyzer.store.verdict_pairs())
             view.show(analyzer.status(), analyzer.list_findings(open_only=True, limit=8), header,
-                      lambda verdict: accuracy.trust_words(verdict, known))
+                      lambda verdict: accuracy.trust_words(verdict, known), activity=_activity(analyzer),
+                      warmup=analyzer.detector.warmup())
     try:
         _wait(stop, ns.duration, tick)
     finally:
+        view.close()
         listener.stop()
         agent.stop()
+        seen_ = analyzer.list_findings(start=started, limit=100_000)
         _stop_analyzer(server, servicer, analyzer, alerter)
+    if not ns.no_view:
+        from .view import summary
+        print(summary(seen_, time.time() - started))
     print("gpuscope: stopped", file=sys.stderr)
     return 0
+
+
+def _logs_beside_the_view(ns) -> Path | None:
+    """With the live view on a terminal, logs go to a file beside the DB
+    from before anything logs (a logger keeps where it first wrote) until
+    the process ends: no log line may land in the view."""
+    if ns.no_view or not sys.stdout.isatty():
+        return None
+    path = Path(ns.db).parent / "gpuscope-up.log"
+    print(f"gpuscope: logs go to {path} while the view is on", file=sys.stderr)
+    logs.configure(ns.log_level, ns.json_logs, file=open(path, "a", buffering=1))
+    return path
+
+
+def _activity(analyzer, minutes: float = 1.0, points: int = 12) -> dict:
+    """(host, gpu) -> the last minute of GPU activity, for the view's sparklines."""
+    end = time.time()
+    step = minutes * 60 / points
+    rows = analyzer.store.metric("util_gpu_ratio", "", None, end - minutes * 60, end, "series", step)
+    out: dict = {}
+    for r in rows:
+        out.setdefault((r["host"], r["gpu"]), {})[int((r["bucket"] - (end - minutes * 60)) // step)] = r["value"]
+    return {k: [v.get(i) for i in range(points)] for k, v in out.items()}
 
 
 def cmd_agent(ns) -> int:

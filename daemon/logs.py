@@ -10,18 +10,20 @@ import sys
 import structlog
 
 
-def configure(level: str = "info", json_logs: bool | None = None) -> None:
+def configure(level: str = "info", json_logs: bool | None = None, file=None) -> None:
+    """`file`: where logs go instead of stderr (the live view's terminal)."""
+    out = file or sys.stderr
     if json_logs is None:
-        json_logs = not sys.stderr.isatty()
+        json_logs = not out.isatty()
     renderer = structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
                     structlog.processors.TimeStamper(fmt="iso", utc=True),
                     structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=True)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(out)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
         foreign_pre_chain=[structlog.stdlib.add_log_level, structlog.stdlib.add_logger_name,
