@@ -218,6 +218,22 @@ class PendingStops:
         self.done.append((base_url, status))
 
 
+class LateTrace:
+    """The trace of a capture that answered `slow` while the engine was still
+    writing it: `wait()` takes it once the stop answers (or every file of
+    the session is whole on disk), as the capture would have."""
+
+    def __init__(self, profiler: "TorchProfilerHttp", stopper: "_Request", before: dict):
+        self.profiler, self.stopper, self.before = profiler, stopper, before
+
+    def wait(self, timeout_s: float | None = None) -> "ServingTrace":
+        """Raises ProfilerError when the session's trace never comes."""
+        p, t0 = self.profiler, time.time()
+        p.budget_s = None                  # nobody waits on this answer any more
+        path, extras = p._await_trace(self.stopper, self.before, timeout_s or STOP_WAIT_S, t0)
+        return ServingTrace(b"", path, False, time.time() - t0, source_root=p.trace_dir, extra_paths=extras)
+
+
 def _may_have_started(start: "_Request") -> bool:
     """A start that answered 200, or whose answer says nothing (no answer in
     time, a 5xx from the engine or a proxy in front of it): only a clear
@@ -270,6 +286,10 @@ class TorchProfilerHttp:
     def capture(self, duration_ms: int, repository_root: Path, session_id: str, host_name: str = "gpuscope",
                 margin_s: float = 15.0) -> CaptureResult:
         t0 = time.time()
+        if not self.trace_dir.is_dir():
+            raise ProfilerError(f"{self.base_url}: its trace directory {self.trace_dir} does not exist on this host; "
+                                f"nothing was started (--serving URL=DIR names the directory the engine writes "
+                                f"its traces to, e.g. vLLM's torch_profiler_dir, as this host sees it)")
         if self.budget_s is not None and self.budget_s < duration_ms / 1e3 + 2:
             raise ProfilerError(f"the caller allows {self.budget_s:.0f} s, less than the {duration_ms / 1e3:g} s "
                                 f"capture itself; nothing was started (give a longer timeout)")
@@ -315,7 +335,12 @@ class TorchProfilerHttp:
             # another stop, which could end the next session once this one is written.
             stopper = _Request(self.base_url, "/stop_profile", max(wait_s, STOP_WAIT_S))
             stopper.start()
-            path, extras = self._await_trace(stopper, before, wait_s, t0)
+            try:
+                path, extras = self._await_trace(stopper, before, wait_s, t0)
+            except ProfilerSlow as exc:
+                if stopper.is_alive():           # the engine is still writing: the trace can be taken later
+                    exc.late = LateTrace(self, stopper, before)
+                raise
             return ServingTrace(b"", path, False, time.time() - t0, source_root=self.trace_dir,
                                 extra_paths=extras)
         finally:

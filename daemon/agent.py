@@ -187,15 +187,18 @@ class Agent:
         """What discovery finds. A serving engine whose GPU processes the agent
         cannot see (another PID namespace, a container, a CPU build) and that
         names no GPUs (--serving URL=DIR@0,1) is taken to serve on all of them:
-        listed so, its numbers go to each, its captures concern each."""
+        listed so, its numbers go to each, its captures concern each. GPUs
+        named that the host does not have are left out."""
         if self.discovery is None:
             return []
         jobs = self.discovery.discover(self.gpu_pids())
-        if any(j.kind == "torch-http" and not j.gpus for j in jobs):
+        if any(j.kind == "torch-http" for j in jobs):
             every = [d.gpu for d in self.devices()]
             for j in jobs:
-                if j.kind == "torch-http" and not j.gpus:
-                    j.gpus = list(every)
+                if j.kind == "torch-http":
+                    # a GPU this host lacks gets nothing: its samples would make the analyzer refuse
+                    # the whole batch, the real GPUs' samples with it
+                    j.gpus = [g for g in j.gpus if g in every] if j.gpus else list(every)
         return jobs
 
     def capture(self, duration_ms: int, address: str = "", pid: int | None = None,
@@ -232,7 +235,7 @@ class Agent:
         rec, data = self.captures.capture(
             job.address, duration_ms, pid=job.pid, gpus=job.gpus,
             job=redact_command(f"pid:{job.pid} {job.command}".strip()) if job.pid else "", trigger=trigger,
-            kind=job.kind, client=client)
+            kind=job.kind, client=client, on_late=self._report if self.capture_reporter is not None else None)
         if self.capture_reporter is not None:
             # The caller gets the trace now; the analyzer's summary and linking follow.
             threading.Thread(target=self._report, args=(rec, data), name="capture-report", daemon=True).start()

@@ -124,12 +124,15 @@ class CaptureRunner:
 
     def capture(self, target: str, duration_ms: int, pid: int | None = None, gpus: list[int] | None = None,
                 job: str = "", trigger: str = "on-call", kind: str = "jax",
-                client=None) -> tuple[CaptureRecord, bytes]:
+                client=None, on_late: Callable[[CaptureRecord, bytes], None] | None = None
+                ) -> tuple[CaptureRecord, bytes]:
         """client: anything with the XlaProfilerClient.capture signature
         (the JAX profiler by default, or a serving engine's HTTP profiler).
         A result with a `path` outside the per-capture directory must carry
         `source_root`, the directory that path is confined to; the runner
-        reads it from there and keeps a copy."""
+        reads it from there and keeps a copy. A capture that answers `slow`
+        while its engine still writes the trace is completed when the trace
+        lands: the same record becomes `ok` and goes to `on_late`."""
         if not 0 < duration_ms <= MAX_DURATION_MS:
             raise ValueError(f"duration_ms must be 1 to {MAX_DURATION_MS}, got {duration_ms}")
         rec = CaptureRecord(id=self._new_id(), host=self.host, target=target, pid=pid, gpus=list(gpus or []),
@@ -172,7 +175,12 @@ class CaptureRunner:
                 safe_files.remove_tree(root_fd, rec.id)
                 rec.path, rec.size_bytes = "", 0
                 if isinstance(exc, ProfilerError):
-                    return self._finish(rec, exc.reason, str(exc)), b""
+                    done = self._finish(rec, exc.reason, str(exc))
+                    late = getattr(exc, "late", None)
+                    if late is not None:
+                        threading.Thread(target=self._complete_late, args=(rec, late, on_late),
+                                         name="capture-late", daemon=True).start()
+                    return done, b""
                 raise
             return self._finish(rec, status, error), data
         except OSError as exc:
@@ -184,6 +192,40 @@ class CaptureRunner:
             if not busy:
                 with self._lock:
                     self._running.discard(key)
+
+    def _complete_late(self, rec: CaptureRecord, late, on_late) -> None:
+        """A `slow` capture's trace, taken when the engine has written it:
+        kept as an on-time one would have been, the record updated, and
+        passed to `on_late` (the agent reports it to the analyzer)."""
+        answered = rec.end
+        try:
+            result = late.wait()
+        except ProfilerError as exc:
+            log.warning("capture: the late trace never came", id=rec.id, error=str(exc))
+            return
+        root_fd = cap_fd = None
+        try:
+            root_fd = safe_files.open_root(self.config.directory)
+            root = self.config.directory / rec.id
+            cap_fd = safe_files.make_private_dir(root_fd, rec.id, str(self.config.directory))
+            path, data, kept, skipped = self._keep_session(result, root, cap_fd)
+            status, error = _outcome(result, path, kept, skipped, root)
+            rec.path, rec.size_bytes = (str(path), len(data)) if path is not None else ("", 0)
+            rec.status, rec.end = status, self._clock()
+            rec.error = "; ".join(e for e in (f"taken {rec.end - answered:.0f} s after the capture answered slow "
+                                               f"(the engine's stop took that long)", error) if e)
+            safe_files.write_new(cap_fd, "capture.json", json.dumps(
+                asdict(rec) | {"other_files": kept, "skipped_files": skipped}).encode(), str(root))
+        except (OSError, ProfilerError) as exc:
+            log.warning("capture: the late trace could not be kept", id=rec.id, error=str(exc))
+            return
+        finally:
+            for fd in (cap_fd, root_fd):
+                if fd is not None:
+                    os.close(fd)
+        log.info("capture completed late", id=rec.id, status=rec.status, size=rec.size_bytes)
+        if on_late is not None:
+            on_late(rec, data)
 
     def _keep_session(self, result, root: Path, cap_fd: int) -> tuple[Path | None, bytes, list[str], list[dict]]:
         """The trace (None and no bytes when it is over max_trace_bytes but

@@ -117,8 +117,11 @@ def captures(server: str, *, security: ClientSecurity = INSECURE) -> list[dict]:
 def jobs(server: str, *, security: ClientSecurity = INSECURE) -> list[dict]:
     resp = _call(server, lambda ch, t: agent_pb2_grpc.AgentStub(ch).ListJobs(agent_pb2.ListJobsRequest(), timeout=t),
                  timeout=30, security=security, wants="agent")
-    return [dict(pid=j.pid or None, address=j.address, gpus=list(j.gpus), command=j.command, found_by=j.found_by)
-            for j in resp.jobs]
+    return [dict(pid=j.pid or None, address=j.address, gpus=list(j.gpus), command=j.command, found_by=j.found_by,
+                 kind=_JOB_KINDS.get(j.kind, j.kind or "jax"), trace_dir=j.trace_dir or None) for j in resp.jobs]
+
+
+_JOB_KINDS = {"torch-http": "serving"}
 
 
 def watch(server: str, host: str = "", gpu: int | None = None, verdicts=(), kinds=(), *,

@@ -50,10 +50,14 @@ def cmd_trace_summarize(ns) -> int:
               f"newest session's {'XSpace' if found[0].name.endswith('.xplane.pb') else 'largest'} "
               f"(name a file to read another, or --all; --json lists them)", file=sys.stderr)
     summary = summarize(load_trace(found[0]))
+    if len(found) > 1 and summary["verdict"] is None and not summary.get("host_steps"):
+        # a serving engine's newest session may hold only its API server's trace (the worker died)
+        print(f"gpuscope trace summarize: {found[0].name} holds no GPU activity and no engine steps (an API "
+              f"server's trace, or a session whose worker wrote nothing?); --all reads every trace", file=sys.stderr)
     if ns.json:
         print_json({**summary, "traces_found": [str(f) for f in found]})
         return 0
-    _print_summary(summary)
+    print_summary(summary)
     return 0
 
 
@@ -75,14 +79,14 @@ def _summarize_each(found, as_json: bool) -> int:
             continue
         out.append(summary)
         if not as_json:
-            _print_summary(summary)
+            print_summary(summary)
             print()
     if as_json:
         print_json({"traces": out})
     return 1 if failed == len(found) else 0
 
 
-def _print_summary(summary: dict) -> None:
+def print_summary(summary: dict) -> None:
     print(f"{summary['source']} ({summary['format']}, {summary['span_seconds'] * 1e3:.0f} ms)")
     devices = summary.get("devices") or []
     which = f" for {summary['device']}" if len(devices) > 1 and summary.get("device") else ""

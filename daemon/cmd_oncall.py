@@ -10,6 +10,7 @@ from gpuscope.collectors import catalogue as cat
 
 from . import clients, human
 from .cliutil import UsageError, age, print_json, seen
+from .cmd_offline import print_summary
 from .security_flags import client_security
 
 
@@ -210,6 +211,11 @@ def cmd_capture(ns) -> int:
     record, xspace = clients.capture(ns.server, ns.jax or ns.serving, ns.pid, ns.duration_ms,
                                      security=client_security(ns), timeout_s=ns.timeout)
     summary = summarize(parse_trace(xspace, record["path"])) if xspace else None
+    if summary and summary.get("span_seconds", 0) > 2 * record["duration_ms"] / 1e3 + 1:
+        # the session ran past what was asked: the engine was stalled, or slow to stop
+        summary["warnings"].append(f"the trace covers {summary['span_seconds']:.1f} s, "
+                                   f"{summary['span_seconds'] / (record['duration_ms'] / 1e3):.0f}x the "
+                                   f"{record['duration_ms'] / 1e3:g} s asked: the job was stalled or slow to stop")
     if ns.json:
         out = dict(summary) if summary else dict(verdict=None, summary=f"capture {record['status']}: {record['error']}")
         out["capture"] = record
@@ -220,8 +226,7 @@ def cmd_capture(ns) -> int:
         if record["error"]:
             print(f"  error: {record['error']}")
         if summary:
-            print(f"  verdict: {summary['verdict'] or 'none'} (confidence {summary['confidence']:.2f})")
-            print(f"  {summary['summary']}")
+            print_summary(summary)
     return 0 if record["status"].startswith("ok") else 1
 
 
@@ -248,9 +253,12 @@ def cmd_jobs(ns) -> int:
         return 0
     if not rows:
         print("no JAX profiler servers or serving engines (vLLM, SGLang, TensorRT-LLM) on this host's GPUs")
+        return 0
+    print(f"{'KIND':<8} {'PID':>7}  {'ADDRESS':<24} {'GPUS':<8} {'FOUND BY':<24} COMMAND / TRACES")
     for j in rows:
-        print(f"pid {j['pid'] or '-':>7}  {j['address']:<21} gpus {','.join(map(str, j['gpus'])) or '-':<8} "
-              f"({j['found_by']})  {j['command'][:60]}")
+        where = j["command"] or (f"traces in {j['trace_dir']}" if j.get("trace_dir") else "-")
+        print(f"{j.get('kind', 'jax'):<8} {j['pid'] or '-':>7}  {j['address']:<24} "
+              f"{','.join(map(str, j['gpus'])) or '-':<8} {j['found_by'][:24]:<24} {where[:80]}")
     return 0
 
 

@@ -72,6 +72,7 @@ def _setup_captures(agent: Agent, ns, analyzer_target: str | None, links) -> Non
 
     agent.captures = CaptureRunner(CaptureConfig(capture_dir(ns), max_bytes=ns.capture_budget_mb << 20), ns.host)
     serving, serving_gpus = parse_serving(ns.serving or [])
+    check_serving(serving, serving_gpus, [d.gpu for d in agent.devices()])
     agent.discovery = JobDiscovery(lambda addr: XlaProfilerClient(addr).probe(), configured=ns.profiler or [],
                                    serving=serving, serving_gpus=serving_gpus)
     agent.serving = ServingSampler(lambda: [(j.address, j.gpus) for j in agent.jobs() if j.kind == "torch-http"])
@@ -86,6 +87,23 @@ def capture_dir(ns) -> Path:
     if ns.capture_dir:
         return Path(ns.capture_dir)
     return Path(getattr(ns, "db", None) or default_db()).parent / "captures"
+
+
+def check_serving(serving: dict[str, str], serving_gpus: dict[str, list[int]], host_gpus: list[int]) -> None:
+    """Refuses at start-up what would fail later: a GPU the host does not
+    have (its samples would make the analyzer refuse every batch), and says
+    when a trace directory is not there yet (a capture then refuses before
+    it starts the engine's profiler)."""
+    for url, gpus in serving_gpus.items():
+        missing = [g for g in gpus if g not in host_gpus]
+        if missing and host_gpus:
+            raise UsageError(f"--serving {url}=...@{','.join(map(str, gpus))}: this host has no GPU "
+                             f"{', '.join(map(str, missing))} (it has {', '.join(map(str, sorted(host_gpus)))})")
+    for url, trace_dir in serving.items():
+        if not Path(trace_dir).is_dir():
+            print(f"gpuscope: warning: --serving {url}={trace_dir}: no such directory here; captures of this "
+                  f"engine are refused until it exists (it must be where the engine writes its traces, e.g. "
+                  f"vLLM's torch_profiler_dir, as this host sees it)", file=sys.stderr)
 
 
 _GPU_LIST = re.compile(r"\d{1,3}(,\d{1,3})*")

@@ -82,4 +82,5 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
 
     def ListJobs(self, request, context):
         return apb.ListJobsReply(jobs=[apb.Job(pid=j.pid or 0, address=j.address, gpus=j.gpus, command=j.command,
-                                               found_by=j.found_by) for j in self.agent.jobs()])
+                                               found_by=j.found_by, kind=j.kind, trace_dir=j.trace_dir)
+                                       for j in self.agent.jobs()])

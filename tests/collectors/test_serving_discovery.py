@@ -113,3 +113,26 @@ def test_an_engine_that_names_no_gpus_is_listed_on_every_gpu_it_is_sampled_for(t
                                                              "http://127.0.0.1:10": [1]}
     finally:
         agent.collector.close()
+
+
+def test_a_gpu_the_host_lacks_is_refused_at_start_up_and_never_sampled(tmp_path, capsys):
+    """Found in a trial: --serving URL=DIR@5 on a one-GPU host was taken, and
+    every batch holding GPU 5's serving numbers was refused by the analyzer,
+    GPU 0's samples with it."""
+    from gpuscope.daemon.cliutil import UsageError
+    from gpuscope.daemon.cmd_serve import check_serving
+    with pytest.raises(UsageError, match=r"@5: this host has no GPU 5 \(it has 0\)"):
+        check_serving({"http://x:1": str(tmp_path)}, {"http://x:1": [5]}, [0])
+    check_serving({"http://x:1": str(tmp_path / "nowhere")}, {}, [0])
+    assert "no such directory here; captures of this engine are refused" in capsys.readouterr().err
+    from gpuscope.collectors.nvml import NvmlCollector
+    from gpuscope.daemon.agent import Agent, AgentConfig
+    from tests.fakes.nvml import FakeNvml, h200
+    agent = Agent(AgentConfig(host="h", interval_s=0.1, slow_interval_s=1.0), NvmlCollector(nvml=FakeNvml([h200()])))
+    agent.collector.start()
+    try:
+        agent.discovery = JobDiscovery(lambda a: False, serving={"http://x:1": str(tmp_path)},
+                                       serving_gpus={"http://x:1": [0, 5]})
+        assert [j.gpus for j in agent.jobs()] == [[0]]          # GPU 5 (lost since, or never there) gets nothing
+    finally:
+        agent.collector.close()

@@ -203,11 +203,23 @@ def test_a_start_that_times_out_is_followed_by_a_stop(tmp_path, stops):
 
 
 def test_a_stop_past_its_deadline_is_slow_not_unreachable_and_stays_pending(tmp_path, stops):
+    """...and when the engine has written the trace, the capture is completed
+    with it (found in a trial: a `slow` capture stayed slow and empty while
+    its trace lay on disk)."""
     engine = VllmLike(tmp_path / "engine", write_s=3.0)
+    late = []
     rec, _ = CaptureRunner(CaptureConfig(tmp_path / "caps", margin_s=0.0), "h").capture(
-        engine.url, 100, kind="torch-http", client=_client(engine, stops, stop_timeout_s=0.5))
-    assert rec.status == "slow" and "/health answers" in rec.error
+        engine.url, 100, kind="torch-http", client=_client(engine, stops, stop_timeout_s=0.5),
+        on_late=lambda r, data: late.append((r.status, r.path, data, r.error)))
+    assert rec.status == "slow" and "/health answers" in rec.error and not rec.path
     assert stops.wait(15) and not engine.active         # the stop sent went through in the end
+    deadline = time.monotonic() + 10
+    while not late and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [(status, path, data, error)] = late
+    assert status == "ok" and data == TRACE and Path(path).parent == tmp_path / "caps" / rec.id
+    assert "after the capture answered slow" in error and rec.status == "ok"       # the same record, completed
+    assert json.loads((tmp_path / "caps" / rec.id / "capture.json").read_text())["status"] == "ok"
 
 
 def test_an_engine_killed_during_the_stop_is_unreachable(tmp_path, stops):
@@ -337,6 +349,14 @@ def test_the_cli_captures_a_serving_engine_by_its_url(tmp_path):
         assert not engine.active
         r = subprocess.run(cli + ["--jax", engine.url], capture_output=True, text=True, timeout=60)
         assert r.returncode != 0 and f"use --serving {engine.url}" in r.stderr
+        # for people: the trace's summary as `trace summarize` prints it (it had dropped the engine steps)
+        r = subprocess.run(cli + ["--serving", engine.url], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and "verdict: none (confidence" in r.stdout and "decided by the trace" in r.stdout
+        jobs = subprocess.run([sys.executable, "-m", "gpuscope.daemon.cli", "jobs", "--server", f"127.0.0.1:{port}",
+                               "--insecure"], capture_output=True, text=True, timeout=60)
+        head, row = jobs.stdout.splitlines()[:2]
+        assert head.split()[:3] == ["KIND", "PID", "ADDRESS"] and row.split()[0] == "serving", jobs.stdout
+        assert f"traces in {engine.trace_dir}" in row
     finally:
         shutdown(server, health)
         engine.close()
@@ -359,3 +379,14 @@ def _agent_server(tmp_path, engine):
         (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent), "gpuscope.v1.Agent")])
     server.start()
     return server, port, health
+
+
+def test_a_trace_directory_that_is_not_there_refuses_before_the_engine_is_disturbed(tmp_path, stops):
+    """Found in a trial: with --serving URL=/nonexistent the engine was made
+    to profile (and stall) before the capture found nothing to collect."""
+    engine = VllmLike(tmp_path / "engine")
+    client = TorchProfilerHttp(engine.url, tmp_path / "nowhere", pending=stops)
+    rec, _ = CaptureRunner(CaptureConfig(tmp_path / "caps"), "h").capture(engine.url, 100, kind="torch-http",
+                                                                          client=client)
+    assert rec.status == "failed" and "does not exist on this host; nothing was started" in rec.error
+    assert engine.starts == 0 and not engine.active

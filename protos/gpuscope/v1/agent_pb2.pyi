@@ -42,18 +42,22 @@ class ListJobsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("pid", "address", "gpus", "command", "found_by")
+    __slots__ = ("pid", "address", "gpus", "command", "found_by", "kind", "trace_dir")
     PID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
     FOUND_BY_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TRACE_DIR_FIELD_NUMBER: _ClassVar[int]
     pid: int
     address: str
     gpus: _containers.RepeatedScalarFieldContainer[int]
     command: str
     found_by: str
-    def __init__(self, pid: _Optional[int] = ..., address: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., command: _Optional[str] = ..., found_by: _Optional[str] = ...) -> None: ...
+    kind: str
+    trace_dir: str
+    def __init__(self, pid: _Optional[int] = ..., address: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., command: _Optional[str] = ..., found_by: _Optional[str] = ..., kind: _Optional[str] = ..., trace_dir: _Optional[str] = ...) -> None: ...
 
 class ListJobsReply(_message.Message):
     __slots__ = ("jobs",)
