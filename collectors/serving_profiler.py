@@ -286,10 +286,13 @@ class TorchProfilerHttp:
     def capture(self, duration_ms: int, repository_root: Path, session_id: str, host_name: str = "gpuscope",
                 margin_s: float = 15.0) -> CaptureResult:
         t0 = time.time()
-        if not self.trace_dir.is_dir():
-            raise ProfilerError(f"{self.base_url}: its trace directory {self.trace_dir} does not exist on this host; "
-                                f"nothing was started (--serving URL=DIR names the directory the engine writes "
-                                f"its traces to, e.g. vLLM's torch_profiler_dir, as this host sees it)")
+        if not self.trace_dir.is_dir() and not self.trace_dir.parent.is_dir():
+            # the engine makes its directory when it first writes (torch's trace handler does), but not
+            # its parent: a path with neither is a typo, or one this host does not see
+            raise ProfilerError(f"{self.base_url}: neither its trace directory {self.trace_dir} nor the directory "
+                                f"above it exists on this host; nothing was started (--serving URL=DIR names the "
+                                f"directory the engine writes its traces to, e.g. vLLM's torch_profiler_dir, as "
+                                f"this host sees it)")
         if self.budget_s is not None and self.budget_s < duration_ms / 1e3 + 2:
             raise ProfilerError(f"the caller allows {self.budget_s:.0f} s, less than the {duration_ms / 1e3:g} s "
                                 f"capture itself; nothing was started (give a longer timeout)")

@@ -92,18 +92,18 @@ def capture_dir(ns) -> Path:
 def check_serving(serving: dict[str, str], serving_gpus: dict[str, list[int]], host_gpus: list[int]) -> None:
     """Refuses at start-up what would fail later: a GPU the host does not
     have (its samples would make the analyzer refuse every batch), and says
-    when a trace directory is not there yet (a capture then refuses before
-    it starts the engine's profiler)."""
+    when a trace directory cannot be (a capture then refuses before it
+    starts the engine's profiler)."""
     for url, gpus in serving_gpus.items():
         missing = [g for g in gpus if g not in host_gpus]
         if missing and host_gpus:
             raise UsageError(f"--serving {url}=...@{','.join(map(str, gpus))}: this host has no GPU "
                              f"{', '.join(map(str, missing))} (it has {', '.join(map(str, sorted(host_gpus)))})")
     for url, trace_dir in serving.items():
-        if not Path(trace_dir).is_dir():
-            print(f"gpuscope: warning: --serving {url}={trace_dir}: no such directory here; captures of this "
-                  f"engine are refused until it exists (it must be where the engine writes its traces, e.g. "
-                  f"vLLM's torch_profiler_dir, as this host sees it)", file=sys.stderr)
+        if not Path(trace_dir).is_dir() and not Path(trace_dir).parent.is_dir():
+            print(f"gpuscope: warning: --serving {url}={trace_dir}: neither it nor the directory above it exists "
+                  f"here; captures of this engine are refused until one does (it must be where the engine writes "
+                  f"its traces, e.g. vLLM's torch_profiler_dir, as this host sees it)", file=sys.stderr)
 
 
 _GPU_LIST = re.compile(r"\d{1,3}(,\d{1,3})*")

@@ -123,8 +123,10 @@ def test_a_gpu_the_host_lacks_is_refused_at_start_up_and_never_sampled(tmp_path,
     from gpuscope.daemon.cmd_serve import check_serving
     with pytest.raises(UsageError, match=r"@5: this host has no GPU 5 \(it has 0\)"):
         check_serving({"http://x:1": str(tmp_path)}, {"http://x:1": [5]}, [0])
-    check_serving({"http://x:1": str(tmp_path / "nowhere")}, {}, [0])
-    assert "no such directory here; captures of this engine are refused" in capsys.readouterr().err
+    check_serving({"http://x:1": str(tmp_path / "made-by-the-engine")}, {}, [0])
+    assert capsys.readouterr().err == ""                 # the engine makes it when it first writes
+    check_serving({"http://x:1": str(tmp_path / "nowhere" / "traces")}, {}, [0])
+    assert "neither it nor the directory above it exists" in capsys.readouterr().err
     from gpuscope.collectors.nvml import NvmlCollector
     from gpuscope.daemon.agent import Agent, AgentConfig
     from tests.fakes.nvml import FakeNvml, h200

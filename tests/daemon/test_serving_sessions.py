@@ -385,8 +385,8 @@ def test_a_trace_directory_that_is_not_there_refuses_before_the_engine_is_distur
     """Found in a trial: with --serving URL=/nonexistent the engine was made
     to profile (and stall) before the capture found nothing to collect."""
     engine = VllmLike(tmp_path / "engine")
-    client = TorchProfilerHttp(engine.url, tmp_path / "nowhere", pending=stops)
+    client = TorchProfilerHttp(engine.url, tmp_path / "nowhere" / "traces", pending=stops)
     rec, _ = CaptureRunner(CaptureConfig(tmp_path / "caps"), "h").capture(engine.url, 100, kind="torch-http",
                                                                           client=client)
-    assert rec.status == "failed" and "does not exist on this host; nothing was started" in rec.error
+    assert rec.status == "failed" and "exists on this host; nothing was started" in rec.error
     assert engine.starts == 0 and not engine.active
