@@ -269,9 +269,11 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         if step <= 0 or (agg == "series" and (end - start) / step > MAX_POINTS):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"step_seconds: {step:g} gives more than {MAX_POINTS} points per GPU; use a larger step")
+        rate = metric.kind is cat.Kind.COUNTER and not request.raw
         rows = await self._query(self.analyzer.store.metric, metric.name, request.host,
-                                 request.gpu if request.HasField("gpu") else None, start, end, agg, step)
-        out = apb.MetricResult(metric=metric.name, unit=metric.unit, aggregate=agg)
+                                 request.gpu if request.HasField("gpu") else None, start, end, agg, step, rate)
+        out = apb.MetricResult(metric=metric.name, unit=RATE_UNITS.get(metric.unit, f"{metric.unit}/s") if rate
+                               else metric.unit, aggregate=agg)
         series: dict[tuple[str, int], apb.MetricSeries] = {}
         for r in rows:
             key = (r["host"], r["gpu"])
@@ -422,6 +424,10 @@ def _finite(value: float, field: str) -> float:
     if value != value or value in (float("inf"), float("-inf")) or abs(value) > 1e12:
         raise ValueError(f"{field}: {value!r} is not a time or duration in seconds")
     return value
+
+
+# a counter's unit -> its rate's: seconds of throttling per second is the share of time throttled
+RATE_UNITS = {"bytes": "bytes/s", "seconds": "ratio", "joules": "watts", "count": "1/s"}
 
 
 def _limit(value: int, default: int) -> int:

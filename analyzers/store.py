@@ -379,8 +379,13 @@ class Store:
         return rows
 
     def metric(self, metric: str, host: str, gpu: int | None, start: float, end: float,
-               aggregate: str, step: float) -> list[dict]:
-        if metric not in cat.BY_NAME:
+               aggregate: str, step: float, rate: bool = False) -> list[dict]:
+        """A metric's series or aggregate per GPU; `rate`: a counter's
+        increase per second between consecutive samples instead of its
+        running total, each placed at the later sample (wraps and resets as
+        collectors/counters.py reads them)."""
+        m = cat.BY_NAME.get(metric)
+        if m is None:
             raise KeyError(metric)
         col = f'"{metric}"'
         where, args = _where_host_gpu(["t BETWEEN ? AND ?", f"{col} IS NOT NULL"], [start, end], host, gpu)
@@ -391,6 +396,17 @@ class Store:
             # max, quantiles and last of the old part are those of minute means
             source += f" UNION ALL SELECT host, gpu, t, {col} AS v, samples AS n FROM samples_1m WHERE {w}"
             args = args + args
+        if rate:
+            # collectors/counters.py's rule, in SQL: a drop from below the counter's span is a wrap
+            # unless it implies more than half the span moved; any other drop is a reset, and the
+            # interval it falls in has no rate
+            span = float(2 ** m.wrap_bits) if m.wrap_bits else None
+            grown = ("CASE WHEN v >= pv THEN v - pv "
+                     + (f"WHEN pv < {span!r} AND v - pv + {span!r} <= {span / 2!r} THEN v - pv + {span!r} " if span
+                        else "") + "END")
+            source = (f"SELECT host, gpu, t, ({grown}) / (t - pt) AS v, 1 AS n FROM (SELECT host, gpu, t, v, "
+                      f"lag(v) OVER w AS pv, lag(t) OVER w AS pt FROM ({source}) "
+                      f"WINDOW w AS (PARTITION BY host, gpu ORDER BY t)) WHERE t > pt AND ({grown}) IS NOT NULL")
         if aggregate == "series":      # the step is a parameter: floats never become SQL text
             sql = ("SELECT host, gpu, floor(t / ?) * ? AS bucket, sum(v * n) / sum(n) AS value, "
                    f"CAST(sum(n) AS BIGINT) AS n FROM ({source}) GROUP BY ALL ORDER BY host, gpu, bucket")

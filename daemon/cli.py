@@ -174,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--metric", required=True, help="catalogue name, e.g. util_gpu_ratio")
     sp.add_argument("--aggregate", default="series", choices=["series", "mean", "min", "max", "p50", "p95", "p99", "last"])
     sp.add_argument("--step", type=duration, default=None, help="bucket width for series (default: range/300)")
+    sp.add_argument("--raw", action="store_true",
+                    help="a counter (_total) as its running total (default: its rate per second, as rate() in "
+                         "Prometheus)")
     sp.set_defaults(fn=cmd_query)
 
     sp = sub.add_parser("classify", help="classify a recording offline, window by window")

@@ -10,6 +10,7 @@ import grpc
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 
+from gpuscope.collectors import catalogue as cat
 from gpuscope.collectors.serving_profiler import expected_seconds
 from gpuscope.security.tls import INSECURE, ClientSecurity, explain_failure
 from gpuscope.v1 import agent_pb2, agent_pb2_grpc, analyzer_pb2 as apb, analyzer_pb2_grpc
@@ -122,6 +123,7 @@ def jobs(server: str, *, security: ClientSecurity = INSECURE) -> list[dict]:
 
 
 _JOB_KINDS = {"torch-http": "serving"}
+
 
 
 def watch(server: str, host: str = "", gpu: int | None = None, verdicts=(), kinds=(), *,
@@ -257,13 +259,14 @@ def findings(server: str, host: str = "", gpu: int | None = None, verdicts: list
 
 
 def query(server: str, metric: str, host: str, gpu: int | None, start: float, end: float,
-          aggregate: str, step: float, *, security: ClientSecurity = INSECURE) -> dict:
-    req = apb.MetricQuery(metric=metric, host=host, start=start, end=end, aggregate=aggregate, step_seconds=step)
+          aggregate: str, step: float, *, raw: bool = False, security: ClientSecurity = INSECURE) -> dict:
+    req = apb.MetricQuery(metric=metric, host=host, start=start, end=end, aggregate=aggregate, step_seconds=step,
+                          raw=raw)
     if gpu is not None:
         req.gpu = gpu
     r = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).QueryMetric(req, timeout=t), timeout=60,
               security=security)
-    return dict(metric=r.metric, unit=r.unit, aggregate=r.aggregate, series=[
+    return dict(metric=r.metric, unit=r.unit, aggregate=r.aggregate, rate=r.metric in cat.BY_NAME and r.unit != cat.BY_NAME[r.metric].unit, series=[
         dict(host=s.host, gpu=s.gpu, samples=s.samples,
              **({"points": [[p.t, p.value] for p in s.points]} if r.aggregate == "series"
                 else {"value": s.value if s.HasField("value") else None}))

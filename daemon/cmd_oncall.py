@@ -177,7 +177,7 @@ def cmd_query(ns) -> int:
     end = end or time.time()
     start = start if start is not None else end - 3600
     r = clients.query(ns.server, ns.metric, ns.host or "", ns.gpu, start, end, ns.aggregate, ns.step or 0,
-                      security=client_security(ns))
+                      raw=ns.raw, security=client_security(ns))
     if ns.json:
         print_json(r)
         return 0
@@ -185,7 +185,8 @@ def cmd_query(ns) -> int:
         print(_nothing(ns, f"{ns.metric} samples", " in the last hour (--since for longer)"))
     for s in r["series"]:
         if r["aggregate"] == "series":
-            print(f"{s['host']}/gpu{s['gpu']} {r['metric']}, {len(s['points'])} points:")
+            print(f"{s['host']}/gpu{s['gpu']} {r['metric']}{' per second' if r['rate'] else ''}, "
+                  f"{len(s['points'])} points:")
             for t, v in s["points"]:
                 print(f"  {_when(t)} {human.value(r['unit'], v)}")
         else:

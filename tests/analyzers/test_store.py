@@ -41,3 +41,24 @@ def test_open_findings_survive_an_analyzer_restart(tmp_path):
         assert f["windows"] == 2 and f["end"] is None and abs(f["evidence"]["dram_bw_util_ratio"] - 0.7) < 1e-9
     finally:
         srv.stop()
+
+
+def test_a_counter_is_queried_as_its_rate_with_resets_and_wraps(tmp_path):
+    """Found in a trial: `query pcie_tx_bytes_total` showed running totals
+    (2.55e+08), which say nothing; Prometheus users read rate()."""
+    import pyarrow as pa
+    s = Store(StoreConfig(str(tmp_path / "r.duckdb")))
+    try:
+        t = [100.0, 101.0, 102.0, 103.0, 104.0]
+        tx = [4_294_967_000.0, 200.0, 1200.0, 3200.0, 100.0]          # 32-bit wrap, then a reset
+        energy = [1000.0, 1700.0, 2400.0, 10.0, 710.0]               # a driver reload resets it
+        s.append("samples", pa.table({"host": ["h"] * 5, "gpu": [0] * 5, "t": t, "pcie_tx_bytes_total": tx,
+                                      "energy_joules_total": energy}))
+        rows = s.metric("pcie_tx_bytes_total", "h", 0, 0, 200, "series", 1.0, rate=True)
+        assert [(r["bucket"], r["value"]) for r in rows] == [
+            (101.0, 200.0 + 2**32 - 4_294_967_000.0), (102.0, 1000.0), (103.0, 2000.0)]   # a wrap; the reset: none
+        watts = s.metric("energy_joules_total", "h", 0, 0, 200, "series", 1.0, rate=True)
+        assert [r["value"] for r in watts] == [700.0, 700.0, 700.0]              # the interval of the reset has none
+        assert s.metric("energy_joules_total", "h", 0, 0, 200, "max", 0, rate=False)[0]["value"] == 2400.0
+    finally:
+        s.close()

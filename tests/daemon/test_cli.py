@@ -77,6 +77,12 @@ def test_up_replays_without_a_gpu_and_answers_on_call_queries(fixture_dir, tmp_p
         q = json.loads(run("query", "--server", server, "--metric", "power_watts", "--since", "5m",
                            "--aggregate", "p95", "--json", tls_dir=tls).stdout)
         assert q["unit"] == "watts" and q["series"][0]["value"] > 100
+        q = json.loads(run("query", "--server", server, "--metric", "pcie_rx_bytes_total", "--since", "5m",
+                           "--aggregate", "mean", "--json", tls_dir=tls).stdout)
+        assert q["unit"] == "bytes/s" and q["rate"] and 0 < q["series"][0]["value"] < 1e11      # a rate, not a total
+        q = json.loads(run("query", "--server", server, "--metric", "pcie_rx_bytes_total", "--since", "5m",
+                           "--aggregate", "max", "--raw", "--json", tls_dir=tls).stdout)
+        assert q["unit"] == "bytes" and not q["rate"]
         one = run("findings", "--server", server, "--verdict", "memory-bound", "--json", tls_dir=tls)
         assert {x["verdict"] for x in json.loads(one.stdout)["findings"]} == {"memory-bound"}
         # nothing found is said, with what exists (found in a trial: silence and exit 0)

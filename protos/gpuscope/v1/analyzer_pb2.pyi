@@ -376,7 +376,7 @@ class FindingsResponse(_message.Message):
     def __init__(self, findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ...) -> None: ...
 
 class MetricQuery(_message.Message):
-    __slots__ = ("metric", "host", "gpu", "start", "end", "aggregate", "step_seconds")
+    __slots__ = ("metric", "host", "gpu", "start", "end", "aggregate", "step_seconds", "raw")
     METRIC_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
@@ -384,6 +384,7 @@ class MetricQuery(_message.Message):
     END_FIELD_NUMBER: _ClassVar[int]
     AGGREGATE_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RAW_FIELD_NUMBER: _ClassVar[int]
     metric: str
     host: str
     gpu: int
@@ -391,7 +392,8 @@ class MetricQuery(_message.Message):
     end: float
     aggregate: str
     step_seconds: float
-    def __init__(self, metric: _Optional[str] = ..., host: _Optional[str] = ..., gpu: _Optional[int] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., aggregate: _Optional[str] = ..., step_seconds: _Optional[float] = ...) -> None: ...
+    raw: bool
+    def __init__(self, metric: _Optional[str] = ..., host: _Optional[str] = ..., gpu: _Optional[int] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., aggregate: _Optional[str] = ..., step_seconds: _Optional[float] = ..., raw: _Optional[bool] = ...) -> None: ...
 
 class MetricPoint(_message.Message):
     __slots__ = ("t", "value")
