@@ -68,6 +68,7 @@ class Agent:
         self._thread: threading.Thread | None = None
         self._scheduler: BackgroundScheduler | None = None
         self.ticks = self.samples = self.overruns = 0
+        self.latest: dict[int, dict[str, float]] = {}
         self.errors: dict[str, int] = {}
         self.last_error = ""
         self.health: collections.deque[HealthRecord] = collections.deque(maxlen=256)
@@ -141,6 +142,8 @@ class Agent:
         if scrape.samples:
             with self._ring_lock:
                 self._ring.extend(scrape.samples)
+                for smp in scrape.samples:         # each GPU's newest value of each metric (daemon/exporter.py)
+                    self.latest.setdefault(smp.gpu, {}).update(smp.values)
             self.samples += len(scrape.samples)
         for key, n in scrape.errors.items():
             self._count_error(key, n)
@@ -309,6 +312,9 @@ class Agent:
                     devices=self.devices(), uplink=up)
 
     def stop(self) -> None:
+        """Idempotent: a second stop does nothing."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)

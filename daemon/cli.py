@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a vLLM/SGLang server with /start_profile, the directory it writes traces to, and "
                              "the GPUs it uses (e.g. http://127.0.0.1:8000=/tmp/vllm@0,1; without @GPUS: the ones "
                              "its processes are seen on, else all) (repeat)")
+        sp.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
+                        help="serve Prometheus /metrics here: each GPU's metrics and the agent's health (beyond "
+                             "loopback over TLS only, to scrapers with a certificate of the fleet's CA)")
         sp.add_argument("--serving-interval", type=number(1, 300, unit=" s", zero=True), default=5.0, metavar="S",
                         help="seconds between scrapes of each serving engine's /metrics, 1-300, 0 for never "
                              "(default 5: one analysis window)")
@@ -110,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="gRPC address (default 127.0.0.1:9400: this host only; for the fleet use 0.0.0.0:9400 "
                          "with --tls-dir)")
     sp.add_argument("--threads", type=number(1, 1024, int), default=2, help="DuckDB threads (default 2)")
+    sp.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
+                    help="serve Prometheus /metrics here: each GPU's verdict, open findings, ingest counters "
+                         "(beyond loopback over TLS only, to scrapers with a certificate of the fleet's CA)")
     sp.add_argument("--oncall-listen", default=None, metavar="HOST:PORT",
                     help="a second TLS port where on-call callers authenticate with a bearer token alone "
                          "(--tokens); the main port requires client certificates")

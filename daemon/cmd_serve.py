@@ -18,6 +18,7 @@ from gpuscope.v1 import agent_pb2_grpc, analyzer_pb2_grpc
 from . import clients, logs
 from .agent import Agent, AgentConfig
 from .cliutil import UsageError, default_db
+from .exporter import AgentCollector, FleetCollector
 from .security_flags import agent_security, server_tls_dir, server_tls_files, server_tokens
 from .serve import build_server, ensure_free, parse_hostport, shutdown
 from .service import AgentServicer
@@ -142,6 +143,21 @@ def _analyzer_config(ns, dry_run: bool):
     return AnalyzerConfig(ns.db, window_s=ns.window, memory_limit=ns.memory_limit,
                           threads=getattr(ns, "threads", 2), trigger=trigger, retention_s=ns.retention,
                           rollup=not ns.no_rollup)
+
+
+def _metrics(ns, name: str, *collectors):
+    """Prometheus /metrics on --metrics-listen (None without it), with this
+    process's TLS files unless --insecure."""
+    from .exporter import registry, serve
+
+    if not ns.metrics_listen:
+        return None
+    try:
+        server = serve(ns.metrics_listen, registry(*collectors), server_tls_files(ns, name))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"gpuscope: Prometheus /metrics on {ns.metrics_listen}", file=sys.stderr)
+    return server
 
 
 def _alert_config(ns):
@@ -297,6 +313,7 @@ def cmd_up(ns) -> int:
     _setup_captures(agent, ns, target, links)
     agent.start(_uplink_factory(ns, target, links))
     listener = _start_commands(agent, target, ns.host, links)
+    metrics = _metrics(ns, "analyzer", AgentCollector(agent), FleetCollector(analyzer.status))
     stop = threading.Event()
     _install_signals(stop)
     view = LiveView()
@@ -318,6 +335,8 @@ def cmd_up(ns) -> int:
         _wait(stop, ns.duration, tick)
     finally:
         view.close()
+        if metrics is not None:
+            metrics.shutdown()
         listener.stop()
         agent.stop()
         seen_ = analyzer.list_findings(start=started, limit=100_000)
@@ -368,6 +387,7 @@ def cmd_agent(ns) -> int:
         max_workers=8, **security)
     agent.start()
     server.start()
+    metrics = _metrics(ns, "agent", AgentCollector(agent))
     listener = _start_commands(agent, ns.analyzer, ns.host, links) if ns.analyzer else None
     print(f"gpuscope agent: {source}, API on {ns.listen.rpartition(':')[0]}:{port}, "
           f"analyzer {ns.analyzer or '(none)'}", file=sys.stderr)
@@ -376,6 +396,8 @@ def cmd_agent(ns) -> int:
     try:
         _wait(stop, ns.duration)
     finally:
+        if metrics is not None:
+            metrics.shutdown()
         if listener is not None:
             listener.stop()
         agent.stop()
@@ -410,6 +432,12 @@ def cmd_analyzer(ns) -> int:
     if ns.engine == "thread":
         analyzer.start()
     alerter = _alerter(alerts, analyzer)
+    try:
+        metrics = _metrics(ns, "analyzer", FleetCollector(analyzer.status))
+    except BaseException:
+        shutdown(server, grace_s=0)
+        analyzer.close()
+        raise
     server.start()
     oncall = f", on-call (tokens) on {ns.oncall_listen.rpartition(':')[0]}:{server.extra_ports[0]}" \
         if server.extra_ports else ""
@@ -420,6 +448,8 @@ def cmd_analyzer(ns) -> int:
     try:
         _wait(stop, ns.duration)
     finally:
+        if metrics is not None:
+            metrics.shutdown()
         _stop_analyzer(server, servicer, analyzer, alerter)
     return 0
 

@@ -1,0 +1,170 @@
+"""Prometheus export of an agent (`--metrics-listen`): each GPU's newest
+value of every catalogue metric, and the agent's own health.
+
+Names follow Prometheus' conventions from the catalogue, which already
+follows them: `gpuscope_gpu_<metric>` with the unit in the name
+(`gpuscope_gpu_power_watts`, `gpuscope_gpu_gpm_dram_bw_util_ratio`),
+counters as `_total`. Labels are `gpu`, `uuid` and `model` only: the series
+of a GPU live as long as the GPU, whatever runs on it (a pid or a job label
+would make a new series per process). The verdict is the analyzer's: it
+exports each GPU's (`gpuscope analyzer --metrics-listen`), and `gpuscope
+up` exports both.
+
+Served by prometheus_client's HTTP server: plain HTTP on a loopback
+address; anywhere else only with TLS, the client presenting a certificate
+of the fleet's CA (Prometheus' `tls_config` with `cert_file`/`key_file`).
+"""
+from __future__ import annotations
+
+import resource
+from typing import Callable, Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import CollectorRegistry
+
+from gpuscope.collectors import catalogue as cat
+
+PREFIX = "gpuscope_"
+VERDICTS = ("compute-bound", "memory-bound", "launch-bound", "host-bound", "communication-bound", "idle")
+
+
+def _family(m: cat.Metric, labels: list[str]):
+    name = f"{PREFIX}gpu_{m.name}"
+    if m.kind is cat.Kind.COUNTER:
+        return CounterMetricFamily(name.removesuffix("_total"), m.help, labels=labels)
+    return GaugeMetricFamily(name, f"{m.help} ({m.unit})", labels=labels)
+
+
+class AgentCollector:
+    """A prometheus_client collector over a running Agent."""
+
+    def __init__(self, agent):
+        self.agent = agent
+
+    def collect(self) -> Iterable:
+        a = self.agent
+        devices = {d.gpu: d for d in a.devices()}
+        with a._ring_lock:
+            latest = {g: dict(v) for g, v in a.latest.items()}
+        labels = ["gpu", "uuid", "model"]
+        for m in cat.METRICS:
+            fam = None
+            for gpu in sorted(latest):
+                v = latest[gpu].get(m.name)
+                if v is None or v != v:
+                    continue                     # missing is not zero: no sample, no series
+                d = devices.get(gpu)
+                fam = fam or _family(m, labels)
+                fam.add_metric([str(gpu), d.uuid if d else "", d.name if d else ""], v)
+            if fam is not None:
+                yield fam
+        yield from _health(a)
+
+
+def _health(a) -> Iterable:
+    s = a.status()
+    up = s["uplink"]
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    for name, help_, value in (
+            ("agent_samples", "GPU samples taken", s["samples"]),
+            ("agent_ticks", "sampling ticks", s["ticks"]),
+            ("agent_tick_overruns", "ticks that ran past the next one's time", s["tick_overruns"]),
+            ("agent_dropped_samples", "samples dropped because the buffer was full while the analyzer was away",
+             up.get("dropped_samples", 0)),
+            ("agent_batches_sent", "batches sent to the analyzer", up.get("batches_sent", 0)),
+            ("agent_batches_acked", "batches the analyzer stored and acknowledged", up.get("batches_acked", 0)),
+            ("agent_source_errors", "errors reading the sources (NVML, serving engines, ...)",
+             sum(s["errors"].values())),
+            ("agent_cpu_seconds", "the agent's own CPU time", ru.ru_utime + ru.ru_stime)):
+        c = CounterMetricFamily(PREFIX + name, help_)
+        c.add_metric([], value)
+        yield c
+    for name, help_, value in (
+            ("agent_unacked_samples", "samples sent or waiting, not yet acknowledged", up.get("unacked_samples", 0)),
+            ("agent_uplink_connected", "1 while the stream to the analyzer is up", int(bool(up.get("connected")))),
+            ("agent_max_resident_memory_bytes", "the agent's peak resident memory", ru.ru_maxrss * 1024),
+            ("agent_gpus", "GPUs the agent samples", len(s["devices"]))):
+        g = GaugeMetricFamily(PREFIX + name, help_)
+        g.add_metric([], value)
+        yield g
+    captures = CounterMetricFamily(PREFIX + "agent_captures", "deep captures by outcome", labels=["status"])
+    by: dict[str, int] = {}
+    for rec in list(a.captures.records) if a.captures is not None else []:
+        by[rec.status] = by.get(rec.status, 0) + 1
+    for status, n in sorted(by.items()):
+        captures.add_metric([status], n)
+    yield captures
+
+
+class FleetCollector:
+    """The analyzer's view: each GPU's verdict (a gauge of 1 on the current
+    verdict's series, 0 on the others, so a dashboard can sum by verdict),
+    its confidence, staleness, and the open findings by verdict."""
+
+    def __init__(self, status: Callable[[], dict]):
+        self._status = status
+
+    def collect(self) -> Iterable:
+        s = self._status()
+        verdict = GaugeMetricFamily(PREFIX + "gpu_verdict", "1 on the GPU's current verdict (of its last window)",
+                                    labels=["host", "gpu", "verdict"])
+        conf = GaugeMetricFamily(PREFIX + "gpu_verdict_confidence", "confidence of that verdict (0-1)",
+                                 labels=["host", "gpu"])
+        stale = GaugeMetricFamily(PREFIX + "gpu_stale", "1 while no sample of the GPU has arrived for 3 windows",
+                                  labels=["host", "gpu"])
+        open_by: dict[str, int] = {v: 0 for v in VERDICTS}
+        for g in s["gpus"]:
+            host, gpu = g["host"], str(g["gpu"])
+            for v in VERDICTS:
+                verdict.add_metric([host, gpu, v], 1.0 if g["verdict"] == v else 0.0)
+            conf.add_metric([host, gpu], g["confidence"])
+            stale.add_metric([host, gpu], 1.0 if g.get("stale") else 0.0)
+            if g.get("open_finding") and g["verdict"] in open_by:
+                open_by[g["verdict"]] += 1
+        yield from (verdict, conf, stale)
+        findings = GaugeMetricFamily(PREFIX + "findings_open", "GPUs with an open finding, by its verdict",
+                                     labels=["verdict"])
+        for v, n in open_by.items():
+            findings.add_metric([v], n)
+        yield findings
+        for name, help_, key in (("samples_committed", "samples stored since start", "samples_committed"),
+                                 ("batches_committed", "batches stored since start", "batches_committed"),
+                                 ("batches_rejected", "batches refused since start", "batches_rejected"),
+                                 ("anomalies", "anomalies raised since start", "anomalies")):
+            c = CounterMetricFamily(PREFIX + "analyzer_" + name, help_)
+            c.add_metric([], s.get(key, 0))
+            yield c
+        g = GaugeMetricFamily(PREFIX + "analyzer_analysis_lag_seconds", "how far live analysis is behind the newest "
+                              "samples")
+        g.add_metric([], s.get("analysis_lag_seconds") or 0.0)
+        yield g
+
+
+def registry(*collectors) -> CollectorRegistry:
+    r = CollectorRegistry(auto_describe=False)
+    for c in collectors:
+        r.register(c)
+    return r
+
+
+def serve(listen: str, reg: CollectorRegistry, tls=None):
+    """Starts the /metrics HTTP server; `tls`: the process's TlsFiles (TLS,
+    client certificates of its CA required), None for plain HTTP, which is
+    refused beyond loopback. Raises ValueError naming what is wrong."""
+    from prometheus_client import start_http_server
+
+    from gpuscope.security.tls import is_loopback
+
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"--metrics-listen: {listen!r} is not HOST:PORT")
+    if tls is None and not is_loopback(listen):
+        raise ValueError(f"--metrics-listen {listen}: beyond loopback, /metrics is served over TLS only, to "
+                         f"scrapers with a certificate of the fleet's CA: drop --insecure and give --tls-dir")
+    kw = dict(certfile=str(tls.cert), keyfile=str(tls.key), client_cafile=str(tls.ca),
+              client_auth_required=True) if tls is not None else {}
+    try:
+        server, _ = start_http_server(int(port), host.strip("[]"), reg, **kw)
+    except OSError as exc:
+        raise ValueError(f"--metrics-listen {listen}: {exc.strerror or exc}") from None
+    return server

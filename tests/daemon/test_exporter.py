@@ -1,0 +1,105 @@
+"""Prometheus /metrics of an agent and of the analyzer, scraped over real
+HTTP(S) and parsed with prometheus_client's parser: names and units by the
+conventions, missing values absent (not 0), bounded series, TLS beyond
+loopback."""
+import ssl
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuscope.collectors.nvml import NvmlCollector
+from gpuscope.collectors.records import GpuSample, ProcessRecord, Scrape
+from gpuscope.daemon.agent import Agent, AgentConfig
+from gpuscope.daemon.exporter import AgentCollector, FleetCollector, registry, serve
+from gpuscope.security import certs
+from gpuscope.security.tls import tls_files
+from tests.conftest import free_port
+from tests.fakes.nvml import FakeNvml, h200
+from tests.helpers import wait_for
+
+
+def _families(text: str) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+@pytest.fixture
+def agent():
+    a = Agent(AgentConfig(host="h", interval_s=0.1, slow_interval_s=1.0),
+              NvmlCollector(nvml=FakeNvml([h200(util_gpu=95, power_mw=650_000), h200(util_gpu=3)])))
+    a.start()
+    wait_for(lambda: len(a.latest) == 2 and "energy_joules_total" in a.latest[0])     # the slow path read too
+    yield a
+    a.stop()
+
+
+def test_an_agent_exports_each_gpu_and_its_own_health(agent):
+    server = serve(f"127.0.0.1:{free_port()}", registry(AgentCollector(agent)))
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=10).read().decode()
+    finally:
+        server.shutdown()
+    fams = _families(text)
+    power = fams["gpuscope_gpu_power_watts"]
+    assert power.type == "gauge" and {s.labels["gpu"] for s in power.samples} == {"0", "1"}
+    assert set(power.samples[0].labels) == {"gpu", "uuid", "model"}
+    by_gpu = {s.labels["gpu"]: round(s.value, 6) for s in fams["gpuscope_gpu_util_gpu_ratio"].samples}
+    assert by_gpu == {"0": 0.95, "1": 0.03}
+    assert fams["gpuscope_gpu_energy_joules"].type == "counter"           # `_total` in the exposition
+    assert "gpuscope_gpu_energy_joules_total" in text
+    assert fams["gpuscope_agent_samples"].samples[0].value > 0 and fams["gpuscope_agent_cpu_seconds"].type == "counter"
+    assert not any("pid" in s.labels for f in fams.values() for s in f.samples)
+
+
+def test_missing_is_absent_and_short_lived_processes_add_no_series(agent):
+    agent.stop()                                                        # nothing but what follows is sampled
+    reg = registry(AgentCollector(agent))
+    from prometheus_client import generate_latest
+    before = len(generate_latest(reg).splitlines())
+    assert b"gpuscope_gpu_serving_requests_running" not in generate_latest(reg)    # never sampled: no series
+    t = time.time()
+    agent._handle(Scrape(samples=[GpuSample(0, t + i * 1e-3, {"util_gpu_ratio": 0.5},
+                                            processes=(ProcessRecord(pid=100_000 + i, used_memory_bytes=1),))
+                                  for i in range(10_000)]))
+    assert len(generate_latest(reg).splitlines()) == before
+
+
+def test_the_fleet_view_is_a_verdict_per_gpu():
+    status = dict(gpus=[dict(host="h", gpu=0, verdict="memory-bound", confidence=0.8, stale=False, open_finding="f1"),
+                        dict(host="h", gpu=1, verdict="", confidence=0.0, stale=True, open_finding=None)],
+                  samples_committed=10, batches_committed=2, batches_rejected=0, anomalies=1, analysis_lag_seconds=0.5)
+    from prometheus_client import generate_latest
+    fams = _families(generate_latest(registry(FleetCollector(lambda: status))).decode())
+    on = {(s.labels["gpu"], s.labels["verdict"]) for s in fams["gpuscope_gpu_verdict"].samples if s.value == 1}
+    assert on == {("0", "memory-bound")}                                 # warming up: no verdict on
+    assert {s.labels["verdict"]: s.value for s in fams["gpuscope_findings_open"].samples}["memory-bound"] == 1
+    assert [s.value for s in fams["gpuscope_gpu_stale"].samples] == [0.0, 1.0]
+
+
+def test_beyond_loopback_only_tls_with_a_client_certificate(tmp_path, agent):
+    with pytest.raises(ValueError, match="over TLS only"):
+        serve(f"0.0.0.0:{free_port()}", registry(AgentCollector(agent)))
+    ca = tmp_path / "ca"
+    certs.create_ca(ca)
+    certs.issue_agent(ca, "h", out=ca)
+    certs.issue_client(ca, "prometheus", "reader", out=tmp_path / "scraper")
+    port = free_port()
+    server = serve(f"0.0.0.0:{port}", registry(AgentCollector(agent)), tls_files(ca, "agent"))
+    try:
+        ctx = ssl.create_default_context(cafile=str(ca / "ca.pem"))
+        ctx.check_hostname = False
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=ctx, timeout=10).read()
+        ctx.load_cert_chain(str(tmp_path / "scraper" / "client.pem"), str(tmp_path / "scraper" / "client.key"))
+        text = urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=ctx, timeout=10).read().decode()
+        assert "gpuscope_gpu_power_watts" in text
+    finally:
+        server.shutdown()
+    busy = serve(f"127.0.0.1:{free_port()}", registry(AgentCollector(agent)))
+    try:
+        with pytest.raises(ValueError, match="--metrics-listen"):
+            serve(f"127.0.0.1:{busy.server_port}", registry(AgentCollector(agent)))
+    finally:
+        busy.shutdown()
