@@ -171,7 +171,11 @@ class PendingStops:
         th = threading.Thread(target=self._run, args=(base_url, in_flight), name="pending-stop", daemon=True)
         with self._lock:
             self._followers = [(u, t) for u, t in self._followers if t.is_alive()] + [(base_url, th)]
-        log.warning("profiling session left to stop; following it", engine=base_url)
+        if in_flight is not None and in_flight.path == "/stop_profile":
+            # the usual case: the trace is taken, the engine still post-processes before it answers
+            log.info("waiting for the engine's stop to answer", engine=base_url)
+        else:
+            log.warning("profiling session left to stop; following it", engine=base_url)
         th.start()
 
     def pending(self) -> list[str]:
@@ -299,9 +303,11 @@ class TorchProfilerHttp:
         if self.base_url in self.pending.pending():
             # vLLM would hold a start until that stop's trace is written (minutes on a small
             # host), and a capture that waits that long reads as a dead server
-            raise ProfilerBusy(f"{self.base_url}: still writing the trace of an earlier capture (its "
-                               f"/stop_profile has not answered yet); a start now would wait for it, so none "
-                               f"was sent. Try again once it is written")
+            raise ProfilerBusy(f"{self.base_url}: an earlier capture's /stop_profile has not answered yet (vLLM "
+                               f"answers it once it has written and post-processed the trace, which that capture "
+                               f"may already hold); a start now would wait for it, so none was sent. Try again "
+                               f"when it has answered (seconds to minutes; the agent logs 'pending profiling stop "
+                               f"done')")
         start = _Request(self.base_url, "/start_profile", START_WAIT_S)
         self.pending.starting(self.base_url, start)
         start.start()

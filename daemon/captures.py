@@ -212,8 +212,8 @@ class CaptureRunner:
             status, error = _outcome(result, path, kept, skipped, root)
             rec.path, rec.size_bytes = (str(path), len(data)) if path is not None else ("", 0)
             rec.status, rec.end = status, self._clock()
-            rec.error = "; ".join(e for e in (f"taken {rec.end - answered:.0f} s after the capture answered slow "
-                                               f"(the engine's stop took that long)", error) if e)
+            rec.error = "; ".join(e for e in (f"taken {rec.end - answered:.0f} s after the capture answered slow, "
+                                               f"once the engine had written it", error) if e)
             safe_files.write_new(cap_fd, "capture.json", json.dumps(
                 asdict(rec) | {"other_files": kept, "skipped_files": skipped}).encode(), str(root))
         except (OSError, ProfilerError) as exc:

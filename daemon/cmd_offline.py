@@ -119,7 +119,8 @@ def print_summary(summary: dict) -> None:
         if len(devices) > 1 and d["device"] != summary.get("device"):
             print(f"  {d['device']}: {d['verdict']} ({d['confidence']:.2f}) {d['summary'][:160]}")
     for w in summary["warnings"]:
-        print(f"  note: {w}")
+        if w.partition(": ")[2] not in summary["summary"]:     # said once: the summary may say it already
+            print(f"  note: {w}")
 
 
 def cmd_metrics(ns) -> int:

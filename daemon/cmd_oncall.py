@@ -238,10 +238,12 @@ def cmd_captures(ns) -> int:
         return 0
     if not rows:
         print("no captures")
+        return 0
+    print(f"{'ID':<12} {'STARTED':<19} {'HOST':<16} {'STATUS':<10} {'VERDICT':<20} {'SIZE':>9}  TARGET / JOB")
     for r in rows:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["start"]))
-        print(f"{r['id']} {when} {r['host']} {r['target']} {r['status']:<10} {r.get('verdict') or '-':<20} "
-              f"{r['size_bytes'] >> 10} KiB {r['job'][:40]}")
+        print(f"{r['id']:<12} {_when(r['start']):<19} {r['host'][:16]:<16} {r['status']:<10} "
+              f"{r.get('verdict') or ('(not judged)' if r['status'].startswith('ok') else '-'):<20} "
+              f"{human.iec(r['size_bytes']):>9}  {r['target']} {r['job'][:40]}")
         if r.get("error"):
             print(f"    {r['error']}")
     return 0

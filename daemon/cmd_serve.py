@@ -99,7 +99,7 @@ def check_serving(serving: dict[str, str], serving_gpus: dict[str, list[int]], h
         missing = [g for g in gpus if g not in host_gpus]
         if missing and host_gpus:
             raise UsageError(f"--serving {url}=...@{','.join(map(str, gpus))}: this host has no GPU "
-                             f"{', '.join(map(str, missing))} (it has {', '.join(map(str, sorted(host_gpus)))})")
+                             f"{', '.join(map(str, missing))} (its GPUs: {', '.join(map(str, sorted(host_gpus)))})")
     for url, trace_dir in serving.items():
         if not Path(trace_dir).is_dir() and not Path(trace_dir).parent.is_dir():
             print(f"gpuscope: warning: --serving {url}={trace_dir}: neither it nor the directory above it exists "
@@ -291,6 +291,7 @@ def cmd_up(ns) -> int:
     log_path = _logs_beside_the_view(ns)
     # the source first: a wrong --source is the user's to fix whatever holds the port
     collector, source = make_source(ns.source, ns.speed, allow_fallback=True)
+    check_serving(*parse_serving(ns.serving or []), [d.gpu for d in collector.devices()])   # before any file
     ensure_free(ns.listen)
     _provision_local_pki(ns)
     security = _server_security(ns, "analyzer", ns.listen)
@@ -320,7 +321,7 @@ def cmd_up(ns) -> int:
     header = (f"gpuscope up: {source} ({ns.speed:g}x)  listening on {ns.listen.rpartition(':')[0]}:{port}  "
               f"db {ns.db}")
     print(f"gpuscope: serving on {ns.listen.rpartition(':')[0]}:{port}; query it with "
-          f"`gpuscope findings --server {target}`", file=sys.stderr)
+          f"`gpuscope findings --server {target}{' --insecure' if ns.insecure else ''}`", file=sys.stderr)
     if log_path is not None:
         header += f"  logs {log_path}"
     started = time.time()

@@ -32,4 +32,6 @@ def configure(level: str = "info", json_logs: bool | None = None, file=None) -> 
     root.handlers = [handler]
     # libraries speak at warning and above, as Python's last-resort handler let them (debug: everything)
     root.setLevel(logging.DEBUG if level == "debug" else max(logging.WARNING, getattr(logging, level.upper(), 20)))
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    # a periodic job that ran late or overlapped (a loaded host) is coalesced into the next run; said
+    # once per run it was 149 lines in 16 minutes of a trial, none of them anything to act on
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)

@@ -121,7 +121,7 @@ def test_a_gpu_the_host_lacks_is_refused_at_start_up_and_never_sampled(tmp_path,
     GPU 0's samples with it."""
     from gpuscope.daemon.cliutil import UsageError
     from gpuscope.daemon.cmd_serve import check_serving
-    with pytest.raises(UsageError, match=r"@5: this host has no GPU 5 \(it has 0\)"):
+    with pytest.raises(UsageError, match=r"@5: this host has no GPU 5 \(its GPUs: 0\)"):
         check_serving({"http://x:1": str(tmp_path)}, {"http://x:1": [5]}, [0])
     check_serving({"http://x:1": str(tmp_path / "made-by-the-engine")}, {}, [0])
     assert capsys.readouterr().err == ""                 # the engine makes it when it first writes
