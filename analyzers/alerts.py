@@ -2,8 +2,9 @@
 webhooks as they happen — Alertmanager's API (`POST /api/v2/alerts`) and a
 generic JSON POST — with retries and a rate limit per target.
 
-A sink of the analyzer's event bus (analyzers/events.py), on a thread of its
-own: a slow or dead receiver costs its own queue, never ingest or analysis.
+A sink of the analyzer's event bus (analyzers/events.py), with a thread and
+a queue per receiver: a slow or dead receiver delays and loses only its own
+alerts, never another receiver's, ingest or analysis.
 
 Severity, in Alertmanager's words:
 - critical: a GPU lost, an XID error, uncorrected ECC errors;
@@ -135,22 +136,30 @@ def alert_of(e: dict, sev: str) -> _Alert:
 
 
 class Alerter:
-    """Posts alerts to each receiver from one thread. `watch()` is what the
-    analyzer's event bus delivers to."""
+    """Posts alerts to each receiver from a thread and a queue of its own: a
+    slow or dead receiver delays and loses only its own alerts. `watch()`
+    is what the analyzer's event bus delivers to."""
 
     def __init__(self, config: AlertConfig, clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] | None = None):
         if config.min_severity not in SEVERITIES:
             raise ValueError(f"severity {config.min_severity!r}, expected one of {', '.join(SEVERITIES)}")
         self.config = config
-        self._clock = clock
-        self._q: queue.Queue = queue.Queue(config.queue_size)
         self._stop = threading.Event()
-        self._sleep = sleep or self._stop.wait
-        self._firing: dict[str, _Alert] = {}          # open findings, resent to Alertmanager
-        self._sent: dict[str, list[float]] = {r.url: [] for r in config.receivers}
-        self._thread = threading.Thread(target=self._run, name="alerts", daemon=True)
-        self.posted = self.failed = self.dropped = 0
+        self.receivers = [_Worker(r, i, config, clock, sleep or self._stop.wait, self._stop)
+                          for i, r in enumerate(config.receivers)]
+
+    @property
+    def posted(self) -> int:
+        return sum(w.posted for w in self.receivers)
+
+    @property
+    def failed(self) -> int:
+        return sum(w.failed for w in self.receivers)
+
+    @property
+    def dropped(self) -> int:
+        return sum(w.dropped for w in self.receivers)
 
     def watch(self) -> Watch:
         return Watch(kinds=frozenset({"finding", "anomaly"}), deliver=self._offer)
@@ -159,28 +168,54 @@ class Alerter:
         sev = severity(e)
         if sev is None or SEVERITIES.index(sev) < SEVERITIES.index(self.config.min_severity):
             return True
+        alert = alert_of(e, sev)
+        return all([w.offer(alert) for w in self.receivers])
+
+    def start(self) -> None:
+        for w in self.receivers:
+            w.thread.start()
+
+    def stop(self, timeout_s: float = 3.0) -> None:
+        """Sends what is queued, within `timeout_s` in all, and stops; what is
+        still queued then is counted and said, per receiver."""
+        for w in self.receivers:
+            w.offer(None)
+        deadline = time.monotonic() + timeout_s
+        for w in self.receivers:
+            w.thread.join(max(0.0, deadline - time.monotonic()))
+        self._stop.set()
+        for w in self.receivers:
+            w.thread.join(1.0)
+            left = w.q.qsize()
+            if left:
+                log.warning("alerts not delivered at shutdown", receiver=w.name, alerts=left)
+
+
+class _Worker:
+    """One receiver: its queue, its thread, its open findings to resend, its rate limit."""
+
+    def __init__(self, receiver: Receiver, index: int, config: AlertConfig, clock, sleep, stop: threading.Event):
+        self.receiver, self.config, self._clock, self._sleep, self._stop = receiver, config, clock, sleep, stop
+        self.name = f"{receiver.where} (receiver {index + 1}, {receiver.format})"
+        self.q: queue.Queue = queue.Queue(config.queue_size)
+        self._firing: dict[str, _Alert] = {}          # open findings, resent to Alertmanager
+        self._sent: list[float] = []
+        self.posted = self.failed = self.dropped = 0
+        self.thread = threading.Thread(target=self._run, name="alerts", daemon=True)
+
+    def offer(self, alert) -> bool:
         try:
-            self._q.put_nowait(alert_of(e, sev))
+            self.q.put_nowait(alert)
             return True
         except queue.Full:
             self.dropped += 1
             return False
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 3.0) -> None:
-        """Sends what is queued, within `timeout_s`, and stops."""
-        self._q.put(None)
-        self._thread.join(timeout_s)
-        self._stop.set()
-        self._thread.join(1.0)
-
     def _run(self) -> None:
         next_resend = self._clock() + self.config.resend_s
         while True:
             try:
-                a = self._q.get(timeout=max(0.05, next_resend - self._clock()))
+                a = self.q.get(timeout=max(0.05, next_resend - self._clock()))
             except queue.Empty:
                 a = False
             if a is None:
@@ -198,35 +233,35 @@ class Alerter:
                     if self._firing:
                         self._send(list(self._firing.values()), resend=True)
             except Exception:  # the thread must survive any receiver and any alert
-                log.exception("alert not sent")
+                log.exception("alert not sent", receiver=self.name)
 
     def _send(self, alerts: list[_Alert], resend: bool) -> None:
-        for r in self.config.receivers:
-            if r.format == ALERTMANAGER:
-                self._post(r, r.url + "/api/v2/alerts", [self._alertmanager(a) for a in alerts])
-            elif not resend:
-                for a in alerts:
-                    self._post(r, r.url, a.body)
+        r = self.receiver
+        if r.format == ALERTMANAGER:
+            self._post(r.url + "/api/v2/alerts", [self._alertmanager(a) for a in alerts])
+        elif not resend:
+            for a in alerts:
+                self._post(r.url, a.body)
 
     def _alertmanager(self, a: _Alert) -> dict:
         ends = a.ends if a.ends is not None else self._clock() + 4 * self.config.resend_s
         return dict(labels={k: v for k, v in a.labels.items() if v != ""},
                     annotations=dict(summary=a.summary[:1000]), startsAt=_rfc3339(a.starts), endsAt=_rfc3339(ends))
 
-    def _allowed(self, r: Receiver) -> bool:
+    def _allowed(self) -> bool:
         now = self._clock()
-        sent = self._sent[r.url] = [t for t in self._sent[r.url] if now - t < 60]
-        if len(sent) >= self.config.per_minute:
+        self._sent = [t for t in self._sent if now - t < 60]
+        if len(self._sent) >= self.config.per_minute:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 100 == 0:
-                log.warning("alerts over the rate limit dropped", receiver=r.where, dropped=self.dropped,
+                log.warning("alerts over the rate limit dropped", receiver=self.name, dropped=self.dropped,
                             per_minute=self.config.per_minute)
             return False
-        sent.append(now)
+        self._sent.append(now)
         return True
 
-    def _post(self, r: Receiver, url: str, payload) -> None:
-        if not self._allowed(r):
+    def _post(self, url: str, payload) -> None:
+        if not self._allowed():
             return
         data = json.dumps(payload, default=str).encode()
         delay = 1.0
@@ -238,7 +273,7 @@ class Alerter:
             permanent = 400 <= status < 500 and status not in (408, 429)
             if permanent or attempt == self.config.retries or self._stop.is_set():
                 self.failed += 1
-                log.warning("alert not delivered", receiver=r.where, status=status or None, error=detail,
+                log.warning("alert not delivered", receiver=self.name, status=status or None, error=detail,
                             attempts=attempt + 1)
                 return
             self._sleep(delay)

@@ -258,6 +258,10 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         if agg != "series" and agg not in AGGREGATES:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"aggregate: {agg!r}, expected series or one of {', '.join(AGGREGATES)}")
+        if metric.unit == "bitmask" and agg not in ("series", "last"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"aggregate: {agg!r} of a bitmask ({metric.name}) means nothing; use series (the "
+                                f"bits set in each bucket) or last")
         try:
             end = _finite(request.end, "end") or time.time()
             start = _finite(request.start, "start") or end - 3600
@@ -331,8 +335,8 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if report is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"finding_id: no finding {request.finding_id!r} "
-                                                           "(`gpuscope findings` lists them; the first 6 characters "
-                                                           "of an id are enough)")
+                                                           "(`gpuscope findings` lists them; give an id whole, or "
+                                                           "its first 4 characters or more)")
         return apb.ReportResponse(json=json.dumps(_for_caller(report), default=str))
 
     @_unavailable_as_status
@@ -349,8 +353,9 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         out = apb.TopResponse(start=start, end=end, by=by)
         for r in map(_for_caller, rows):
             now = r["now"] or {}
-            shown = now or {"id": r["finding_id"], "confidence": r["confidence"], "summary": r["summary"],
-                            "flags": r["flags"]}
+            # the row's verdict, id, summary and flags are the longest finding's; `now_*` the open one's
+            shown = {"id": r["finding_id"], "confidence": r["confidence"], "summary": r["summary"],
+                     "flags": r["flags"]}
             out.rows.add(host=r["host"], gpu=r["gpu"], job=r["job"] or "", verdict=r["main_verdict"],
                          bottleneck_seconds=r["bottleneck_seconds"], findings=r["findings"], gpus=r["gpus"],
                          share=r["bottleneck_seconds"] / ((end - start) * max(r["gpus"] if by == "job" else 1, 1)),

@@ -367,16 +367,22 @@ class Store:
         sql = f"""
             WITH f AS (SELECT *, least(coalesce("end", ?), ?) - greatest(start, ?) AS overlap
                        FROM findings WHERE {' AND '.join(where)})
-            SELECT {'host, gpu' if by == 'gpu' else 'arg_max(host, overlap) AS host, arg_max(gpu, overlap) AS gpu'},
-                   sum(overlap) AS bottleneck_seconds, arg_max(verdict, overlap) AS main_verdict,
-                   count(*) AS findings, count(DISTINCT (host, gpu)) AS gpus, arg_max(job, overlap) AS job,
-                   arg_max(id, overlap) AS finding_id, arg_max(summary, overlap) AS summary,
-                   arg_max(confidence, overlap) AS confidence, arg_max(flags, overlap) AS flags
+            SELECT {keys}, sum(overlap) AS bottleneck_seconds, count(*) AS findings,
+                   count(DISTINCT (host, gpu)) AS gpus,
+                   -- one finding's fields, never a mix of several (ties broken by the latest start, then id)
+                   arg_max({{'host': host, 'gpu': gpu, 'verdict': verdict, 'job': job, 'id': id,
+                             'summary': summary, 'confidence': confidence, 'flags': flags}},
+                           (overlap, start, id)) AS longest
             FROM f GROUP BY {keys} ORDER BY bottleneck_seconds DESC, {keys} LIMIT ?"""
-        rows = _dicts(self.reader().execute(sql, [now, end, start] + args + [limit]))
-        for r in rows:
-            r["flags"] = json.loads(r["flags"]) if r["flags"] else []
-        return rows
+        out = []
+        for r in _dicts(self.reader().execute(sql, [now, end, start] + args + [limit])):
+            longest = r.pop("longest")
+            out.append(dict(host=longest["host"], gpu=longest["gpu"], bottleneck_seconds=r["bottleneck_seconds"],
+                            main_verdict=longest["verdict"], findings=r["findings"], gpus=r["gpus"],
+                            job=longest["job"], finding_id=longest["id"], summary=longest["summary"],
+                            confidence=longest["confidence"],
+                            flags=json.loads(longest["flags"]) if longest["flags"] else []))
+        return out
 
     def metric(self, metric: str, host: str, gpu: int | None, start: float, end: float,
                aggregate: str, step: float, rate: bool = False) -> list[dict]:
@@ -408,7 +414,10 @@ class Store:
                       f"lag(v) OVER w AS pv, lag(t) OVER w AS pt FROM ({source}) "
                       f"WINDOW w AS (PARTITION BY host, gpu ORDER BY t)) WHERE t > pt AND ({grown}) IS NOT NULL")
         if aggregate == "series":      # the step is a parameter: floats never become SQL text
-            sql = ("SELECT host, gpu, floor(t / ?) * ? AS bucket, sum(v * n) / sum(n) AS value, "
+            # a bitmask's bucket holds every bit set in it: a mean of bits names reasons that never were
+            value = ("CAST(bit_or(CAST(v AS UBIGINT)) AS DOUBLE)" if m.unit == "bitmask" and not rate
+                     else "sum(v * n) / sum(n)")
+            sql = (f"SELECT host, gpu, floor(t / ?) * ? AS bucket, {value} AS value, "
                    f"CAST(sum(n) AS BIGINT) AS n FROM ({source}) GROUP BY ALL ORDER BY host, gpu, bucket")
             args = [step, step] + args
         else:

@@ -216,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_capture)
 
     sp = sub.add_parser("watch", help="findings, anomalies, capture decisions and captures as they happen",
-                        description="Starts with the open findings and the last 5 minutes' anomalies, then "
+                        description="Starts with the last 5 minutes' anomalies and the open findings (last, "
+                                    "just above the live events), then "
                                     "prints each event as it happens. --json: one JSON object per line, "
                                     '{"kind": finding|anomaly|decision|capture, "t": Unix seconds, "host", "gpu", '
                                     '"verdict", "record": the finding, anomaly, decision or capture}; the lines of '

@@ -3,6 +3,7 @@ printed for people or, with --json, for scripts."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 from gpuscope.analyzers import accuracy
@@ -81,9 +82,12 @@ def cmd_status(ns) -> int:
           f"since start, {human.many(s['captures_in_flight'], 'capture')} in flight, "
           f"{human.many(s['agents_connected'], 'agent')} on the command stream, analysis lag "
           f"{s.get('analysis_lag_seconds', 0):.0f} s, db {s['db_path']}")
+    if s.get("gpus"):
+        print(f"  {'HOST/GPU':<20} {'VERDICT':<20} {'CONF':>4} {'SEEN':<12} FLAGS")
     for g in s.get("gpus", []):
         last = seen(g.get("stale", False), g.get("last_seen_age_seconds"))
-        print(f"  {g['host']}/gpu{g.get('gpu', 0)} {g.get('verdict') or '-':<20} {g.get('confidence', 0):.2f} "
+        where = f"{g['host']}/gpu{g.get('gpu', 0)}"
+        print(f"  {where:<20} {g.get('verdict') or '-':<20} {g.get('confidence', 0):>4.2f} "
               f"{last:<12} {','.join(g.get('flags', []))}{' LOST' if g.get('lost') else ''}")
     shown, matching = len(s.get("gpus", [])), int(s.get("gpus_matching") or 0)
     if ns.host and not matching:
@@ -120,18 +124,25 @@ def cmd_top(ns) -> int:
     --watch redraws like top(1)."""
     if ns.since is None and ns.start is None:
         ns.since = 3600.0
-    while True:
-        start, end = _time_range(ns)
-        r = clients.top(ns.server, start, end, ns.host or "", ns.by, ns.limit, security=client_security(ns))
-        if ns.json:
-            print_json(r)
-            return 0
-        text = render_top(r, ns)
-        if not ns.watch:
-            print(text)
-            return 0
-        print("\x1b[H\x1b[2J" + text + f"\n\nevery {ns.watch:g} s; Ctrl-C to stop", flush=True)
-        time.sleep(ns.watch)
+    try:
+        while True:
+            start, end = _time_range(ns)
+            r = clients.top(ns.server, start, end, ns.host or "", ns.by, ns.limit, security=client_security(ns))
+            if ns.json:
+                print_json(r)
+                return 0
+            text = render_top(r, ns)
+            if not ns.watch:
+                print(text)
+                return 0
+            width = shutil.get_terminal_size().columns     # like top: what does not fit is cut, not wrapped
+            lines = [line if len(line) <= width else line[:width - 1] + "…"
+                     for line in (text + f"\n\nas of {time.strftime('%H:%M:%S')}, every {ns.watch:g} s; Ctrl-C to "
+                                  f"stop").splitlines()]
+            print("\x1b[H\x1b[2J" + "\n".join(lines), flush=True)
+            time.sleep(ns.watch)
+    except KeyboardInterrupt:          # how one leaves a watch: not an error
+        return 0
 
 
 def render_top(r: dict, ns) -> str:
@@ -307,10 +318,13 @@ def cmd_watch(ns) -> int:
                     for a in clients.records(ns.server, "anomalies", ns.host or "", time.time() - BACKLOG_S, 200,
                                              security=security) if ns.gpu is None or a["gpu"] == ns.gpu]
         if not ns.json:
-            print(f"now: {sum(e['kind'] == 'finding' for e in old)} open findings, "
-                  f"{sum(e['kind'] == 'anomaly' for e in old)} anomalies in the last {BACKLOG_S / 60:.0f} min",
-                  flush=True)
-        for e in sorted(old, key=lambda e: e["t"] or 0):
+            print(f"now: {human.many(sum(e['kind'] == 'finding' for e in old), 'open finding')}, "
+                  f"{human.many(sum(e['kind'] == 'anomaly' for e in old), 'anomaly', 'anomalies')} in the last "
+                  f"{BACKLOG_S / 60:.0f} min (the anomalies first, oldest first; the open findings last, "
+                  f"above the live events)", flush=True)
+        # the open findings last, next to where live events start: on a fleet a screen of anomalies would
+        # scroll them away
+        for e in sorted(old, key=lambda e: (e["kind"] == "finding", e["t"] or 0)):
             show({**e, "backlog": True} if ns.json else e)
         if not ns.json:
             print("--- live ---", flush=True)

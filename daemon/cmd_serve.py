@@ -37,8 +37,8 @@ def make_source(spec: str, speed: float, allow_fallback: bool):
     except SourceUnavailable as exc:
         if spec == "nvml" or not allow_fallback:
             raise
-        print(f"gpuscope: no GPU here ({exc}).\ngpuscope: replaying the bundled NVIDIA H200 recording "
-              f"at {speed:g}x instead.", file=sys.stderr)
+        logs.say(f"no GPU here ({exc}).", "warning")
+        logs.say(f"replaying the bundled NVIDIA H200 recording at {speed:g}x instead.")
         return _replay(str(default_recording()), speed)
     return _Started(collector), "nvml"
 
@@ -102,9 +102,9 @@ def check_serving(serving: dict[str, str], serving_gpus: dict[str, list[int]], h
                              f"{', '.join(map(str, missing))} (its GPUs: {', '.join(map(str, sorted(host_gpus)))})")
     for url, trace_dir in serving.items():
         if not Path(trace_dir).is_dir() and not Path(trace_dir).parent.is_dir():
-            print(f"gpuscope: warning: --serving {url}={trace_dir}: neither it nor the directory above it exists "
-                  f"here; captures of this engine are refused until one does (it must be where the engine writes "
-                  f"its traces, e.g. vLLM's torch_profiler_dir, as this host sees it)", file=sys.stderr)
+            logs.say(f"warning: --serving {url}={trace_dir}: neither it nor the directory above it exists "
+                     f"here; captures of this engine are refused until one does (it must be where the engine "
+                     f"writes its traces, e.g. vLLM's torch_profiler_dir, as this host sees it)", "warning")
 
 
 _GPU_LIST = re.compile(r"\d{1,3}(,\d{1,3})*")
@@ -156,8 +156,23 @@ def _metrics(ns, name: str, *collectors):
         server = serve(ns.metrics_listen, registry(*collectors), server_tls_files(ns, name))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    print(f"gpuscope: Prometheus /metrics on {ns.metrics_listen}", file=sys.stderr)
+    logs.say(f"Prometheus /metrics on {ns.metrics_listen}")
     return server
+
+
+def _early_checks(ns):
+    """What can be refused before anything is said, started or written: plain
+    text beyond loopback, and the alert receivers (returned, checked)."""
+    from gpuscope.security.tls import is_loopback
+
+    if ns.insecure:
+        for flag in ("listen", "metrics_listen"):
+            where = getattr(ns, flag, None)
+            if where and not is_loopback(where):
+                raise UsageError(f"--insecure: --{flag.replace('_', '-')} {where} is not a loopback address; plain "
+                                 f"text is allowed on 127.0.0.1/::1 only (use --tls-dir for the fleet, see "
+                                 f"docs/security.md)")
+    return _alert_config(ns)
 
 
 def _alert_config(ns):
@@ -233,8 +248,7 @@ def _server_security(ns, name: str, listen: str) -> dict:
                              "127.0.0.1/::1 only (use --tls-dir for the fleet, see docs/security.md)")
         if getattr(ns, "oncall_listen", None):
             raise UsageError("--oncall-listen is a TLS port for bearer tokens; it cannot be used with --insecure")
-        print(f"gpuscope: INSECURE: {listen} serves without TLS or authentication (--insecure, loopback only)",
-              file=sys.stderr)
+        logs.say(f"INSECURE: {listen} serves without TLS or authentication (--insecure, loopback only)")
         return {}
     tokens = server_tokens(ns)
 
@@ -254,8 +268,8 @@ def _server_security(ns, name: str, listen: str) -> dict:
         # token-only callers get a port of their own; the same roles apply
         security["extra_ports"] = [(oncall, server_credentials(files, require_client_cert=False))]
     elif tokens is not None:
-        print("gpuscope: tokens are accepted from callers that also present a certificate of this CA; "
-              "for token-only callers add --oncall-listen HOST:PORT", file=sys.stderr)
+        logs.say("tokens are accepted from callers that also present a certificate of this CA; "
+                 "for token-only callers add --oncall-listen HOST:PORT")
     return security
 
 
@@ -269,8 +283,7 @@ def _provision_local_pki(ns) -> None:
         return
     made = ensure_local_pki(server_tls_dir(ns), ns.host)
     if made.get("created"):
-        print(f"gpuscope: made a local CA and certificates in {made['dir']} "
-              f"({', '.join(made['created'])})", file=sys.stderr)
+        logs.say(f"made a local CA and certificates in {made['dir']} ({', '.join(made['created'])})")
 
 
 def _loopback(listen: str, port: int) -> str:
@@ -287,6 +300,7 @@ def cmd_up(ns) -> int:
     from .view import LiveView
 
     parse_hostport(ns.listen, "--listen")
+    alerts = _early_checks(ns)
     Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
     log_path = _logs_beside_the_view(ns)
     # the source first: a wrong --source is the user's to fix whatever holds the port
@@ -297,7 +311,6 @@ def cmd_up(ns) -> int:
     security = _server_security(ns, "analyzer", ns.listen)
     links = agent_security(ns, server_name="localhost")
     # A replay has no real process to capture: decisions are recorded as dry runs.
-    alerts = _alert_config(ns)
     analyzer = Analyzer(_analyzer_config(ns, dry_run=ns.dry_run or source.startswith("replay:")))
     analyzer.start()
     alerter = _alerter(alerts, analyzer)
@@ -320,8 +333,8 @@ def cmd_up(ns) -> int:
     view = LiveView()
     header = (f"gpuscope up: {source} ({ns.speed:g}x)  listening on {ns.listen.rpartition(':')[0]}:{port}  "
               f"db {ns.db}")
-    print(f"gpuscope: serving on {ns.listen.rpartition(':')[0]}:{port}; query it with "
-          f"`gpuscope findings --server {target}{' --insecure' if ns.insecure else ''}`", file=sys.stderr)
+    logs.say(f"serving on {ns.listen.rpartition(':')[0]}:{port}; query it with "
+             f"`gpuscope findings --server {target}{' --insecure' if ns.insecure else ''}`")
     if log_path is not None:
         header += f"  logs {log_path}"
     started = time.time()
@@ -342,10 +355,9 @@ def cmd_up(ns) -> int:
         agent.stop()
         seen_ = analyzer.list_findings(start=started, limit=100_000)
         _stop_analyzer(server, servicer, analyzer, alerter)
-    if not ns.no_view:
-        from .view import summary
-        print(summary(seen_, time.time() - started))
-    print("gpuscope: stopped", file=sys.stderr)
+    from .view import summary
+    print(summary(seen_, time.time() - started))
+    logs.say("stopped")
     return 0
 
 
@@ -356,7 +368,7 @@ def _logs_beside_the_view(ns) -> Path | None:
     if ns.no_view or not sys.stdout.isatty():
         return None
     path = Path(ns.db).parent / "gpuscope-up.log"
-    print(f"gpuscope: logs go to {path} while the view is on", file=sys.stderr)
+    logs.say(f"logs go to {path} while the view is on")
     logs.configure(ns.log_level, ns.json_logs, file=open(path, "a", buffering=1))
     return path
 
@@ -376,7 +388,8 @@ def cmd_agent(ns) -> int:
     parse_hostport(ns.listen, "--listen")
     if ns.analyzer:
         parse_hostport(ns.analyzer, "--analyzer")
-    collector, source = make_source(ns.source, ns.speed, allow_fallback=False)
+    # only when asked for: an agent on a GPU host must not quietly replay a recording
+    collector, source = make_source(ns.source, ns.speed, allow_fallback=ns.source == "auto")
     links = agent_security(ns)
     security = _server_security(ns, "agent", ns.listen)
     factory = _uplink_factory(ns, ns.analyzer, links) if ns.analyzer else None
@@ -390,8 +403,7 @@ def cmd_agent(ns) -> int:
     server.start()
     metrics = _metrics(ns, "agent", AgentCollector(agent))
     listener = _start_commands(agent, ns.analyzer, ns.host, links) if ns.analyzer else None
-    print(f"gpuscope agent: {source}, API on {ns.listen.rpartition(':')[0]}:{port}, "
-          f"analyzer {ns.analyzer or '(none)'}", file=sys.stderr)
+    logs.say(f"agent: {source}, API on {ns.listen.rpartition(':')[0]}:{port}, analyzer {ns.analyzer or '(none)'}")
     stop = threading.Event()
     _install_signals(stop)
     try:
@@ -413,8 +425,8 @@ def cmd_analyzer(ns) -> int:
 
     parse_hostport(ns.listen, "--listen")
     ensure_free(ns.listen)                     # before the DB is opened: fail fast, touch nothing
+    alerts = _early_checks(ns)
     security = _server_security(ns, "analyzer", ns.listen)
-    alerts = _alert_config(ns)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
     config = _analyzer_config(ns, dry_run=ns.dry_run)
@@ -442,8 +454,7 @@ def cmd_analyzer(ns) -> int:
     server.start()
     oncall = f", on-call (tokens) on {ns.oncall_listen.rpartition(':')[0]}:{server.extra_ports[0]}" \
         if server.extra_ports else ""
-    print(f"gpuscope analyzer: listening on {ns.listen.rpartition(':')[0]}:{port}{oncall}, db {ns.db}",
-          file=sys.stderr)
+    logs.say(f"analyzer: listening on {ns.listen.rpartition(':')[0]}:{port}{oncall}, db {ns.db}")
     stop = threading.Event()
     _install_signals(stop)
     try:

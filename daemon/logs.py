@@ -10,11 +10,16 @@ import sys
 import structlog
 
 
+_JSON = False
+
+
 def configure(level: str = "info", json_logs: bool | None = None, file=None) -> None:
     """`file`: where logs go instead of stderr (the live view's terminal)."""
+    global _JSON
     out = file or sys.stderr
     if json_logs is None:
         json_logs = not out.isatty()
+    _JSON = json_logs
     renderer = structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
@@ -35,3 +40,13 @@ def configure(level: str = "info", json_logs: bool | None = None, file=None) -> 
     # a periodic job that ran late or overlapped (a loaded host) is coalesced into the next run; said
     # once per run it was 149 lines in 16 minutes of a trial, none of them anything to act on
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
+
+
+def say(text: str, level: str = "info", **fields) -> None:
+    """What a server tells the person who started it (a fallback taken, where
+    it listens, that it stopped): a line on a terminal, a log event in JSON
+    mode, so a JSON log stays JSON."""
+    if _JSON:
+        getattr(structlog.get_logger("gpuscope"), level)(text, **fields)
+    else:
+        print(f"gpuscope: {text}", file=sys.stderr, flush=True)

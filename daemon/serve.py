@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import inspect
+import itertools
 import os
 import socket
 import threading
@@ -329,7 +330,10 @@ def port_holder(port: int, proc: str = "/proc") -> str | None:
         if _fd_links(os.path.join(proc, pid, "fd")) & wanted:
             try:
                 with open(os.path.join(proc, pid, "cmdline"), "rb") as f:
-                    cmd = redact_command(" ".join(f.read(300).replace(b"\0", b" ").decode(errors="replace").split()))
+                    words = f.read(300).replace(b"\0", b" ").decode(errors="replace").split()
+                # the program and its command, not its flags: their values can hold secrets that no
+                # flag name gives away (a webhook URL's path)
+                cmd = redact_command(" ".join(itertools.takewhile(lambda w: not w.startswith("-"), words)))
             except OSError:
                 cmd = "?"
             return f"pid {pid} ({cmd})"

@@ -63,7 +63,7 @@ def test_top_ranks_what_was_bottlenecked_longest_and_says_what_holds_it_now(tmp_
                                                                                            "compute-bound"}
             else:
                 assert lines[0].startswith(f"watching {srv.target}: anomaly, capture, decision, finding")
-                assert lines[1].startswith("now: ") and "open findings" in lines[1]
+                assert lines[1].startswith("now: ") and "open finding" in lines[1]
     finally:
         agent.stop()
         srv.stop()

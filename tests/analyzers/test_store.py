@@ -62,3 +62,17 @@ def test_a_counter_is_queried_as_its_rate_with_resets_and_wraps(tmp_path):
         assert s.metric("energy_joules_total", "h", 0, 0, 200, "max", 0, rate=False)[0]["value"] == 2400.0
     finally:
         s.close()
+
+
+def test_a_bitmask_series_holds_the_bits_set_in_each_bucket(tmp_path):
+    """Found in a trial: the mean of throttle bits 0, 1 and 4 read as
+    'applications-clocks-setting' (2), a reason that never was."""
+    import pyarrow as pa
+    s = Store(StoreConfig(str(tmp_path / "b.duckdb")))
+    try:
+        s.append("samples", pa.table({"host": ["h"] * 4, "gpu": [0] * 4, "t": [100.0, 101.0, 102.0, 103.0],
+                                      "clock_event_reasons": [0.0, 1.0, 4.0, 4.0]}))
+        rows = s.metric("clock_event_reasons", "h", 0, 0, 200, "series", 10.0)
+        assert [r["value"] for r in rows] == [5.0]                     # gpu-idle | sw-power-cap, never 2
+    finally:
+        s.close()
