@@ -320,7 +320,10 @@ def main(argv: list[str] | None = None) -> int:
         return ns.fn(ns)
     except (UsageError, ValueError, RecordingError, TraceError, SourceUnavailable, ListenError,
             clients.ClientError, RuntimeError) as exc:
-        print(f"gpuscope {ns.command}: error: {exc}", file=sys.stderr)
+        origin = getattr(ns, "origin", {}).get("server")
+        where = f" (the address came from {origin})" if isinstance(exc, clients.ClientError) and origin and \
+            origin != "--server" and ns.server in str(exc) else ""
+        print(f"gpuscope {ns.command}: error: {exc}{where}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -105,6 +105,9 @@ def apply(ns) -> None:
     cfg = load_config()
     port = AGENT_PORT if getattr(ns, "command", "") in AGENT_COMMANDS else ANALYZER_PORT
     server = ns.server or os.environ.get(ENV_SERVER) or cfg.get("server")
+    # where each setting came from, for errors: a flag the caller never typed must not be blamed
+    ns.origin = {"server": "--server" if ns.server else f"${ENV_SERVER}" if os.environ.get(ENV_SERVER)
+                 else f"`server` in {config_path()}" if cfg.get("server") else "the default"}
     ns.server = with_port(server, port) if server else DEFAULT_SERVER
     explicit_tls = any(getattr(ns, k, None) for k in ("tls_dir", "ca", "cert", "key"))
     if getattr(ns, "insecure", False) or explicit_tls or os.environ.get("GPUSCOPE_TLS_DIR"):
@@ -115,6 +118,7 @@ def apply(ns) -> None:
         for k in ("tls_dir", "ca", "cert", "key"):
             if k in cfg:
                 setattr(ns, k, cfg[k])
+                ns.origin[k] = f"`{k}` in {config_path()}"
     if not getattr(ns, "token_file", None) and not os.environ.get("GPUSCOPE_TOKEN") and "token_file" in cfg:
         ns.token_file = cfg["token_file"]
     if not getattr(ns, "tls_server_name", None) and "tls_server_name" in cfg:

@@ -129,6 +129,7 @@ def cmd_metrics(ns) -> int:
     if ns.json:
         print_json({"metrics": rows})
     else:
+        print(f"{'NAME':<40} {'UNIT':<8} {'KIND':<8} HELP")
         for r in rows:
             print(f"{r['name']:<40} {r['unit']:<8} {r['kind']:<8} {r['help']}")
     return 0

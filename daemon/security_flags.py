@@ -108,8 +108,10 @@ def client_security(ns) -> ClientSecurity:
     tls_dir = _given(ns, "tls_dir") or os.environ.get(ENV_TLS_DIR) or None
     if tls_dir is not None:
         if not Path(tls_dir).is_dir():
-            src = "--tls-dir" if _given(ns, "tls_dir") else f"${ENV_TLS_DIR}"
-            raise UsageError(f"{src} {tls_dir}: no such directory (`gpuscope certs init DIR` makes one; "
+            src = (f"--tls-dir {tls_dir}" if _given(ns, "tls_dir") else f"${ENV_TLS_DIR} {tls_dir}")
+            if _given(ns, "tls_dir") and getattr(ns, "origin", {}).get("tls_dir"):
+                src = f"{tls_dir} ({ns.origin['tls_dir']})"
+            raise UsageError(f"{src}: no such directory (`gpuscope certs init DIR` makes one; "
                              "`gpuscope up` makes <state dir>/tls)")
     elif Path(default_tls_dir()).is_dir():
         tls_dir = default_tls_dir()

@@ -268,3 +268,16 @@ def test_up_refuses_bad_flags_before_it_says_anything_else(tmp_path, flag, value
     assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith(f"gpuscope up: error: argument {flag}: ")
     assert words in r.stderr, r.stderr
     assert "no GPU here" not in r.stderr and not (tmp_path / "x.duckdb").exists()
+
+
+def test_an_error_names_where_a_setting_came_from(tmp_path):
+    """Found in a trial: `--tls-dir ...: no such directory` for a directory
+    set in the config file, and `cannot reach` an address without saying it
+    came from $GPUSCOPE_SERVER."""
+    (tmp_path / "gpuscope").mkdir()
+    (tmp_path / "gpuscope" / "config.toml").write_text(f'tls_dir = "{tmp_path / "nowhere"}"\n')
+    r = run("findings", env={"XDG_CONFIG_HOME": str(tmp_path)})
+    assert r.returncode == 1 and f"{tmp_path / 'nowhere'} (`tls_dir` in {tmp_path / 'gpuscope' / 'config.toml'})" \
+        in r.stderr and "--tls-dir" not in r.stderr, r.stderr
+    r = run("findings", "--insecure", env={"GPUSCOPE_SERVER": f"127.0.0.1:{free_port()}"})
+    assert r.returncode == 1 and "(the address came from $GPUSCOPE_SERVER)" in r.stderr, r.stderr
