@@ -10,6 +10,7 @@ import functools
 import importlib.metadata
 import json
 import os
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -240,11 +241,16 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
     async def ListFindings(self, request, context):
         start, end = await _optional_range(request, context)
 
+        bad = [f for f in request.flags if not re.fullmatch(r"[a-z][a-z0-9-]{0,40}", f)]
+        if bad:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"flags: {bad[0]!r} is not a flag (power-capped, thermal-throttled, ...)")
+
         def build() -> apb.FindingsResponse:
             rows = self.analyzer.list_findings(
                 host=request.host, gpu=request.gpu if request.HasField("gpu") else None,
                 verdicts=list(request.verdicts), start=start, end=end, open_only=request.open_only,
-                limit=_limit(request.limit, 1000))
+                limit=_limit(request.limit, 1000), flags=list(request.flags))
             return apb.FindingsResponse(findings=[finding_pb(_for_caller(r)) for r in rows])
         return await self._query(build)
 

@@ -325,7 +325,7 @@ class Store:
 
     def findings_table(self, host: str = "", gpu: int | None = None, verdicts: Iterable[str] = (),
                        start: float | None = None, end: float | None = None, open_only: bool = False,
-                       limit: int = 1000) -> pa.Table:
+                       limit: int = 1000, flags: Iterable[str] = ()) -> pa.Table:
         """The matching rows as stored (JSON fields as text), newest first:
         DuckDB builds the table without the GIL, and `finding_dicts` turns it
         into rows wherever the caller is (the gRPC process, not this one)."""
@@ -337,6 +337,9 @@ class Store:
         _where_range(where, args, 'coalesce("end", 1e300)', "start", start, end)
         if open_only:
             where.append('"end" IS NULL')
+        for flag in flags:            # flags are a JSON list of words: the quoted word is in the text
+            where.append("contains(flags, ?)")
+            args.append(json.dumps(flag))
         sql = "SELECT * FROM findings" + (" WHERE " + " AND ".join(where) if where else "")
         sql += " ORDER BY start DESC LIMIT ?"
         args.append(limit)

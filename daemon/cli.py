@@ -157,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     server_args(sp)
     range_args(sp)
     sp.add_argument("--verdict", action="append", choices=VERDICTS, help="repeat for several")
+    sp.add_argument("--flag", action="append", metavar="FLAG",
+                    help="findings carrying this flag, e.g. power-capped, thermal-throttled (repeat: all of them)")
     sp.add_argument("--open", action="store_true", help="open findings only")
     sp.add_argument("--limit", type=int, default=1000)
     sp.set_defaults(fn=cmd_findings)

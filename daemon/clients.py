@@ -248,8 +248,9 @@ def top(server: str, start: float | None = None, end: float | None = None, host:
 
 def findings(server: str, host: str = "", gpu: int | None = None, verdicts: list[str] | None = None,
              start: float | None = None, end: float | None = None, open_only: bool = False,
-             limit: int = 1000, *, security: ClientSecurity = INSECURE) -> list[dict]:
-    req = apb.FindingsRequest(host=host, verdicts=verdicts or [], open_only=open_only, limit=limit)
+             limit: int = 1000, *, flags: list[str] | None = None, security: ClientSecurity = INSECURE) -> list[dict]:
+    req = apb.FindingsRequest(host=host, verdicts=verdicts or [], open_only=open_only, limit=limit,
+                              flags=flags or [])
     if gpu is not None:
         req.gpu = gpu
     _in_range(req, start, end)

@@ -33,6 +33,8 @@ def _nothing(ns, what: str, default_range: str = "") -> str:
         asked.append(f"GPU {ns.gpu}")
     if getattr(ns, "verdict", None):
         asked.append("verdict " + " or ".join(ns.verdict))
+    if getattr(ns, "flag", None):
+        asked.append("flag " + " and ".join(ns.flag))
     line = f"no {what}" + (f" for {', '.join(asked)}" if asked else "")
     if getattr(ns, "since", None):
         whole = next((f"{ns.since / n:g}{u}" for n, u in ((86400, "d"), (3600, "h"), (60, "m"))
@@ -100,7 +102,7 @@ def cmd_status(ns) -> int:
 def cmd_findings(ns) -> int:
     start, end = _time_range(ns)
     rows = clients.findings(ns.server, ns.host or "", ns.gpu, ns.verdict, start, end, ns.open, ns.limit,
-                           security=client_security(ns))
+                           flags=ns.flag, security=client_security(ns))
     measured = _measured_precision(ns, rows)
     for f in rows:
         if f["counters_verdict"] in measured:

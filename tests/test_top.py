@@ -35,6 +35,9 @@ def test_top_ranks_what_was_bottlenecked_longest_and_says_what_holds_it_now(tmp_
         assert clients.top(srv.target, host="nowhere")["rows"] == []
         with pytest.raises(clients.ClientError, match="by: 'pid'"):
             clients.top(srv.target, by="pid")
+        assert all("power-capped" in f["flags"] for f in clients.findings(srv.target, flags=["power-capped"]))
+        with pytest.raises(clients.ClientError, match="'Power capped' is not a flag"):
+            clients.findings(srv.target, flags=["Power capped"])
         # the CLI, for people and for scripts
         cli = [sys.executable, "-m", "gpuscope.daemon.cli", "top", "--server", srv.target, "--insecure"]
         out = subprocess.run(cli, capture_output=True, text=True, timeout=60)

@@ -76,3 +76,21 @@ def test_a_bitmask_series_holds_the_bits_set_in_each_bucket(tmp_path):
         assert [r["value"] for r in rows] == [5.0]                     # gpu-idle | sw-power-cap, never 2
     finally:
         s.close()
+
+
+def test_findings_by_flag(tmp_path):
+    """Found in a trial: 'which GPUs are power-capped?' could not be asked."""
+    from gpuscope.analyzers.store import FINDING_COLUMNS, finding_dicts
+    s = Store(StoreConfig(str(tmp_path / "f.duckdb")))
+    try:
+        def row(fid, flags):
+            return tuple(fid if c == "id" else "h" if c == "host" else 0 if c == "gpu" else 1.0 if c == "start"
+                         else json.dumps(flags) if c == "flags" else None for c in FINDING_COLUMNS)
+        import json
+        s.upsert_findings([row("a", ["power-capped"]), row("b", []), row("c", ["power-capped", "thermal-throttled"])])
+        ids = lambda **q: sorted(f["id"] for f in finding_dicts(s.findings_table(**q)))  # noqa: E731
+        assert ids(flags=["power-capped"]) == ["a", "c"]
+        assert ids(flags=["power-capped", "thermal-throttled"]) == ["c"] and ids() == ["a", "b", "c"]
+        assert ids(flags=["power"]) == []                       # whole words, not a substring of one
+    finally:
+        s.close()

@@ -352,7 +352,7 @@ class AnalyzerStatus(_message.Message):
     def __init__(self, version: _Optional[str] = ..., started: _Optional[float] = ..., batches_committed: _Optional[int] = ..., batches_duplicate: _Optional[int] = ..., batches_rejected: _Optional[int] = ..., samples_committed: _Optional[int] = ..., hosts: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ..., findings_open: _Optional[int] = ..., db_path: _Optional[str] = ..., window_seconds: _Optional[float] = ..., anomalies: _Optional[int] = ..., decisions: _Optional[_Mapping[str, int]] = ..., captures_in_flight: _Optional[int] = ..., agents_connected: _Optional[int] = ..., gpus_stale: _Optional[int] = ..., hosts_stale: _Optional[int] = ..., analysis_lag_seconds: _Optional[float] = ..., samples_stored: _Optional[int] = ..., gpus_total: _Optional[int] = ..., gpus_matching: _Optional[int] = ...) -> None: ...
 
 class FindingsRequest(_message.Message):
-    __slots__ = ("host", "gpu", "verdicts", "start", "end", "open_only", "limit")
+    __slots__ = ("host", "gpu", "verdicts", "start", "end", "open_only", "limit", "flags")
     HOST_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     VERDICTS_FIELD_NUMBER: _ClassVar[int]
@@ -360,6 +360,7 @@ class FindingsRequest(_message.Message):
     END_FIELD_NUMBER: _ClassVar[int]
     OPEN_ONLY_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
     host: str
     gpu: int
     verdicts: _containers.RepeatedScalarFieldContainer[str]
@@ -367,7 +368,8 @@ class FindingsRequest(_message.Message):
     end: float
     open_only: bool
     limit: int
-    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., verdicts: _Optional[_Iterable[str]] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., open_only: _Optional[bool] = ..., limit: _Optional[int] = ...) -> None: ...
+    flags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., verdicts: _Optional[_Iterable[str]] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., open_only: _Optional[bool] = ..., limit: _Optional[int] = ..., flags: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class FindingsResponse(_message.Message):
     __slots__ = ("findings",)
