@@ -171,8 +171,10 @@ class Exposition:
             if what is _SKIP:
                 continue
             if what[0] is _TYPE:
-                if last != what[1]:
+                # TYPE lines start the parser's families: they keep their place among the samples too
+                if last != what[1] or what[2] <= last_k:
                     return None
+                last_k = what[2]
                 continue
             k, i, name, labels = what
             if k <= last_k:                   # out of order: the parser would group the lines otherwise
@@ -224,7 +226,9 @@ class Exposition:
             if body.startswith("#"):
                 parts = body.split()
                 if len(parts) == 4 and parts[1] == "TYPE" and line.endswith(" " + parts[3]):
-                    lines[head] = (_TYPE, parts[3])
+                    if head in lines:
+                        return
+                    lines[head] = (_TYPE, parts[3], j)
                     continue
                 lines[head] = _SKIP
                 continue

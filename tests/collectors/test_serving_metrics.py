@@ -6,7 +6,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gpuscope.collectors import serving_metrics as sm
@@ -377,7 +377,8 @@ def _mutate(text: str, rnd, kind: str) -> str:
     return "\n".join(lines)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(base=0, seed=73374, kinds=["drop", "swap", "swap"])    # found by CI: a sample moved past a TYPE line
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(base=st.integers(0, len(_BASES) - 1), seed=st.integers(0, 2**32 - 1),
        kinds=st.lists(st.sampled_from(("values", "values", "drop", "new series", "swap", "retype", "timestamp",
                                        "tab", "garbage", "blank")), min_size=1, max_size=6))
