@@ -621,10 +621,10 @@ class Analyzer:
         (Store.top_bottlenecked) and what holds each now: its open finding,
         as it is in memory."""
         rows = self.store.top_bottlenecked(start, end, limit, now=self._clock(), host=host, by=by)
-        open_now: dict = {}
-        for f in self.list_findings(host=host, open_only=True, limit=100_000):
-            if f["verdict"] != "idle":
-                open_now.setdefault((f["host"], f["gpu"]) if by == "gpu" else f["job"], f)
+        open_now: dict = {}                 # the tracker's open findings, as they are now: no store read
+        for (h, g), f in list(self.findings.open.items()):
+            if f["verdict"] != "idle" and (not host or h == host):
+                open_now.setdefault((h, g) if by == "gpu" else f["job"], f)
         for r in rows:
             f = open_now.get((r["host"], r["gpu"]) if by == "gpu" else r["job"])
             r["now"] = None if f is None else {k: f[k] for k in ("id", "verdict", "start", "confidence", "summary",

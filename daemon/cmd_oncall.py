@@ -138,9 +138,8 @@ def cmd_top(ns) -> int:
                 print(text)
                 return 0
             width = shutil.get_terminal_size().columns     # like top: what does not fit is cut, not wrapped
-            lines = [line if len(line) <= width else line[:width - 1] + "…"
-                     for line in (text + f"\n\nas of {time.strftime('%H:%M:%S')}, every {ns.watch:g} s; Ctrl-C to "
-                                  f"stop").splitlines()]
+            lines = [_fit(line, width) for line in (text + f"\n\nas of {time.strftime('%H:%M:%S')}, every "
+                                                       f"{ns.watch:g} s; Ctrl-C to stop").splitlines()]
             print("\x1b[H\x1b[2J" + "\n".join(lines), flush=True)
             time.sleep(ns.watch)
     except KeyboardInterrupt:          # how one leaves a watch: not an error

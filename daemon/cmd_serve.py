@@ -18,7 +18,7 @@ from gpuscope.v1 import agent_pb2_grpc, analyzer_pb2_grpc
 from . import clients, logs
 from .agent import Agent, AgentConfig
 from .cliutil import UsageError, default_db
-from .exporter import AgentCollector, FleetCollector
+from .exporter import AgentCollector, FleetCollector, registry, serve as serve_metrics
 from .security_flags import agent_security, server_tls_dir, server_tls_files, server_tokens
 from .serve import build_server, ensure_free, parse_hostport, shutdown
 from .service import AgentServicer
@@ -62,9 +62,10 @@ class _Started:
         return getattr(self._inner, name)
 
 
-def _setup_captures(agent: Agent, ns, analyzer_target: str | None, links) -> None:
+def _setup_captures(agent: Agent, ns, analyzer_target: str | None, links, serving=None) -> None:
     """Deep captures: runner under --capture-dir, job discovery, and reports
-    to the analyzer (which summarizes, stores and links them)."""
+    to the analyzer (which summarizes, stores and links them). `serving`:
+    --serving parsed and checked already (`up` does it before any file)."""
     from gpuscope.collectors.jobs import JobDiscovery
     from gpuscope.collectors.serving_sampler import ServingSampler
     from gpuscope.collectors.xla_profiler import XlaProfilerClient
@@ -72,8 +73,10 @@ def _setup_captures(agent: Agent, ns, analyzer_target: str | None, links) -> Non
     from .convert import capture_pb
 
     agent.captures = CaptureRunner(CaptureConfig(capture_dir(ns), max_bytes=ns.capture_budget_mb << 20), ns.host)
-    serving, serving_gpus = parse_serving(ns.serving or [])
-    check_serving(serving, serving_gpus, [d.gpu for d in agent.devices()])
+    if serving is None:
+        serving = parse_serving(ns.serving or [])
+        check_serving(*serving, [d.gpu for d in agent.devices()])
+    serving, serving_gpus = serving
     agent.discovery = JobDiscovery(lambda addr: XlaProfilerClient(addr).probe(), configured=ns.profiler or [],
                                    serving=serving, serving_gpus=serving_gpus)
     agent.serving = ServingSampler(lambda: [(j.address, j.gpus) for j in agent.jobs() if j.kind == "torch-http"])
@@ -148,12 +151,10 @@ def _analyzer_config(ns, dry_run: bool):
 def _metrics(ns, name: str, *collectors):
     """Prometheus /metrics on --metrics-listen (None without it), with this
     process's TLS files unless --insecure."""
-    from .exporter import registry, serve
-
     if not ns.metrics_listen:
         return None
     try:
-        server = serve(ns.metrics_listen, registry(*collectors), server_tls_files(ns, name))
+        server = serve_metrics(ns.metrics_listen, registry(*collectors), server_tls_files(ns, name))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     logs.say(f"Prometheus /metrics on {ns.metrics_listen}")
@@ -305,7 +306,8 @@ def cmd_up(ns) -> int:
     log_path = _logs_beside_the_view(ns)
     # the source first: a wrong --source is the user's to fix whatever holds the port
     collector, source = make_source(ns.source, ns.speed, allow_fallback=True)
-    check_serving(*parse_serving(ns.serving or []), [d.gpu for d in collector.devices()])   # before any file
+    serving = parse_serving(ns.serving or [])
+    check_serving(*serving, [d.gpu for d in collector.devices()])      # before any file
     ensure_free(ns.listen)
     _provision_local_pki(ns)
     security = _server_security(ns, "analyzer", ns.listen)
@@ -324,7 +326,7 @@ def cmd_up(ns) -> int:
         **security)
     server.start()
     target = _loopback(ns.listen, port)
-    _setup_captures(agent, ns, target, links)
+    _setup_captures(agent, ns, target, links, serving)
     agent.start(_uplink_factory(ns, target, links))
     listener = _start_commands(agent, target, ns.host, links)
     metrics = _metrics(ns, "analyzer", AgentCollector(agent), FleetCollector(analyzer.status))
@@ -444,13 +446,13 @@ def cmd_analyzer(ns) -> int:
         raise
     if ns.engine == "thread":
         analyzer.start()
-    alerter = _alerter(alerts, analyzer)
     try:
         metrics = _metrics(ns, "analyzer", FleetCollector(analyzer.status))
     except BaseException:
         shutdown(server, grace_s=0)
         analyzer.close()
         raise
+    alerter = _alerter(alerts, analyzer)
     server.start()
     oncall = f", on-call (tokens) on {ns.oncall_listen.rpartition(':')[0]}:{server.extra_ports[0]}" \
         if server.extra_ports else ""

@@ -24,8 +24,10 @@ from prometheus_client.registry import CollectorRegistry
 
 from gpuscope.collectors import catalogue as cat
 
+from .cliutil import VERDICTS
+from .serve import parse_hostport
+
 PREFIX = "gpuscope_"
-VERDICTS = ("compute-bound", "memory-bound", "launch-bound", "host-bound", "communication-bound", "idle")
 
 
 def _family(m: cat.Metric, labels: list[str]):
@@ -155,9 +157,7 @@ def serve(listen: str, reg: CollectorRegistry, tls=None):
 
     from gpuscope.security.tls import is_loopback
 
-    host, _, port = listen.rpartition(":")
-    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f"--metrics-listen: {listen!r} is not HOST:PORT")
+    host, _, port = parse_hostport(listen, "--metrics-listen").rpartition(":")
     if tls is None and not is_loopback(listen):
         raise ValueError(f"--metrics-listen {listen}: beyond loopback, /metrics is served over TLS only, to "
                          f"scrapers with a certificate of the fleet's CA: drop --insecure and give --tls-dir")
