@@ -8,6 +8,7 @@ import json
 import time
 from typing import Callable
 
+from .rules import what_to_try
 from .store import Store
 
 KEY_METRICS = ("util_gpu_ratio", "util_mem_ratio", "gpm_sm_util_ratio", "gpm_sm_occupancy_ratio",
@@ -65,6 +66,7 @@ def build_report(store: Store, finding_id: str, context_s: float = 0.0, now: flo
                 changes=_changes(before, during), verdict=dict(decided=f["verdict"], by=f["decided_by"],
                                                                counters=f.get("counters_verdict"),
                                                                trace=f.get("trace_verdict")),
+                what_to_try=what_to_try(f["verdict"], f.get("flags") or ()),
                 captures=captures, anomalies=store.records("anomalies", host, 0, 100, finding_id=finding_id),
                 decisions=store.records("decisions", host, 0, 100, finding_id=finding_id))
 

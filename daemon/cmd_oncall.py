@@ -407,6 +407,9 @@ def render_report(rep: dict) -> str:
     lines += [f"  {ch['metric']}: {_said(ch['metric'], ch['before'])} -> {_said(ch['metric'], ch['during'])} "
               f"({_moved(ch)})"
               for ch in rep["changes"]] or ["  nothing moved by 10 % or more"]
+    if rep.get("what_to_try"):
+        lines += ["", f"what to try ({v['decided']}{''.join(', ' + x.replace('_', '-') for x in f.get('flags') or ())}):"]
+        lines += [f"  - {t}" for t in rep["what_to_try"]]
     lines += ["", f"captures: {len(rep['captures'])}"]
     for cap in rep["captures"]:
         t = cap.get("trace_summary") or {}
@@ -414,7 +417,8 @@ def render_report(rep: dict) -> str:
         if t:
             lines.append(f"    trace: {t.get('verdict')} — {t.get('summary')}")
             for op in (t.get("top_ops") or [])[:3]:
-                lines.append(f"      {op.get('time_fraction', 0):6.1%}  {op.get('op') or '-'}  {op.get('kernel', '')}")
+                lines.append(f"      {human.value('ratio', op.get('time_fraction')):>6}  {op.get('op') or '-'}  "
+                             f"{op.get('kernel', '')}")
     lines += ["", f"anomalies: {len(rep['anomalies'])}"]
     lines += [f"  {_when(a['t'])} {','.join(a['kinds'])}: {a['reason']}" for a in rep["anomalies"]]
     lines += [f"decisions: {len(rep['decisions'])}"]

@@ -15,6 +15,14 @@ from .common import COMMUNICATION, MIB, Features, busy, known, pct, ramp, traffi
 
 VERDICT, ALTERNATIVES = COMMUNICATION, ()
 
+# What to try: the SMs wait on a link, so overlap, shorten or move less.
+TRY = (
+    "overlap collectives with compute (XLA: --xla_gpu_enable_latency_hiding_scheduler=true)",
+    "check the path: `nvidia-smi topo -m` and NCCL_DEBUG=INFO show whether traffic takes PCIe or the host "
+    "where NVLink was expected",
+    "move less: fewer tensor-parallel ranks or larger per-GPU batches; pinned host memory for host copies",
+)
+
 
 def score(f: Features) -> np.ndarray:
     waiting = 1.0 - busy(f)

@@ -16,6 +16,16 @@ from ..features import Window
 from .common import COMPUTE, Features, busy, known, pct, ramp, sms_busy
 
 VERDICT, ALTERNATIVES = COMPUTE, ()
+
+# What to try (report's "what to try", docs/verdicts.md): the GPU is doing math near its peak, so the gain is
+# in less math or cheaper math, and a trace says which ops hold the time.
+TRY = (
+    "cheaper math: fp8 where accuracy allows (Transformer Engine, XLA's fp8 dots on H100/H200); "
+    "matmul shapes in multiples of 16 so they stay on the tensor cores",
+    "less math: a rematerialisation (checkpoint) policy that recomputes less, or fewer redundant ops "
+    "(the trace's top ops)",
+    "if tensor activity is low while SMs are busy, the time is in non-matmul kernels: look at the top ops",
+)
 PIPES = ("tensor_util_ratio", "fp16_util_ratio", "fp32_util_ratio")
 
 

@@ -12,6 +12,14 @@ import numpy as np
 
 from .common import POWER_CAPPED, THERMAL_THROTTLED, Features, known
 
+# What to try for each flag (report's "what to try").
+TRY = {
+    POWER_CAPPED: ("the clocks are held by the power limit: compare the enforced limit with the board's default "
+                   "(`nvidia-smi -q -d POWER`) and ask whoever set it; the rack's power budget decides the rest",),
+    THERMAL_THROTTLED: ("the GPU is too hot: check inlet temperature, fans and airflow "
+                        "(`nvidia-smi -q -d TEMPERATURE,PERFORMANCE`)",),
+}
+
 
 def _held(f: Features, time_ratio: str, reason_ratio: str) -> np.ndarray:
     t, r = f.get(time_ratio), f.get(reason_ratio)

@@ -15,6 +15,14 @@ from .launch_bound import kernel_trickle, starved_words
 
 VERDICT, ALTERNATIVES = HOST, (LAUNCH,)
 
+# What to try: the GPU waits for the host between steps.
+TRY = (
+    "the input pipeline: prefetch to the device, more loader workers, data already decoded",
+    "host work in the step: Python between steps, synchronising calls (.item(), block_until_ready), "
+    "unpinned host-to-device copies",
+    "a capture shows the host steps (input, dispatch, waiting on the device) and decides against launch-bound",
+)
+
 
 def score(f: Features) -> np.ndarray:
     return starved(f) * (1.0 - kernel_trickle(f))

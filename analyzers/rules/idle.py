@@ -12,6 +12,12 @@ from .common import IDLE, Features, host_feeding, pct, ramp, traffic
 
 VERDICT, ALTERNATIVES = IDLE, ()
 
+# What to try: nothing runs; find out why before tuning anything.
+TRY = (
+    "who holds the GPU: `gpuscope jobs`, `nvidia-smi`; a job between phases (checkpoint, evaluation) or "
+    "waiting on another rank idles its GPUs",
+)
+
 
 def score(f: Features) -> np.ndarray:
     quiet = 1.0 - ramp(np.fmax(f.get("util_gpu_ratio"), f.get("sm_util_ratio")), 0.10, 0.40)

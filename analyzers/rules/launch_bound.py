@@ -15,6 +15,13 @@ from .common import HOST, LAUNCH, Features, known, pct, ramp, sms_busy, starved
 
 VERDICT, ALTERNATIVES = LAUNCH, (HOST,)
 
+# What to try: kernels are too short to cover their launch cost, so launch fewer.
+TRY = (
+    "CUDA graphs: vLLM uses them unless --enforce-eager; XLA: command buffers (--xla_gpu_enable_command_buffer)",
+    "bigger kernels: jit a larger function, fuse small ops, fewer Python-level loops per step",
+    "a capture decides between launch- and host-bound: many kernels under ~10 µs back to back is launch overhead",
+)
+
 
 def kernel_trickle(f: Features) -> np.ndarray:
     """1 when kernels run a few % of the time: a steady stream of short ones."""

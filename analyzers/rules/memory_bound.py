@@ -15,6 +15,13 @@ from .compute_bound import PIPES, compute_side
 
 VERDICT, ALTERNATIVES = MEMORY, ()
 
+# What to try: the kernels wait on HBM, so move fewer bytes per FLOP.
+TRY = (
+    "more work per byte: a larger batch (LLM decode: more concurrent sequences, vLLM --max-num-seqs)",
+    "fewer bytes: quantised weights or KV cache (vLLM --kv-cache-dtype fp8), bf16 activations",
+    "fuse elementwise ops so intermediates stay on chip: unfused loops show as top ops in a capture",
+)
+
 
 def score(f: Features) -> np.ndarray:
     toward, certainty, _ = compute_side(f)

@@ -1,6 +1,7 @@
 """Numbers for people (daemon/human.py) and the report as a person reads it:
 the outputs below are the reviewed formats."""
 import time
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +47,45 @@ def test_a_report_says_changes_relative_to_before_and_names_flags_and_clocks():
     assert "  power_watts                             694 W        700 W            —" in text
     yesterday = render_report(_report(start=time.time() - 2 * 86400, end=None))
     assert time.strftime("%Z") in yesterday.splitlines()[1] and "-> open" in yesterday
+
+
+def test_every_verdict_and_flag_has_advice_and_the_docs_list_it_word_for_word():
+    from pathlib import Path
+
+    from gpuscope.analyzers.rules import RULES, flags, what_to_try
+    doc = (Path(__file__).parents[2] / "docs" / "verdicts.md").read_text()
+    lines = [t for r in RULES for t in r.TRY] + [t for v in flags.TRY.values() for t in v]
+    assert all(r.TRY for r in RULES) and set(flags.TRY) == {"power-capped", "thermal-throttled"}
+    assert [t for t in lines if f"- {t}\n" not in doc] == []
+    said = what_to_try("memory-bound", ["power_capped"])
+    assert said[0].startswith("more work per byte") and said[-1].startswith("the clocks are held")
+
+
+SNAPSHOT = Path(__file__).parent / "snapshots" / "report.txt"
+
+
+def test_a_whole_report_reads_as_reviewed(monkeypatch):
+    """The human report, byte for byte (regenerate with GPUSCOPE_SNAPSHOTS=write
+    and review the diff): times in UTC on a fixed day long gone."""
+    import os
+    from gpuscope.analyzers.rules import what_to_try
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        start = 1764547200.0                     # 2025-12-01 00:00:00 UTC
+        rep = _report(start=start, end=start + 540)
+        rep["what_to_try"] = what_to_try("memory-bound", ["power_capped"])
+        rep["captures"] = [dict(id="c0ffee", kind="trace", status="ok", path="/var/lib/gpuscope/captures/c0ffee",
+                                trace_summary=dict(verdict="memory-bound", summary="78 % of device time in loops",
+                                                   top_ops=[dict(time_fraction=0.41, op="fusion.12",
+                                                                 kernel="loop_add_fusion")]))]
+        rep["anomalies"] = [dict(t=start + 5, kinds=["bottleneck-changed"], reason="compute-bound -> memory-bound")]
+        rep["decisions"] = [dict(t=start + 6, action="capture", status="started", reason="bottleneck changed")]
+        text = render_report(rep) + "\n"
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    if os.environ.get("GPUSCOPE_SNAPSHOTS") == "write":
+        SNAPSHOT.parent.mkdir(exist_ok=True)
+        SNAPSHOT.write_text(text)
+    assert text == SNAPSHOT.read_text()
