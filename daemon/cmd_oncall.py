@@ -2,8 +2,8 @@
 printed for people or, with --json, for scripts."""
 from __future__ import annotations
 
+import contextlib
 import json
-import shutil
 import time
 
 from gpuscope.analyzers import accuracy
@@ -126,22 +126,52 @@ def cmd_top(ns) -> int:
     --watch redraws like top(1)."""
     if ns.since is None and ns.start is None:
         ns.since = 3600.0
+    if ns.watch:
+        return _watch_top(ns)
+    r = _ask_top(ns)
+    if ns.json:
+        print_json(r)
+    else:
+        print(render_top(r, ns))
+    return 0
+
+
+def _ask_top(ns) -> dict:
+    start, end = _time_range(ns)
+    return clients.top(ns.server, start, end, ns.host or "", ns.by, ns.limit, security=client_security(ns))
+
+
+def _watch_top(ns) -> int:
+    """Redraws in the terminal's alternate screen, lines cut (not wrapped) at
+    its width, as top(1) does; a lost server is said on the screen and asked
+    again. Without a terminal, or with --json, each frame is printed after
+    the last (top -b)."""
+    from rich.console import Console, Group
+    from rich.live import Live
+    from rich.text import Text
+
+    console = Console(highlight=False)
+    batch = ns.json or not console.is_terminal
+    last, err = None, ""
     try:
-        while True:
-            start, end = _time_range(ns)
-            r = clients.top(ns.server, start, end, ns.host or "", ns.by, ns.limit, security=client_security(ns))
-            if ns.json:
-                print_json(r)
-                return 0
-            text = render_top(r, ns)
-            if not ns.watch:
-                print(text)
-                return 0
-            width = shutil.get_terminal_size().columns     # like top: what does not fit is cut, not wrapped
-            lines = [_fit(line, width) for line in (text + f"\n\nas of {time.strftime('%H:%M:%S')}, every "
-                                                       f"{ns.watch:g} s; Ctrl-C to stop").splitlines()]
-            print("\x1b[H\x1b[2J" + "\n".join(lines), flush=True)
-            time.sleep(ns.watch)
+        with (contextlib.nullcontext() if batch else Live(console=console, screen=True, auto_refresh=False)) as live:
+            while True:
+                try:
+                    last, err = _ask_top(ns), ""
+                except clients.ClientError as exc:
+                    if last is None and batch:
+                        raise
+                    err = f"{exc}; asking again in {ns.watch:g} s"
+                if ns.json:
+                    print_json(last)
+                elif batch:
+                    print(render_top(last, ns) + "\n", flush=True)
+                else:
+                    table = Text(render_top(last, ns) + "\n\n" if last is not None else "", no_wrap=True,
+                                 overflow="ellipsis")
+                    foot = err or f"as of {time.strftime('%H:%M:%S')}, every {ns.watch:g} s; Ctrl-C to stop"
+                    live.update(Group(table, Text(foot)), refresh=True)    # an error is read whole: wrapped
+                time.sleep(ns.watch)
     except KeyboardInterrupt:          # how one leaves a watch: not an error
         return 0
 

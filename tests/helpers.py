@@ -2,6 +2,14 @@
 agents sampling a fake NVML."""
 from __future__ import annotations
 
+import fcntl
+import os
+import pty
+import re
+import select
+import signal
+import struct
+import termios
 import time
 
 from gpuscope.analyzers.analyzer import Analyzer, AnalyzerConfig
@@ -55,3 +63,48 @@ def wait_for(predicate, timeout: float = 15.0, step: float = 0.05):
             return value
         time.sleep(step)
     raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[a-zA-Z]|\x1b[()][A-Z0-9]|\x1b[=>]")
+
+
+def in_terminal(argv: list[str], cols: int, rows: int, seconds: float) -> tuple[str, int]:
+    """Runs argv on a pty of cols x rows for `seconds`, then Ctrl-C: what the
+    terminal received and the exit status."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        # os.environ, not the C environment: readline (loaded with pytest) exports COLUMNS=80 there
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+        env["TERM"] = "xterm-256color"
+        os.execve(argv[0], argv, env)
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    out = b""
+
+    def read_for(s: float) -> bytes:
+        got, end = b"", time.monotonic() + s
+        while time.monotonic() < end:
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                got += chunk
+        return got
+    try:
+        out += read_for(seconds)
+        os.kill(pid, signal.SIGINT)
+        out += read_for(20)
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _, status = os.waitpid(pid, 0)
+    return out.decode("utf-8", "replace"), status
+
+
+def last_frame(text: str) -> str:
+    """The last screen drawn in the alternate screen, without escapes."""
+    return ANSI.sub("", text[text.rindex("\x1b[H"):text.rindex("\x1b[?1049l")]).replace("\r", "")

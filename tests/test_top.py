@@ -1,6 +1,7 @@
 """`gpuscope top`: the fleet's worst GPUs and jobs over real gRPC, from the
 findings the analyzer made of a fake NVML's GPUs."""
 import json
+import os
 import subprocess
 import sys
 import time
@@ -9,7 +10,8 @@ import pytest
 
 from gpuscope.daemon import clients
 from tests.fakes.nvml import FakeNvml, h200
-from tests.helpers import AnalyzerServer, fake_agent, wait_for
+from tests.conftest import free_port
+from tests.helpers import AnalyzerServer, fake_agent, in_terminal, last_frame, wait_for
 from tests.test_watch_report import BUSY, MEMORY
 
 
@@ -46,6 +48,16 @@ def test_top_ranks_what_was_bottlenecked_longest_and_says_what_holds_it_now(tmp_
         assert json.loads(out.stdout)["by"] == "job"
         out = subprocess.run(cli + ["--host", "nowhere"], capture_output=True, text=True, timeout=60)
         assert "no bottlenecks for host 'nowhere'" in out.stdout and "knows no host 'nowhere'" in out.stdout
+        if not engine:                 # top --watch in a terminal: redrawn in the alternate screen, cut to its width
+            text, status = in_terminal(cli + ["--watch", "1"], 60, 20, seconds=5)
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, text[-2000:]
+            view = last_frame(text)
+            assert "\x1b[?1049h" in text and "gpu-node/gpu0" in view and "as of " in view, view
+            assert all(len(line.rstrip()) <= 60 for line in view.split("\n")), view
+            lost = [sys.executable, "-m", "gpuscope.daemon.cli", "top", "--server", f"127.0.0.1:{free_port()}",
+                    "--insecure", "--watch", "1"]
+            text, status = in_terminal(lost, 100, 20, seconds=5)     # a lost server is said, and asked again
+            assert os.WEXITSTATUS(status) == 0 and "asking again in 1 s" in last_frame(text), text[-2000:]
         # watch starts with what is open now (found in a trial: no header, no current state)
         for args, want in ((["--json"], '"kind": "finding"'), ([], "--- live ---")):
             w = subprocess.Popen([sys.executable, "-m", "gpuscope.daemon.cli", "watch", "--server", srv.target,
