@@ -37,6 +37,8 @@ import uuid
 from array import array
 from dataclasses import dataclass, field
 
+from gpuscope.collectors import human
+
 from .classify import Classification, FeatureSet
 from .rules.common import HOST, IDLE, LAUNCH, activity, starved
 from .rules.transitional import TRANSITIONAL
@@ -242,7 +244,7 @@ class Detector:
             dropped = med >= cfg.busy_baseline and med - p.activity >= limit
             self._streak(st, ACTIVITY_DROP, dropped, recovered=p.activity >= med - limit / 2)
             if dropped and st.streak[ACTIVITY_DROP] >= cfg.confirm_windows:
-                hits[ACTIVITY_DROP] = (f"SM activity {p.activity:.0%} against a usual {med:.0%}",
+                hits[ACTIVITY_DROP] = (f"SM activity {human.percent(p.activity)} against a usual {human.percent(med)}",
                                        {"activity_ratio": p.activity, "baseline_activity_ratio": med,
                                         "baseline_mad": mad})
 
@@ -259,7 +261,7 @@ class Detector:
             key = f"{THROTTLE}:{flag}"
             self._streak(st, key, new, recovered=flag not in p.flags)
             if new and st.streak[key] >= cfg.confirm_windows:
-                hits[key] = (f"{flag} (seen in {rate:.0%} of the baseline)", {"baseline_flag_rate": rate})
+                hits[key] = (f"{flag} (seen in {human.percent(rate)} of the baseline)", {"baseline_flag_rate": rate})
         for key in [k for k in st.fired if k.startswith(THROTTLE) and k.split(":", 1)[1] not in p.flags]:
             st.fired.discard(key)
 
@@ -306,7 +308,7 @@ class Detector:
             full = kv >= cfg.kv_cache_full and (waiting or 0) > 0
             self._streak(st, SERVING_KV, full, recovered=kv < cfg.kv_cache_full - 0.1 or not waiting)
             if full and st.streak[SERVING_KV] >= cfg.confirm_windows:
-                hits[SERVING_KV] = (f"KV cache {kv:.0%} full with {waiting:.0f} requests waiting",
+                hits[SERVING_KV] = (f"KV cache {human.percent(kv)} full with {waiting:.0f} requests waiting",
                                     {"serving_kv_cache_usage_ratio": kv, "serving_requests_waiting": waiting})
         pre = now.get("serving_preemptions_per_second")
         usual, n = base.usual("serving_preemptions_per_second")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpuscope.collectors.human import percent
 from gpuscope.collectors.trace_model import KERNEL, DeviceTimeline, Trace
 
 from .hlo_cost import load_program
@@ -120,7 +121,7 @@ def _costs(trace: Trace, rows: list[dict], peaks: Peaks) -> None:
                         # faster than the hardware can go: the HLO's count is not what ran (an operand
                         # read in part, a fusion the kernel does not cover); say so rather than place it
                         what = "FLOPs" if r["bound"] == "compute" else "bytes"
-                        r["note"] = f"the HLO's {what} imply {r['fraction_of_peak']:.0%} of peak: not what ran"
+                        r["note"] = f"the HLO's {what} imply {percent(r['fraction_of_peak'])} of peak: not what ran"
                         r["bound"], r["bound_source"] = None, "unknown"
             else:          # HLO costs, but no device peaks to place them against
                 _without_hlo(r, has_hlo=False)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpuscope.collectors.human import percent
 from gpuscope.collectors.intervals import intersect, length, merge
 from gpuscope.collectors.trace_model import (COLLECTIVE, KERNEL, KIND_NAMES, MEMCPY_D2D, MEMCPY_D2H, MEMCPY_H2D,
                                              MEMCPY_P2P, DeviceTimeline, Trace)
@@ -162,23 +163,25 @@ def _verdict(s: dict, exposed_comm_ns: int, busy_ns: int, span: int) -> dict:
     moving = s["communication"]["exposed_fraction"] + s["host_transfer_fraction"]
     if comm_share >= 0.5 and moving >= 0.2:
         return dict(verdict=COMMUNICATION, confidence=round(min(1.0, comm_share), 3),
-                    summary=f"copies/collectives not overlapped with compute take {comm_share:.0%} of the GPU's "
-                            f"active time; moving data occupies {min(moving, 1):.0%} of the trace (GPU copies "
-                            f"{s['communication']['exposed_fraction']:.0%}, host transfers {s['host_transfer_fraction']:.0%})"
+                    summary=f"copies/collectives not overlapped with compute take {percent(comm_share)} of the GPU's "
+                            f"active time; moving data occupies {percent(min(moving, 1))} of the trace (GPU copies "
+                            f"{percent(s['communication']['exposed_fraction'])}, host transfers "
+                            f"{percent(s['host_transfer_fraction'])})"
                             + _copy_words(s))
     if busy >= 0.5:
         c, m = roof["compute_bound_time_fraction"], roof["memory_bound_time_fraction"]
         known = c + m
         if known == 0:
             return dict(verdict=COMPUTE, confidence=0.3,
-                        summary=f"GPU busy {busy:.0%}; no op could be placed on the roofline (no HLO in the trace)")
+                        summary=f"GPU busy {percent(busy)}; no op could be placed on the roofline "
+                                "(no HLO in the trace)")
         verdict = COMPUTE if c >= m else MEMORY
         top = next((r for r in s["top_ops"] if r.get("bound")), None)
         detail = ""
         if top is not None and top.get("fraction_of_peak") is not None:
             what = "of peak FLOP/s" if top["bound"] == "compute" else "of peak HBM bandwidth"
             name = top["kernel"] if not top["op"] or top["op"].startswith("command_buffer") else top["op"]
-            detail = f"; top op {name} at {top['fraction_of_peak']:.0%} {what}"
+            detail = f"; top op {name} at {percent(top['fraction_of_peak'])} {what}"
         share = max(c, m) / known
         by_name = roof["name_time_fraction"] > roof["hlo_time_fraction"]
         basis = ""
@@ -186,14 +189,15 @@ def _verdict(s: dict, exposed_comm_ns: int, busy_ns: int, span: int) -> dict:
             why = ("no device peaks to place HLO costs against"
                    if roof["hlo_available"] and not (roof["peak_bytes_per_s"] and roof["peak_flops_per_s"])
                    else "no HLO for them")
-            basis = f"; placed by kernel names ({roof['name_time_fraction']:.0%} of kernel time): the trace carries {why}"
+            basis = (f"; placed by kernel names ({percent(roof['name_time_fraction'])} of kernel time): "
+                     f"the trace carries {why}")
         if roof["unknown_time_fraction"] >= 0.005:
-            basis += (f"; {roof['unknown_time_fraction']:.0%} of kernel time in kernels the HLO does not explain "
+            basis += (f"; {percent(roof['unknown_time_fraction'])} of kernel time in kernels the HLO does not explain "
                       f"(not counted)")
         return dict(verdict=verdict,
                     confidence=round(busy * share * min(1.0, known / 0.5) * (NAME_ONLY if by_name else 1.0), 3),
-                    summary=f"GPU busy {busy:.0%}; {c:.0%} of kernel time in compute-bound ops, "
-                            f"{m:.0%} in memory-bound ops{detail}{basis}")
+                    summary=f"GPU busy {percent(busy)}; {percent(c)} of kernel time in compute-bound ops, "
+                            f"{percent(m)} in memory-bound ops{detail}{basis}")
     return _waiting_verdict(s)
 
 
@@ -204,7 +208,8 @@ def _copy_words(s: dict) -> str:
     for kind, short in (("memcpy_h2d", "H2D"), ("memcpy_d2h", "D2H")):
         c = s["memcpy"].get(kind)
         if c and c.get("bytes_per_s"):
-            of = f" = {c['link_fraction']:.0%} of {describe_link(link)}" if c.get("link_fraction") is not None else ""
+            of = (f" = {percent(c['link_fraction'])} of {describe_link(link)}"
+                  if c.get("link_fraction") is not None else "")
             parts.append(f"{short} {c['bytes_per_s'] / 1e9:,.1f} GB/s{of}")
     if not parts:
         return ""
@@ -239,24 +244,24 @@ def _waiting_verdict(s: dict) -> dict:
         confidence = min(confidence, FEW_KERNELS_CONFIDENCE)
     c = t["idle_causes"]
     excl = t["excluded"]["profiler_seconds"]
-    head = f"GPU idle {idle:.0%} of the trace" + (f" (the profiler's own start/stop, {excl * 1e3:,.0f} ms, left out)"
-                                                  if excl else "")
-    parts = [f"{what} {v / idle:.0%}" for v, what in
+    head = f"GPU idle {percent(idle)} of the trace" + (
+        f" (the profiler's own start/stop, {excl * 1e3:,.0f} ms, left out)" if excl else "")
+    parts = [f"{what} {percent(v / idle)}" for v, what in
              ((c["dispatch"], "dispatching"), (c["host_work"] + c["host_transfer"], "doing other host work"),
               (c["waiting_for_work"], "waiting for work")) if v / idle >= 0.005]
     split = [f"while it waited the launching thread was {', '.join(parts)} of the time"] if parts else []
     if c["device_wait"] / idle >= 0.005:
-        split.append(f"launched work waited on the device {c['device_wait'] / idle:.0%} of the time")
+        split.append(f"launched work waited on the device {percent(c['device_wait'] / idle)} of the time")
     if c["unattributed"] / idle >= 0.005:
-        split.append(f"{c['unattributed'] / idle:.0%} unattributed (no launch record or host trace)")
+        split.append(f"{percent(c['unattributed'] / idle)} unattributed (no launch record or host trace)")
     split = "; ".join(split) or "no cause could be measured"
     if guessed:
-        split = (f"{t['basis']}: {c['dispatch'] / idle:.0%} of the idle time in gaps as short as a dispatch, "
-                 f"{c['host_work'] / idle:.0%} in longer ones")
+        split = (f"{t['basis']}: {percent(c['dispatch'] / idle)} of the idle time in gaps as short as a dispatch, "
+                 f"{percent(c['host_work'] / idle)} in longer ones")
         if k["launch_rate_per_s"] < 100:
             split = (f"{k['launch_rate_per_s']:,.0f} launches/s and no launching thread in the trace: nothing "
                      f"says the GPU waits on the host")
-    top = ", ".join(f"{a['name']} {a['idle_fraction']:.0%}" for a in t["host_during_idle"][:3])
+    top = ", ".join(f"{a['name']} {percent(a['idle_fraction'])}" for a in t["host_during_idle"][:3])
     tail = f"; the host during GPU-idle time: {top}" if top and verdict in (LAUNCH, HOST) else ""
     rate = f"; {k['launch_rate_per_s']:,.0f} launches/s, median kernel {k['duration_us']['p50'] or 0:,.1f} µs"
     if few:

@@ -14,7 +14,7 @@ from gpuscope.collectors.calibrate import (GPU_PLATFORMS, MATMUL_DTYPES, Calibra
 from gpuscope.collectors.nvml import NvmlCollector, SourceUnavailable
 
 from .cliutil import UsageError, print_json
-from .human import percent, si
+from gpuscope.collectors.human import percent, si
 
 # What the probe keeps from each NVML reading: the conditions a ceiling depends on.
 # power_watts is the driver's one-second average, which lags a short

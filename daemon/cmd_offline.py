@@ -6,6 +6,7 @@ import sys
 import time
 
 from gpuscope.collectors import catalogue as cat
+from gpuscope.collectors import human
 from gpuscope.collectors.recording import read_recording
 
 from gpuscope.collectors.xspace_reader import TraceError
@@ -86,6 +87,10 @@ def _summarize_each(found, as_json: bool) -> int:
     return 1 if failed == len(found) else 0
 
 
+def _ratio(x: float | None) -> str:
+    return human.value("ratio", x)
+
+
 def print_summary(summary: dict) -> None:
     print(f"{summary['source']} ({summary['format']}, {summary['span_seconds'] * 1e3:.0f} ms)")
     devices = summary.get("devices") or []
@@ -95,18 +100,18 @@ def print_summary(summary: dict) -> None:
     print(f"  {summary['summary']}")
     t = summary.get("timing")
     if t:
-        causes = ", ".join(f"{_CAUSE_WORDS[k]} {v:.1%}" for k, v in t["idle_causes"].items() if v >= 0.0005)
+        causes = ", ".join(f"{_CAUSE_WORDS[k]} {_ratio(v)}" for k, v in t["idle_causes"].items() if v >= 0.0005)
         print(f"  shares of the {t['span_seconds'] * 1e3:,.0f} ms span"
               + (f" (profiler start/stop left out: {t['excluded']['profiler_seconds'] * 1e3:,.0f} ms)"
                  if t["excluded"]["profiler_seconds"] else "")
-              + f": GPU busy {t['busy_fraction']:.1%}" + (f"; GPU idle while {causes}" if causes else ""))
+              + f": GPU busy {_ratio(t['busy_fraction'])}" + (f"; GPU idle while {causes}" if causes else ""))
         for a in t["host_during_idle"][:3]:
             name = a["name"] if len(a["name"]) <= 60 else a["name"][:59] + "…"
-            print(f"  {a['idle_fraction']:6.1%} of GPU-idle time the host was in {name} ({a['category']})")
+            print(f"  {_ratio(a['idle_fraction']):>6} of GPU-idle time the host was in {name} ({a['category']})")
     steps = summary.get("host_steps")
     if steps:
         d = steps["duration_ms"]
-        parts = ", ".join(f"{words} {steps[key]:.1%}" if steps[key] is not None else f"{words} not in this trace"
+        parts = ", ".join(f"{words} {_ratio(steps[key]) if steps[key] is not None else 'not in this trace'}"
                           for key, words in (("model_execution_fraction", "model execution"),
                                              ("scheduling_fraction", "scheduling"),
                                              ("sampling_fraction", "sampling"), ("other_fraction", "other")))
@@ -114,7 +119,8 @@ def print_summary(summary: dict) -> None:
               f"p99 {d['p99']:.2f}): {parts}")
     for op in summary.get("top_ops", [])[:5]:
         bound = f"{op.get('bound') or 'unknown'} ({op.get('bound_source', '?')})"
-        print(f"  {op['time_fraction']:6.1%}  {op['count']:6d}x  {(op['op'] or '-')[:32]:<32} {op['kernel'][:40]:<40} {bound}")
+        print(f"  {_ratio(op['time_fraction']):>6}  {op['count']:6d}x  {(op['op'] or '-')[:32]:<32} "
+              f"{op['kernel'][:40]:<40} {bound}")
     for d in devices:
         if len(devices) > 1 and d["device"] != summary.get("device"):
             print(f"  {d['device']}: {d['verdict']} ({d['confidence']:.2f}) {d['summary'][:160]}")

@@ -8,8 +8,9 @@ import time
 
 from gpuscope.analyzers import accuracy
 from gpuscope.collectors import catalogue as cat
+from gpuscope.collectors import human
 
-from . import clients, human
+from . import clients
 from .cliutil import UsageError, age, print_json, seen
 from .cmd_offline import print_summary
 from .security_flags import client_security

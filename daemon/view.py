@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .cliutil import age, seen
-from .human import many
+from gpuscope.collectors.human import many
 
 SPARK = "▁▂▃▄▅▆▇█"
 

@@ -16,6 +16,8 @@ from typing import Protocol
 
 import numpy as np
 
+from gpuscope.collectors import human
+
 COMPUTE, MEMORY, LAUNCH, HOST, COMMUNICATION, IDLE = (
     "compute-bound", "memory-bound", "launch-bound", "host-bound", "communication-bound", "idle")
 VERDICTS = (COMPUTE, MEMORY, LAUNCH, HOST, COMMUNICATION, IDLE)
@@ -77,7 +79,7 @@ def starved(f: Features) -> np.ndarray:
 
 
 def pct(x: float | None) -> str:
-    return "?" if x is None else f"{100 * x:.0f}%"
+    return human.value("ratio", x)
 
 
 def sms_busy(w, lead: str = ", ") -> str:

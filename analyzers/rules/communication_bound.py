@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpuscope.collectors import human
+
 from ..features import Window
-from .common import COMMUNICATION, MIB, Features, busy, known, pct, ramp, traffic
+from .common import COMMUNICATION, Features, busy, known, pct, ramp, traffic
 
 VERDICT, ALTERNATIVES = COMMUNICATION, ()
 
@@ -35,6 +37,6 @@ def describe(w: Window) -> str:
     pcie, nvl = w.get("pcie_bytes_per_second"), w.get("nvlink_bytes_per_second")
     link = w.get("pcie_link_util_ratio")
     of_link = f" = {pct(link)} of the link's peak per direction" if pcie is not None and link is not None else ""
-    parts = [f"PCIe {pcie / MIB:,.0f} MiB/s{of_link}" if pcie is not None else None,
-             f"NVLink {nvl / MIB:,.0f} MiB/s" if nvl else None]
+    parts = [f"PCIe {human.value('bytes/s', pcie)}{of_link}" if pcie is not None else None,
+             f"NVLink {human.value('bytes/s', nvl)}" if nvl else None]
     return " + ".join(p for p in parts if p) + " moving while the GPU computes little"

@@ -23,7 +23,7 @@ def _run(det: Detector, windows: list[dict], start: int = 0) -> list:
     (dict(serving_ttft_p99_seconds=0.60), "serving-latency", "TTFT p99 600 ms against a usual 120 ms (5.0x)"),
     (dict(serving_itl_p99_seconds=0.095), "serving-latency", "ITL p99 95 ms against a usual 20 ms"),
     (dict(serving_requests_waiting=40.0), "serving-queue", "40 requests waiting against a usual 2"),
-    (dict(serving_kv_cache_usage_ratio=0.97), "serving-kv-cache", "KV cache 97% full with 2 requests waiting"),
+    (dict(serving_kv_cache_usage_ratio=0.97), "serving-kv-cache", "KV cache 97 % full with 2 requests waiting"),
     (dict(serving_preemptions_per_second=0.4), "serving-preemption", "0.4 preemptions/s on an engine that had none"),
 ])
 def test_each_regression_fires_once_after_it_is_confirmed_and_asks_for_a_capture(change, kind, words):

@@ -27,7 +27,7 @@ def test_pcie_link_near_peak_is_communication_bound_even_with_busy_sms():
                gpm_pcie_tx_bytes_per_second=25e9, gpm_pcie_rx_bytes_per_second=25e9)
     c = classify(w)
     assert c.verdict == "communication-bound"
-    assert "PCIe 47,684 MiB/s = 79% of the link's peak per direction" in c.summary
+    assert "PCIe 50.0 GB/s = 79 % of the link's peak per direction" in c.summary
 
 
 def test_idle_gpu_held_by_a_sleeping_process():

@@ -1,11 +1,11 @@
-"""Numbers for people (daemon/human.py) and the report as a person reads it:
+"""Numbers for people (collectors/human.py) and the report as a person reads it:
 the outputs below are the reviewed formats."""
 import time
 from pathlib import Path
 
 import pytest
 
-from gpuscope.daemon import human
+from gpuscope.collectors import human
 from gpuscope.daemon.cmd_oncall import render_report
 
 

@@ -1,6 +1,10 @@
 """Numbers for people: SI prefixes with three significant digits, the unit
 after (`4.31 TB/s`, `792 TFLOP/s`, `8.2 µs`). JSON output never goes
-through here: scripts get SI base units as plain numbers."""
+through here: scripts get SI base units as plain numbers.
+
+It lives beside the metric catalogue, whose units it speaks, because both
+halves write for people: the CLI its tables, the analyzers their findings'
+sentences, and the two must read alike."""
 from __future__ import annotations
 
 import math
