@@ -230,9 +230,14 @@ def _wait(stop: threading.Event, seconds: float | None, tick=None) -> None:
         stop.wait(left)
 
 
-def _install_signals(stop: threading.Event) -> None:
+def _install_signals() -> threading.Event:
+    """Ctrl-C and SIGTERM set the event the server waits on. Installed before
+    anything starts: one that arrives during start-up lets start-up finish and
+    then stops cleanly, instead of a KeyboardInterrupt leaving threads behind."""
+    stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    return stop
 
 
 def _server_security(ns, name: str, listen: str) -> dict:
@@ -300,6 +305,7 @@ def cmd_up(ns) -> int:
     from gpuscope.analyzers.service import AnalyzerServicer
     from .view import LiveView
 
+    stop = _install_signals()
     parse_hostport(ns.listen, "--listen")
     alerts = _early_checks(ns)
     Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
@@ -330,8 +336,6 @@ def cmd_up(ns) -> int:
     agent.start(_uplink_factory(ns, target, links))
     listener = _start_commands(agent, target, ns.host, links)
     metrics = _metrics(ns, "analyzer", AgentCollector(agent), FleetCollector(analyzer.status))
-    stop = threading.Event()
-    _install_signals(stop)
     view = LiveView()
     header = (f"gpuscope up: {source} ({ns.speed:g}x)  listening on {ns.listen.rpartition(':')[0]}:{port}  "
               f"db {ns.db}")
@@ -387,6 +391,7 @@ def _activity(analyzer, minutes: float = 1.0, points: int = 12) -> dict:
 
 
 def cmd_agent(ns) -> int:
+    stop = _install_signals()
     parse_hostport(ns.listen, "--listen")
     if ns.analyzer:
         parse_hostport(ns.analyzer, "--analyzer")
@@ -406,8 +411,6 @@ def cmd_agent(ns) -> int:
     metrics = _metrics(ns, "agent", AgentCollector(agent))
     listener = _start_commands(agent, ns.analyzer, ns.host, links) if ns.analyzer else None
     logs.say(f"agent: {source}, API on {ns.listen.rpartition(':')[0]}:{port}, analyzer {ns.analyzer or '(none)'}")
-    stop = threading.Event()
-    _install_signals(stop)
     try:
         _wait(stop, ns.duration)
     finally:
@@ -425,6 +428,7 @@ def cmd_analyzer(ns) -> int:
     from gpuscope.analyzers.engine import SWITCH_INTERVAL_S, EngineClient
     from gpuscope.analyzers.service import AnalyzerServicer
 
+    stop = _install_signals()
     parse_hostport(ns.listen, "--listen")
     ensure_free(ns.listen)                     # before the DB is opened: fail fast, touch nothing
     alerts = _early_checks(ns)
@@ -457,8 +461,6 @@ def cmd_analyzer(ns) -> int:
     oncall = f", on-call (tokens) on {ns.oncall_listen.rpartition(':')[0]}:{server.extra_ports[0]}" \
         if server.extra_ports else ""
     logs.say(f"analyzer: listening on {ns.listen.rpartition(':')[0]}:{port}{oncall}, db {ns.db}")
-    stop = threading.Event()
-    _install_signals(stop)
     try:
         _wait(stop, ns.duration)
     finally:

@@ -173,3 +173,24 @@ def test_a_stop_sent_to_the_whole_process_group_is_a_clean_stop(tmp_path):
     assert proc.returncode == 0, err[-2000:]
     assert "died" not in err and "Traceback" not in err
     wait_for(lambda: not os.path.exists(f"/proc/{child}"), timeout=10)
+
+
+def test_ctrl_c_at_any_moment_of_start_up_stops_quietly(tmp_path):
+    """Found in a trial: Ctrl-C in the first second of `gpuscope up` printed a
+    traceback from an import; later in start-up a KeyboardInterrupt could leave
+    threads behind. Every moment now ends with 130 (still loading) or a clean
+    stop (0), and no traceback."""
+    import os
+    entry = "import sys; from gpuscope.daemon.entry import run; sys.argv[0] = 'gpuscope'; run()"
+    for i, delay in enumerate((0.1, 0.4, 0.8, 1.2, 2.0)):
+        proc = subprocess.Popen([sys.executable, "-c", entry, "up", "--insecure", "--no-view", "--db",
+                                 str(tmp_path / f"u{i}.duckdb"), "--listen", f"127.0.0.1:{free_port()}"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode in (0, 130) and "Traceback" not in out, (delay, proc.returncode, out[-2000:])
