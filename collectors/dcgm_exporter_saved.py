@@ -68,6 +68,7 @@ def sniff(text: str) -> str | None:
 def read(path, text: str, kind: str, error):
     """(t, gpu, {metric: values}, ignored) from a file `sniff` named;
     `error(message)` raises the caller's error."""
+    text = text.removeprefix("\ufeff")           # a byte-order mark some editors write
     samples = _Samples(path, kind, error)
     if kind == QUERY_RANGE:
         _read_query_range(path, text, samples, error)

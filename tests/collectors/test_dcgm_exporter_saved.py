@@ -45,6 +45,9 @@ def scrape(values: dict, gpus=(0,), **kw) -> str:
     return "\n".join(out) + "\n"
 
 
+GOOD = line("DCGM_FI_DEV_GPU_UTIL", 1)
+
+
 def write(tmp_path, text, name="saved.prom"):
     p = tmp_path / name
     p.write_text(text)
@@ -64,6 +67,16 @@ def test_time_comments_place_each_scrape(tmp_path):
     assert r.metrics["util_gpu_ratio"].tolist() == pytest.approx([0.90, 0.90, 0.91, 0.91, 0.92, 0.92, 0.93, 0.93])
     assert r.metrics["gpm_sm_util_ratio"][0] == 0.5 and r.metrics["mem_used_bytes"][0] == 1024 * 2 ** 20
     assert r.ignored_columns == ["DCGM_FI_DEV_FB_FREE"]
+
+
+@pytest.mark.parametrize("comment, t", [
+    ("# 1764547200", T0), ("# 1764547200.25", T0 + 0.25), ("# time: 1764547200", T0), ("#t=1764547200", T0),
+    ("# time 2025-12-01T00:00:00Z", T0), ("# 2025-12-01T00:00:00,250000000+00:00", T0 + 0.25),   # date -Ins
+    ("# 2025-12-01 01:00:00.5+01:00", T0 + 0.5), ("\ufeff# 2025-12-01T00:00:00+0000", T0),       # date +%FT%T%z
+])
+def test_time_comment_forms(tmp_path, comment, t):
+    r = read_recording(write(tmp_path, f"{comment}\n# a comment of the user's own\n{GOOD}\n"))
+    assert r.t.tolist() == [t]
 
 
 def test_prometheus_timestamps_win_over_comments(tmp_path):
@@ -108,7 +121,8 @@ def test_a_scrape_without_its_own_time_is_refused(tmp_path):
 
 
 def test_two_hosts_refused(tmp_path):
-    text = f"# {T0}\n" + scrape({"DCGM_FI_DEV_GPU_UTIL": 90}, host="h1") + scrape({"DCGM_FI_DEV_SM_CLOCK": 1}, host="h2")
+    text = (f"# {T0}\n" + scrape({"DCGM_FI_DEV_GPU_UTIL": 90}, host="h1")
+            + scrape({"DCGM_FI_DEV_SM_CLOCK": 1}, host="h2"))
     with pytest.raises(RecordingError, match=r"saved.prom:7: a second host, Hostname='h2' \(the first, 'h1'.*"
                                              r"one host's GPUs; save each node's exporter"):
         read_recording(write(tmp_path, text))
@@ -170,9 +184,6 @@ def test_gzip(tmp_path, shape):
     p = tmp_path / "saved.gz"
     p.write_bytes(gzip.compress(text.encode()))
     assert read_recording(p).metrics["util_gpu_ratio"].tolist() == [0.42]
-
-
-GOOD = line("DCGM_FI_DEV_GPU_UTIL", 1)
 
 
 @pytest.mark.parametrize("text, words", [
