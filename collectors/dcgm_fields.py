@@ -57,12 +57,16 @@ FIELDS: tuple[Field, ...] = (
     Field("DCGM_FI_DEV_FB_USED", 252, "mem_used_bytes", "MiB", MIB),
     Field("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", 310, "ecc_corrected_total", "count"),
     Field("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 311, "ecc_uncorrected_total", "count"),
-    # Time in each clock-event reason, in ns (DCGM 4): NVML's counters of the same names, which
+    # Time in each clock-event reason, in ns (recent DCGM releases): NVML's counters of the same names, which
     # the catalogue's throttle_* metrics read.
-    Field("DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP_NS", 1420, "throttle_sw_power_cap_seconds_total", "ns", NANO),
-    Field("DCGM_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST_COUNT_NS", 1421, "throttle_sync_boost_seconds_total", "ns", NANO),
-    Field("DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN_NS", 1422, "throttle_sw_thermal_seconds_total", "ns", NANO),
-    Field("DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN_NS", 1423, "throttle_hw_thermal_seconds_total", "ns", NANO),
+    Field("DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP_NS", 1420,
+          "throttle_sw_power_cap_seconds_total", "ns", NANO),
+    Field("DCGM_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST_COUNT_NS", 1421,
+          "throttle_sync_boost_seconds_total", "ns", NANO),
+    Field("DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN_NS", 1422,
+          "throttle_sw_thermal_seconds_total", "ns", NANO),
+    Field("DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN_NS", 1423,
+          "throttle_hw_thermal_seconds_total", "ns", NANO),
     Field("DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN_NS", 1424,
           "throttle_hw_power_brake_seconds_total", "ns", NANO),
     # Profiling fields: ratios 0-1 already (GPM reports percent; the catalogue keeps 0-1).
@@ -103,9 +107,12 @@ NOT_READ: dict[str, str] = {
                                           "DCGM_FI_PROF_NVLINK_TX_BYTES and _RX_BYTES are read",
     "DCGM_FI_DEV_POWER_VIOLATION": "documented in us by older DCGM and ns by newer, so a rate from it could be "
                                    "off by 1000; DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP_NS is read",
-    "DCGM_FI_DEV_THERMAL_VIOLATION": "as DCGM_FI_DEV_POWER_VIOLATION; the *_THERM_SLOWDOWN_NS fields are read",
+    "DCGM_FI_DEV_THERMAL_VIOLATION": "as DCGM_FI_DEV_POWER_VIOLATION; "
+                                     "DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN_NS and "
+                                     "_HW_THERM_SLOWDOWN_NS are read",
     "DCGM_FI_PROF_PIPE_FP64_ACTIVE": "the catalogue has no FP64 pipe metric (GPM's FP64 is not collected)",
-    "DCGM_FI_DEV_XID_ERRORS": "the last XID seen, an event rather than a level (gpuscope's NVML collector records XIDs as health events)",
+    "DCGM_FI_DEV_XID_ERRORS": "the last XID seen, an event rather than a level (gpuscope's NVML collector "
+                              "records XIDs as health events)",
 }
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS} | {old: {f.name: f for f in FIELDS}[new]

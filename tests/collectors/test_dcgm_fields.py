@@ -33,3 +33,27 @@ def test_well_known_ids():
              "DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE": 1014, "DCGM_FI_DEV_FB_USED": 252,
              "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 112, "DCGM_FI_PROF_NVLINK_RX_BYTES": 1012}
     assert {name: dcgm.BY_NAME[name].id for name in known} == known
+
+
+# -- docs/recordings.md carries the table: generated here, so that the two cannot drift -------------------------
+
+def fields_table() -> str:
+    older = {new: old for old, new in dcgm.ALIASES.items()}
+    rows = ["| DCGM field | id | DCGM's unit | metric (unit) |", "|---|---|---|---|"]
+    for f in sorted(dcgm.FIELDS, key=lambda f: f.id):
+        name = f"`{f.name}`" + (f" (older: `{older[f.name]}`)" if f.name in older else "")
+        rows.append(f"| {name} | {f.id} | {f.unit} | `{f.metric}` ({cat.BY_NAME[f.metric].unit}) |")
+    return "\n".join(rows) + "\n"
+
+
+def not_read_table() -> str:
+    rows = ["| DCGM field | why it is not read |", "|---|---|"]
+    rows += [f"| `{name}` | {why} |" for name, why in dcgm.NOT_READ.items()]
+    return "\n".join(rows) + "\n"
+
+
+def test_docs_carry_the_field_tables():
+    from tests.conftest import ROOT
+    doc = (ROOT / "docs" / "recordings.md").read_text()
+    for table in (fields_table(), not_read_table()):
+        assert table in doc, f"docs/recordings.md, section dcgm-exporter, should hold this table:\n\n{table}"
