@@ -52,6 +52,7 @@ _ISO = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d")
 _TIME_LABEL = re.compile(r"(?:time|t)\s*[:=]\s*|time\s+", re.IGNORECASE)
 _DIRECTIVES = frozenset({"HELP", "TYPE", "UNIT", "EOF"})
 UNIX_RANGE = (1e9, 1e10)                      # 2001 to 2286: anything else is not Unix seconds
+MAX_GPU = 65535                               # DCGM numbers GPUs from 0; a larger index is not one
 
 
 def sniff(text: str) -> str | None:
@@ -136,14 +137,15 @@ class _Samples:
         metrics = list(dict.fromkeys(s.field.metric for s in self.series))
         col_of = np.array([metrics.index(s.field.metric) for s in self.series], dtype=np.int64)[sid]
         gpu = np.array([s.gpu for s in self.series], dtype=np.int64)[sid]
-        value = np.asarray(self.v, dtype=np.float64) * np.array([s.field.scale for s in self.series])[sid]
-        value[~np.isfinite(value)] = np.nan                 # +Inf is no reading either
+        with np.errstate(over="ignore"):                    # 1e308 MiB is no reading either: NaN below
+            value = np.asarray(self.v, dtype=np.float64) * np.array([s.field.scale for s in self.series])[sid]
+        value[~np.isfinite(value)] = np.nan                 # nor is +Inf
         keys, row = np.unique(np.column_stack([t, gpu.astype(np.float64)]), axis=0, return_inverse=True)
         row = row.reshape(-1)
         matrix = np.full((len(keys), len(metrics)), np.nan)
         # Series that differ only in labels gpuscope does not read (dcgm-exporter's pod, container
-        # and namespace, one series per pod sharing a GPU) carry the same device reading: the
-        # first one read wins, so that no order of assignment decides.
+        # and namespace, one series per pod sharing a GPU) carry the same device reading: the first
+        # one read is kept, picked explicitly (numpy does not say which of repeated indices wins).
         known = np.flatnonzero(~np.isnan(value))
         cell = row[known] * len(metrics) + col_of[known]
         _, first = np.unique(cell, return_index=True)
@@ -176,8 +178,8 @@ class _Samples:
             cell = s.labels.get("gpu")
             if not cell:
                 continue
-            if not cell.isdecimal():
-                self.error(f"{s.where}: label gpu={cell!r} is not a GPU index")
+            if not cell.isdecimal() or int(cell) > MAX_GPU:
+                self.error(f"{s.where}: label gpu={_cut(cell)!r} is not a GPU index")
             s.gpu = int(cell)
             for k in ("UUID", "device"):
                 if s.labels.get(k):
@@ -317,6 +319,8 @@ def _read_query_range(path, text: str, samples: _Samples, error) -> None:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         error(f"{path}:{exc.lineno}:{exc.colno}: not JSON ({exc.msg}): a Prometheus answer cut short or garbled?")
+    except RecursionError:
+        error(f"{path}: JSON nested too deep to be a Prometheus answer")
     if not isinstance(doc, dict):
         error(f"{path}: JSON, but not a Prometheus API answer (an object with status and data)")
     if doc.get("status") == "error":
@@ -337,6 +341,8 @@ def _read_query_range(path, text: str, samples: _Samples, error) -> None:
         if not name:
             error(f"{where}: a series without __name__: query the DCGM_FI_* series themselves, not an "
                   "expression over them (sum, rate and the like drop the name)")
+        if not isinstance(name, str):
+            error(f"{where}: __name__ {_cut(json.dumps(name))} is not a metric name")
         sid = samples.add_series(name, {str(k): str(v) for k, v in labels.items() if k != "__name__"}, where)
         if sid is None:
             continue

@@ -210,6 +210,8 @@ def test_gzip(tmp_path, shape):
      r"data.result\[0\].values\[1\]: \[\"x\"\] is not \[unix_seconds"),
     ('{"status": "success", "data": {"resultType": "matrix", "result": [{"metric": {"__name__": '
      '"DCGM_FI_DEV_GPU_UTIL", "gpu": "x"}, "values": [[1764547200, "1"]]}]}}', r"label gpu='x' is not a GPU index"),
+    (f"# {T0}\n" + line("DCGM_FI_DEV_GPU_UTIL", 1).replace('gpu="0"', 'gpu="99999999999999999999"') + "\n",
+     r":2: label gpu='99999999999999999999' is not a GPU index"),
 ])
 def test_what_cannot_be_read_is_named(tmp_path, text, words):
     p = write(tmp_path, text, "q")
@@ -217,7 +219,7 @@ def test_what_cannot_be_read_is_named(tmp_path, text, words):
         read_recording(p)
 
 
-@pytest.mark.parametrize("data", [b"#\x00\x01\x02binary", b"# \xff\xfe", b"{\x00", b"#" * 100000,
+@pytest.mark.parametrize("data", [b"#\x00\x01\x02binary", b"# \xff\xfe", b"{\x00", b"#" * 100000, b"[" * 100000,
                                   b"DCGM_FI_DEV_GPU_UTIL{", b'{"data": {"resultType": "matrix", "result": [7]}}'])
 def test_garbage_is_a_recording_error_not_a_traceback(tmp_path, data):
     p = tmp_path / "garbage"
