@@ -49,7 +49,8 @@ HOST_LABELS = ("Hostname", "instance")       # the first one any series carries 
 _NAME = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 _ISO = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d")
-_TIME_LABEL = re.compile(r"(?:time|t)\s*[:=]\s*|time\s+", re.IGNORECASE)
+_TIME_LABEL = re.compile(r"(?:time|t)\s*[:=]\s*", re.IGNORECASE)   # says a time follows: anything else is an error
+_TIME_WORD = re.compile(r"time\s+", re.IGNORECASE)                  # "# time 17645...", but also "# time to go"
 _DIRECTIVES = frozenset({"HELP", "TYPE", "UNIT", "EOF"})
 UNIX_RANGE = (1e9, 1e10)                      # 2001 to 2286: anything else is not Unix seconds
 MAX_GPU = 65535                               # DCGM numbers GPUs from 0; a larger index is not one
@@ -296,7 +297,8 @@ def _comment_time(line: str, where: str, error) -> float | None:
     if body.split(" ", 1)[0] in _DIRECTIVES:
         return None
     label = _TIME_LABEL.match(body)
-    text = body[label.end():].strip() if label else body
+    word = None if label else _TIME_WORD.match(body)
+    text = body[(label or word).end():].strip() if label or word else body
     if _NUMBER.fullmatch(text):
         t = float(text)
         if not UNIX_RANGE[0] <= t < UNIX_RANGE[1]:

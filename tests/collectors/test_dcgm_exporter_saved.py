@@ -75,7 +75,7 @@ def test_time_comments_place_each_scrape(tmp_path):
     ("# 2025-12-01 01:00:00.5+01:00", T0 + 0.5), ("\ufeff# 2025-12-01T00:00:00+0000", T0),       # date +%FT%T%z
 ])
 def test_time_comment_forms(tmp_path, comment, t):
-    r = read_recording(write(tmp_path, f"{comment}\n# a comment of the user's own\n{GOOD}\n"))
+    r = read_recording(write(tmp_path, f"{comment}\n# a comment of the user's own\n# time to go\n{GOOD}\n"))
     assert r.t.tolist() == [t]
 
 
