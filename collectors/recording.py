@@ -1,5 +1,8 @@
 """Reads recordings in the format of shared/fixtures/h200-run1/samples.csv,
-and nvidia-smi's CSV (collectors/nvidia_smi_csv.py).
+and dispatches the other formats to their readers: nvidia-smi's CSV
+(collectors/nvidia_smi_csv.py, told by its header) and dcgm-exporter's
+scrapes or Prometheus' query_range JSON (collectors/dcgm_exporter_saved.py,
+told by the file's first characters).
 
 Any subset and order of columns; `t` (Unix seconds) is required; `gpu` is
 optional (absent: GPU 0); `procs` is `pid:used_bytes;...`; raw units are the
@@ -21,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from . import catalogue as cat
-from . import nvidia_smi_csv
+from . import dcgm_exporter_saved, nvidia_smi_csv
 from .records import ProcessRecord
 
 NEVER_READ = frozenset({"phase"})
@@ -52,7 +55,7 @@ def default_recording() -> Path:
     return Path(str(resources.files("gpuscope.collectors") / "data" / "h200-run1.csv.gz"))
 
 
-def _open(path: Path) -> io.TextIOBase:
+def _text(path: Path) -> str:
     raw = path.read_bytes()
     if raw[:2] == b"\x1f\x8b":
         try:
@@ -60,9 +63,10 @@ def _open(path: Path) -> io.TextIOBase:
         except (OSError, EOFError) as exc:
             raise RecordingError(f"{path}: corrupt or truncated gzip ({exc})") from exc
     try:
-        return io.StringIO(raw.decode("utf-8"))
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise RecordingError(f"{path}: not a UTF-8 CSV file (byte {exc.start})") from exc
+        raise RecordingError(f"{path}: not a UTF-8 text file (byte {exc.start}): not a recording "
+                             "(docs/recordings.md lists the formats)") from exc
 
 
 def _procs(cell: str, where: str) -> tuple[ProcessRecord, ...]:
@@ -81,10 +85,17 @@ def _procs(cell: str, where: str) -> tuple[ProcessRecord, ...]:
 def read_recording(path: str | Path) -> Recording:
     path = Path(path)
     try:
-        reader = csv.reader(_open(path))
-        header = next(reader)
+        text = _text(path)
     except FileNotFoundError:
         raise RecordingError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise RecordingError(f"{path}: {exc}") from exc
+    kind = dcgm_exporter_saved.sniff(text)
+    if kind is not None:
+        return _dcgm_exporter(path, text, kind)
+    try:
+        reader = csv.reader(io.StringIO(text))
+        header = next(reader)
     except StopIteration:
         raise RecordingError(f"{path}: empty file, expected a CSV header with a 't' column") from None
     except (csv.Error, OSError) as exc:
@@ -161,6 +172,13 @@ def _nvidia_smi(path: Path, header: list[str], reader) -> Recording:
         t, gpu, cols, ignored = nvidia_smi_csv.read(path, header, reader, error)
     except csv.Error as exc:
         raise RecordingError(f"{path}: {exc}") from exc
+    return _recording(path, t, gpu, cols, [], ignored)
+
+
+def _dcgm_exporter(path: Path, text: str, kind: str) -> Recording:
+    def error(message: str):
+        raise RecordingError(message)
+    t, gpu, cols, ignored = dcgm_exporter_saved.read(path, text, kind, error)
     return _recording(path, t, gpu, cols, [], ignored)
 
 
