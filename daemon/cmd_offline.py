@@ -7,6 +7,7 @@ import time
 
 from gpuscope.collectors import catalogue as cat
 from gpuscope.collectors import human
+from gpuscope.collectors.human import many
 from gpuscope.collectors.recording import read_recording
 
 from gpuscope.collectors.xspace_reader import TraceError
@@ -18,19 +19,33 @@ def cmd_classify(ns) -> int:
     from gpuscope.analyzers.offline import classify_recording
 
     rec = read_recording(ns.file)
+    skipped: list[tuple[int, float, float]] = []
     try:
-        results = classify_recording(rec, ns.window)
+        results = classify_recording(rec, ns.window, skipped)
     except ValueError as exc:
         raise UsageError(f"--window: {exc}") from None
     windows = [dict(gpu=c.gpu, start=c.start, end=c.end, verdict=c.verdict, confidence=c.confidence,
                     evidence=c.evidence, flags=c.flags, summary=c.summary,
                     alternatives=list(c.alternatives)) for c in results]
+    unread = [dict(gpu=g, start=s, end=e) for g, s, e in skipped]
     if ns.json:
-        print_json({"windows": windows, "window_seconds": ns.window})
+        print_json({"windows": windows, "window_seconds": ns.window, "unjudged": unread,
+                    "ignored_columns": rec.ignored_columns})
         return 0
-    for w in windows:
-        print(f"gpu{w['gpu']} {time.strftime('%H:%M:%S', time.localtime(w['start']))} {w['verdict']:<20} "
-              f"{w['confidence']:.2f} {','.join(w['flags'])}  {w['summary']}")
+    rows = [(w["gpu"], w["start"], f"{w['verdict']:<20} {w['confidence']:.2f} {','.join(w['flags'])}  "
+                                   f"{w['summary']}") for w in windows]
+    rows += [(u["gpu"], u["start"], f"{'-':<20} {'':>4}  no activity reading in this window (util_gpu and "
+                                    f"SM activity missing or [N/A]): not judged") for u in unread]
+    if not rows:
+        print(f"{ns.file}: no windows (the recording holds no samples)")
+    for gpu, start, text in sorted(rows, key=lambda r: (r[1], r[0])):
+        print(f"gpu{gpu} {time.strftime('%H:%M:%S', time.localtime(start))} {text}")
+    if unread:
+        print(f"{len(unread)} of {many(len(rows), 'window')} not judged: no activity reading in them",
+              file=sys.stderr)
+    if rec.ignored_columns:
+        print(f"columns not read: {', '.join(rec.ignored_columns)} (docs/recordings.md lists those gpuscope reads)",
+              file=sys.stderr)
     return 0
 
 

@@ -66,3 +66,28 @@ def test_classify_reads_an_nvidia_smi_log(tmp_path):
     assert out.returncode == 0, out.stderr
     verdicts = {line.split()[0]: line.split()[2] for line in out.stdout.splitlines()}
     assert verdicts == {"gpu0": "compute-bound", "gpu1": "idle"}
+
+
+def test_windows_without_an_activity_reading_are_said_not_dropped(tmp_path):
+    """Found in a trial: a stretch of `[N/A]` (a GPU fallen off the bus, a
+    driver reload) vanished from classify's output without a word."""
+    import json
+    import subprocess
+    import sys
+    t0 = time.mktime(time.strptime("2026/11/30 12:00:00", "%Y/%m/%d %H:%M:%S"))
+    rows = [HEADER]
+    for i in range(15):
+        ts = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(t0 + i)) + ".000"
+        cells = "[N/A], [N/A], [N/A], [N/A]" if 5 <= i < 10 else "96 %, 30 %, 690.5 W, 1980 MHz"
+        rows.append(f"{ts}, 0, {cells}, 80000 MiB, 62, 0x0000000000000000, P0")
+    p = tmp_path / "gaps.csv"
+    p.write_text("\n".join(rows) + "\n")
+    cli = [sys.executable, "-m", "gpuscope.daemon.cli", "classify", str(p)]
+    out = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and len(lines) == 3, out
+    assert "no activity reading in this window" in lines[1] and lines[1].startswith("gpu0 12:00:05 -")
+    assert "1 of 3 windows not judged" in out.stderr and "columns not read: pstate" in out.stderr
+    data = json.loads(subprocess.run(cli + ["--json"], capture_output=True, text=True, timeout=60).stdout)
+    assert [w["start"] - t0 for w in data["unjudged"]] == [5.0] and len(data["windows"]) == 2
+    assert data["ignored_columns"] == ["pstate"]
