@@ -22,6 +22,11 @@ class ClientError(RuntimeError):
     pass
 
 
+class ConnectionLost(ClientError):
+    """A stream that was open broke: the server stopped or restarted (not a
+    refusal: it answered on this connection before)."""
+
+
 _OPTIONS = (("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES))
 
@@ -134,17 +139,24 @@ def watch(server: str, host: str = "", gpu: int | None = None, verdicts=(), kind
     req = apb.WatchRequest(host=host, verdicts=list(verdicts), kinds=list(kinds))
     if gpu is not None:
         req.gpu = gpu
+    answered = False         # the server has answered on this connection: a break later is not a refusal
     with security.channel(server) as ch:
         try:
             stream = analyzer_pb2_grpc.AnalyzerStub(ch).Watch(req)
             if on_open is not None:
                 on_open()
+                answered = True
             for e in stream:
+                answered = True
                 yield dict(kind=e.kind, t=e.t, host=e.host, gpu=e.gpu, verdict=e.verdict or None,
                            record=json.loads(e.json))
         except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.CANCELLED:
-                raise _client_error(exc, server, security) from None
+            if exc.code() == grpc.StatusCode.CANCELLED:
+                return
+            if answered and exc.code() == grpc.StatusCode.UNAVAILABLE:
+                raise ConnectionLost(f"lost the connection to {server} (the server stopped or restarted: "
+                                     f"{exc.details()})") from None
+            raise _client_error(exc, server, security) from None
 
 
 def records(server: str, table: str, host: str = "", since: float = 0.0, limit: int = 200, *,

@@ -361,12 +361,40 @@ def cmd_watch(ns) -> int:
         if not ns.json:
             print("--- live ---", flush=True)
     try:
-        for e in clients.watch(ns.server, ns.host or "", ns.gpu, ns.verdict or (), ns.kind or (), security=security,
-                               on_open=backlog):
-            show(e)
+        while True:
+            try:
+                for e in clients.watch(ns.server, ns.host or "", ns.gpu, ns.verdict or (), ns.kind or (),
+                                       security=security, on_open=backlog):
+                    show(e)
+                return 0
+            except clients.ConnectionLost as exc:
+                # like top --watch: a restart of the analyzer is not the end of the watch
+                _say_lost(ns, exc)
+                _reconnect(ns, security)
     except KeyboardInterrupt:
-        pass
-    return 0
+        return 0
+
+
+RECONNECT_S = 2.0
+
+
+def _say_lost(ns, exc: Exception) -> None:
+    if ns.json:
+        print(json.dumps(dict(kind="connection", t=time.time(), lost=True, error=str(exc))), flush=True)
+    else:
+        print(f"--- {exc}; asking again every {RECONNECT_S:g} s (Ctrl-C to stop) ---", flush=True)
+
+
+def _reconnect(ns, security) -> None:
+    """Back when the analyzer answers again; the watch then starts over
+    with the current state, so nothing that happened meanwhile is missed."""
+    while True:
+        time.sleep(RECONNECT_S)
+        try:
+            clients.status(ns.server, security=security)
+            return
+        except clients.ClientError:
+            continue
 
 
 def cmd_records(ns) -> int:

@@ -95,3 +95,51 @@ def test_a_finding_id_prefix_names_one_finding_or_says_which_it_could_be(tmp_pat
             full_id(store, "abcd")
     finally:
         store.close()
+
+
+def test_watch_says_a_lost_analyzer_is_lost_and_picks_up_when_it_is_back(tmp_path):
+    """Found in a trial: kill -9 of the analyzer during `watch` ended it with
+    "closed the TLS connection; it probably refused the client certificate"."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import free_port
+    port = free_port()
+    cmd = [sys.executable, "-m", "gpuscope.daemon.cli", "--log-level", "warning", "analyzer", "--db",
+           str(tmp_path / "a.duckdb"), "--listen", f"127.0.0.1:{port}", "--insecure"]
+
+    def analyzer():
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        wait_for(lambda: _answers(port), timeout=30)
+        return p
+    first = analyzer()
+    w = subprocess.Popen([sys.executable, "-m", "gpuscope.daemon.cli", "watch", "--server", f"127.0.0.1:{port}",
+                          "--insecure"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    second = None
+    try:
+        assert w.stdout.readline().startswith("watching ")
+        while not w.stdout.readline().startswith("--- live ---"):
+            pass
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(10)
+        lost = w.stdout.readline()
+        assert "lost the connection" in lost, lost + w.stderr.read()
+        assert "certificate" not in lost and "TLS" not in lost, lost
+        second = analyzer()
+        assert any(w.stdout.readline().startswith("watching ") for _ in range(5))   # back, from the current state
+        assert w.poll() is None
+    finally:
+        w.kill()
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+def _answers(port: int) -> bool:
+    try:
+        clients.status(f"127.0.0.1:{port}")
+        return True
+    except clients.ClientError:
+        return False
