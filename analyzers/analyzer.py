@@ -618,17 +618,22 @@ class Analyzer:
 
     def top(self, start: float, end: float, host: str = "", by: str = "gpu", limit: int = 20) -> list[dict]:
         """The GPUs (or jobs) bottlenecked longest over [start, end]
-        (Store.top_bottlenecked) and what holds each now: its open finding,
-        as it is in memory."""
-        rows = self.store.top_bottlenecked(start, end, limit, now=self._clock(), host=host, by=by)
+        (Store.top_bottlenecked), what holds each now (its open finding, as
+        it is in memory) and, by GPU, whether it is stale (status' rule)."""
+        now = self._clock()
+        rows = self.store.top_bottlenecked(start, end, limit, now=now, host=host, by=by)
         open_now: dict = {}                 # the tracker's open findings, as they are now: no store read
         for (h, g), f in list(self.findings.open.items()):
             if f["verdict"] != "idle" and (not host or h == host):
-                open_now.setdefault((h, g) if by == "gpu" else f["job"], f)
+                open_now.setdefault((h, g) if by == "gpu" else (h, f["job"]), f)
         for r in rows:
-            f = open_now.get((r["host"], r["gpu"]) if by == "gpu" else r["job"])
+            f = open_now.get((r["host"], r["gpu"]) if by == "gpu" else (r["host"], r["job"]))
             r["now"] = None if f is None else {k: f[k] for k in ("id", "verdict", "start", "confidence", "summary",
                                                                  "flags")}
+            st = self.gpus.get((r["host"], r["gpu"])) if by == "gpu" else None
+            heard = st.last_arrival if st is not None else 0.0
+            r["last_seen_age_s"] = now - heard if heard else None
+            r["stale"] = by == "gpu" and (not heard or now - heard > self.stale_after_s)
         return rows
 
     def report(self, finding_id: str, context_s: float = 0.0) -> dict | None:

@@ -359,7 +359,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         out = apb.TopResponse(start=start, end=end, by=by)
         for r in map(_for_caller, rows):
             now = r["now"] or {}
-            # the row's verdict, id, summary and flags are the longest finding's; `now_*` the open one's
+            # the row's id, summary and flags are its main verdict's longest finding's; `now_*` the open one's
             shown = {"id": r["finding_id"], "confidence": r["confidence"], "summary": r["summary"],
                      "flags": r["flags"]}
             out.rows.add(host=r["host"], gpu=r["gpu"], job=r["job"] or "", verdict=r["main_verdict"],
@@ -367,7 +367,9 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                          share=r["bottleneck_seconds"] / ((end - start) * max(r["gpus"] if by == "job" else 1, 1)),
                          now_verdict=now.get("verdict", ""), now_since=now.get("start") or 0.0,
                          confidence=shown["confidence"] or 0.0, summary=shown["summary"] or "",
-                         flags=shown["flags"] or [], finding_id=shown["id"] or "")
+                         flags=shown["flags"] or [], finding_id=shown["id"] or "",
+                         verdicts=[apb.VerdictSeconds(**v) for v in r.get("verdicts") or ()],
+                         stale=bool(r.get("stale")), last_seen_age_seconds=r.get("last_seen_age_s") or 0.0)
         return out
 
     @_unavailable_as_status

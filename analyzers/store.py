@@ -355,10 +355,11 @@ class Store:
 
     def top_bottlenecked(self, start: float, end: float, limit: int = 10, now: float | None = None,
                          host: str = "", by: str = "gpu") -> list[dict]:
-        """GPUs (by="gpu") or jobs (by="job") with the most seconds in a
-        bottleneck (any verdict but idle) over [start, end], most first; the
-        verdict, job, summary, confidence, flags and id are those of the
-        longest finding in the range."""
+        """GPUs (by="gpu") or jobs (by="job": a job is a host's, as pids
+        are) with the most seconds in a bottleneck (any verdict but idle)
+        over [start, end], most first. `main_verdict` is the verdict with
+        the most of those seconds (`verdicts` has each one's), and the job,
+        summary, confidence, flags and id are those of its longest finding."""
         if by not in ("gpu", "job"):
             raise ValueError(f"by: {by!r}, expected gpu or job")
         now = end if now is None else now
@@ -366,24 +367,34 @@ class Store:
         if host:
             where.append("host = ?")
             args.append(host)
-        keys = "host, gpu" if by == "gpu" else "job"
+        keys = ("host", "gpu") if by == "gpu" else ("host", "job")
+        k = ", ".join(keys)
+        same = " AND ".join(f"f.{c} IS NOT DISTINCT FROM m.{c}" for c in keys)
         sql = f"""
             WITH f AS (SELECT *, least(coalesce("end", ?), ?) - greatest(start, ?) AS overlap
-                       FROM findings WHERE {' AND '.join(where)})
-            SELECT {keys}, sum(overlap) AS bottleneck_seconds, count(*) AS findings,
-                   count(DISTINCT (host, gpu)) AS gpus,
-                   -- one finding's fields, never a mix of several (ties broken by the latest start, then id)
-                   arg_max({{'host': host, 'gpu': gpu, 'verdict': verdict, 'job': job, 'id': id,
-                             'summary': summary, 'confidence': confidence, 'flags': flags}},
-                           (overlap, start, id)) AS longest
-            FROM f GROUP BY {keys} ORDER BY bottleneck_seconds DESC, {keys} LIMIT ?"""
+                       FROM findings WHERE {' AND '.join(where)}),
+            per AS (SELECT {k}, verdict, sum(overlap) AS secs FROM f GROUP BY {k}, verdict),
+            m AS (SELECT {k}, sum(secs) AS bottleneck_seconds, arg_max(verdict, (secs, verdict)) AS main_verdict,
+                         list({{'verdict': verdict, 'seconds': secs}} ORDER BY secs DESC, verdict) AS verdicts
+                  FROM per GROUP BY {k})
+            SELECT any_value(m.bottleneck_seconds) AS bottleneck_seconds, any_value(m.main_verdict) AS main_verdict,
+                   any_value(m.verdicts) AS verdicts, count(*) AS findings,
+                   count(DISTINCT (f.host, f.gpu)) AS gpus,
+                   -- one finding's fields, never a mix of several: the main verdict's longest
+                   -- (ties broken by the latest start, then id)
+                   arg_max({{'host': f.host, 'gpu': f.gpu, 'job': f.job, 'id': f.id, 'summary': f.summary,
+                             'confidence': f.confidence, 'flags': f.flags}},
+                           (f.verdict = m.main_verdict, overlap, start, id)) AS longest
+            FROM f JOIN m ON {same}
+            GROUP BY {', '.join('m.' + c for c in keys)}
+            ORDER BY bottleneck_seconds DESC, {', '.join('m.' + c for c in keys)} LIMIT ?"""
         out = []
         for r in _dicts(self.reader().execute(sql, [now, end, start] + args + [limit])):
-            longest = r.pop("longest")
+            longest = r["longest"]
             out.append(dict(host=longest["host"], gpu=longest["gpu"], bottleneck_seconds=r["bottleneck_seconds"],
-                            main_verdict=longest["verdict"], findings=r["findings"], gpus=r["gpus"],
-                            job=longest["job"], finding_id=longest["id"], summary=longest["summary"],
-                            confidence=longest["confidence"],
+                            main_verdict=r["main_verdict"], verdicts=r["verdicts"], findings=r["findings"],
+                            gpus=r["gpus"], job=longest["job"], finding_id=longest["id"],
+                            summary=longest["summary"], confidence=longest["confidence"],
                             flags=json.loads(longest["flags"]) if longest["flags"] else []))
         return out
 

@@ -255,7 +255,8 @@ def top(server: str, start: float | None = None, end: float | None = None, host:
         host=x.host, gpu=x.gpu, job=x.job, verdict=x.verdict, bottleneck_seconds=x.bottleneck_seconds,
         share=x.share, findings=x.findings, gpus=x.gpus, now_verdict=x.now_verdict or None,
         now_since=x.now_since or None, confidence=x.confidence, summary=x.summary, flags=list(x.flags),
-        finding_id=x.finding_id) for x in r.rows])
+        finding_id=x.finding_id, verdicts=[dict(verdict=v.verdict, seconds=v.seconds) for v in x.verdicts],
+        stale=x.stale, last_seen_age_s=x.last_seen_age_seconds or None) for x in r.rows])
 
 
 def findings(server: str, host: str = "", gpu: int | None = None, verdicts: list[str] | None = None,

@@ -38,14 +38,18 @@ def _nothing(ns, what: str, default_range: str = "") -> str:
         asked.append("flag " + " and ".join(ns.flag))
     line = f"no {what}" + (f" for {', '.join(asked)}" if asked else "")
     if getattr(ns, "since", None):
-        whole = next((f"{ns.since / n:g}{u}" for n, u in ((86400, "d"), (3600, "h"), (60, "m"))
-                      if ns.since % n == 0), None)      # as typed: 1h, not 60m
-        line += f" in the last {whole or age(ns.since)}"
+        line += f" in the last {_as_typed(ns.since)}"
     elif getattr(ns, "start", None) is not None or getattr(ns, "end", None) is not None:
         line += " in that time range"
     else:
         line += default_range
     return line + _known(ns)
+
+
+def _as_typed(seconds: float) -> str:
+    """A range as people type it: 1h, not 60m; 90m as 90m."""
+    whole = next((f"{seconds / n:g}{u}" for n, u in ((86400, "d"), (3600, "h"), (60, "m")) if seconds % n == 0), None)
+    return whole or age(seconds)
 
 
 def _known(ns) -> str:
@@ -178,23 +182,35 @@ def _watch_top(ns) -> int:
 
 
 def render_top(r: dict, ns) -> str:
+    """Three lines a row: the ranking (TIME in any bottleneck, VERDICT the
+    one that held most of it, ID its longest finding, NOW what is open on it
+    now), then whose job it is with the time per verdict, then the evidence."""
     span = r["end"] - r["start"]
-    whole = f"last {age(span)}" if abs(r["end"] - time.time()) < 60 else f"{_when(r['start'])} -> {_when(r['end'])}"
-    head = (f"most bottlenecked {'jobs' if r['by'] == 'job' else 'GPUs'}{' of ' + ns.host if ns.host else ''}, "
-            f"{whole} (idle is not a bottleneck)")
+    whole = f"last {_as_typed(round(span))}" if abs(r["end"] - time.time()) < 60 else \
+        f"{_when(r['start'])} -> {_when(r['end'])}"
+    by_job = r["by"] == "job"
+    head = (f"most bottlenecked {'jobs' if by_job else 'GPUs'}{' of ' + ns.host if ns.host else ''}, {whole}: "
+            f"TIME in any bottleneck (idle is none), VERDICT the one that held most of it")
     if not r["rows"]:
         return head + "\n" + _nothing(ns, "bottlenecks")
-    who = "JOB" if r["by"] == "job" else "GPU"
-    lines = [head, "", f"{who:<28} {'TIME':>6} {'SHARE':>6}  {'VERDICT':<20} {'NOW':<28} {'ID':<12}  "
-                      + ("GPUS" if r["by"] == "job" else "JOB")]
+    lines = [head, "", f"{'JOB' if by_job else 'GPU':<24} {'VERDICT':<20} {'TIME':>5} {'SHARE':>5}  {'ID':<8}  NOW"]
     for x in r["rows"]:
-        now = (f"{x['now_verdict']} for {age(time.time() - x['now_since'])}" if x["now_verdict"] else "-")
-        name = x["job"] or "-" if r["by"] == "job" else f"{x['host']}/gpu{x['gpu']}"
-        last = str(x["gpus"]) if r["by"] == "job" else (x["job"] or "-")
-        lines.append(f"{_fit(name, 28):<28} {age(x['bottleneck_seconds']):>6} {human.percent(x['share']):>6}  "
-                     f"{x['verdict']:<20} {_fit(now, 28):<28} {x['finding_id']:<12}  {_fit(last, 40)}")
+        if x.get("stale"):
+            now = f"stale, {seen(True, x.get('last_seen_age_s'))[6:]} silent"
+        elif x["now_verdict"]:
+            now = f"{x['now_verdict']} {age(time.time() - x['now_since'])}"
+        else:
+            now = "nothing open"
+        name = f"{x['host']}: {x['job'] or 'no process'}" if by_job else f"{x['host']}/gpu{x['gpu']}"
+        lines.append(f"{_fit(name, 24):<24} {x['verdict']:<20} {age(x['bottleneck_seconds']):>5} "
+                     f"{human.percent(x['share']):>5}  {x['finding_id'][:8]:<8}  {now}")
+        split = ", ".join(f"{v['verdict']} {age(v['seconds'])}" for v in x.get("verdicts") or ()) \
+            if len(x.get("verdicts") or ()) > 1 else ""
+        who = (f"{human.many(x['gpus'], 'GPU')} of {x['host']}" if by_job else
+               f"job {x['job']}" if x["job"] else "no process seen on it")
+        lines.append(f"    {who}" + (f"; {split}" if split else ""))
         lines.append(f"    {x['summary']}" + (f" [{', '.join(f.replace('_', '-') for f in x['flags'])}]"
-                                                 if x["flags"] else ""))
+                                               if x["flags"] else ""))
     return "\n".join(lines)
 
 

@@ -94,3 +94,32 @@ def test_findings_by_flag(tmp_path):
         assert ids(flags=["power"]) == []                       # whole words, not a substring of one
     finally:
         s.close()
+
+
+def test_top_keeps_each_hosts_jobs_apart_and_names_the_verdict_that_held_longest(tmp_path):
+    """Found in a trial: pid 461 on three hosts was one job on 3 GPUs, and a
+    row's verdict was its single longest finding's while TIME summed all of
+    them (60 s memory-bound + 95 s in three others read as "launch-bound")."""
+    import json
+
+    from gpuscope.analyzers.store import FINDING_COLUMNS
+    s = Store(StoreConfig(str(tmp_path / "top.duckdb")))
+    try:
+        def f(fid, host, gpu, verdict, start, end, job="pid:461 python serve.py"):
+            d = dict(id=fid, host=host, gpu=gpu, job=job, verdict=verdict, start=start, end=end, confidence=0.9,
+                     windows=1, flags=json.dumps([]), summary=f"{verdict} evidence")
+            return tuple(d.get(c) for c in FINDING_COLUMNS)
+        s.upsert_findings([f("m1", "a", 0, "memory-bound", 0, 30), f("m2", "a", 0, "memory-bound", 40, 70),
+                           f("l1", "a", 0, "launch-bound", 70, 110), f("c1", "a", 0, "compute-bound", 110, 130),
+                           f("x1", "b", 0, "host-bound", 0, 20), f("x2", "c", 1, "host-bound", 0, 10)])
+        gpus = s.top_bottlenecked(0, 200, by="gpu")
+        assert [(r["host"], r["main_verdict"], r["bottleneck_seconds"]) for r in gpus][0] == ("a", "memory-bound", 120)
+        assert gpus[0]["verdicts"] == [dict(verdict="memory-bound", seconds=60.0),
+                                       dict(verdict="launch-bound", seconds=40.0),
+                                       dict(verdict="compute-bound", seconds=20.0)]
+        assert gpus[0]["finding_id"] in ("m1", "m2")          # the main verdict's longest, not launch-bound's
+        jobs = s.top_bottlenecked(0, 200, by="job")
+        assert sorted((r["host"], r["gpus"], r["bottleneck_seconds"]) for r in jobs) == [
+            ("a", 1, 120.0), ("b", 1, 20.0), ("c", 1, 10.0)]
+    finally:
+        s.close()

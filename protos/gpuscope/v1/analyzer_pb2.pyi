@@ -74,7 +74,7 @@ class TopRequest(_message.Message):
     def __init__(self, start: _Optional[float] = ..., end: _Optional[float] = ..., host: _Optional[str] = ..., by: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class TopRow(_message.Message):
-    __slots__ = ("host", "gpu", "job", "verdict", "bottleneck_seconds", "share", "findings", "gpus", "now_verdict", "now_since", "confidence", "summary", "flags", "finding_id")
+    __slots__ = ("host", "gpu", "job", "verdict", "bottleneck_seconds", "share", "findings", "gpus", "now_verdict", "now_since", "confidence", "summary", "flags", "finding_id", "verdicts", "stale", "last_seen_age_seconds")
     HOST_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,9 @@ class TopRow(_message.Message):
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
     FINDING_ID_FIELD_NUMBER: _ClassVar[int]
+    VERDICTS_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     host: str
     gpu: int
     job: str
@@ -103,7 +106,18 @@ class TopRow(_message.Message):
     summary: str
     flags: _containers.RepeatedScalarFieldContainer[str]
     finding_id: str
-    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., job: _Optional[str] = ..., verdict: _Optional[str] = ..., bottleneck_seconds: _Optional[float] = ..., share: _Optional[float] = ..., findings: _Optional[int] = ..., gpus: _Optional[int] = ..., now_verdict: _Optional[str] = ..., now_since: _Optional[float] = ..., confidence: _Optional[float] = ..., summary: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., finding_id: _Optional[str] = ...) -> None: ...
+    verdicts: _containers.RepeatedCompositeFieldContainer[VerdictSeconds]
+    stale: bool
+    last_seen_age_seconds: float
+    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., job: _Optional[str] = ..., verdict: _Optional[str] = ..., bottleneck_seconds: _Optional[float] = ..., share: _Optional[float] = ..., findings: _Optional[int] = ..., gpus: _Optional[int] = ..., now_verdict: _Optional[str] = ..., now_since: _Optional[float] = ..., confidence: _Optional[float] = ..., summary: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., finding_id: _Optional[str] = ..., verdicts: _Optional[_Iterable[_Union[VerdictSeconds, _Mapping]]] = ..., stale: _Optional[bool] = ..., last_seen_age_seconds: _Optional[float] = ...) -> None: ...
+
+class VerdictSeconds(_message.Message):
+    __slots__ = ("verdict", "seconds")
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    verdict: str
+    seconds: float
+    def __init__(self, verdict: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class TopResponse(_message.Message):
     __slots__ = ("rows", "start", "end", "by")
