@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def source_args(sp, default):
         sp.add_argument("--source", default=default, help="nvml, replay:FILE, or auto (NVML, else the bundled H200 recording)")
-        sp.add_argument("--speed", type=number(0, 1000, above=True), default=1.0, help="replay speed (default 1)")
+        sp.add_argument("--speed", type=number(0, 1000, above=True), default=1.0, help="replay speed (default 1); `up` then samples and judges windows that much faster, "
+                             "so a window still holds 5 s of the recording (down to 1 s windows: above 5x findings "
+                             "get rare)")
         sp.add_argument("--interval", type=number(0.1, 60, unit=" s"), default=1.0, help="sampling interval in seconds, 0.1 to 60 (default 1)")
         sp.add_argument("--host", default=socket.gethostname(), help="host name reported (default: this host's)")
         sp.add_argument("--flush-interval", type=number(0.1, 60, unit=" s"), default=1.0,
@@ -99,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     source_args(sp, "auto")
     analyzer_args(sp)
     add_server_flags(sp, "default: tls/ beside --db, made on first start")
-    sp.set_defaults(fn=cmd_up)
+    # None: chosen for the source (a replay at --speed S samples and judges S times faster)
+    sp.set_defaults(fn=cmd_up, window=None, interval=None)
 
     sp = sub.add_parser("agent", help="the per-host sampling daemon")
     sp.add_argument("--analyzer", default="", help="analyzer HOST:PORT to stream to")

@@ -230,6 +230,26 @@ def _wait(stop: threading.Event, seconds: float | None, tick=None) -> None:
         stop.wait(left)
 
 
+RECORDING_WINDOW_S = 5.0     # what a window should hold of a recording: its phases last longer
+
+
+def _paced_for(ns, source: str) -> None:
+    """`up`'s sampling interval and window when not given: a replay at
+    --speed S plays S seconds of recording a second, so both shrink S times
+    (a 5 s window at 10x held 50 s of the recording, straddled its phases,
+    and every window was transitional: no finding in 8 minutes)."""
+    speed = ns.speed if source.startswith("replay:") else 1.0
+    if ns.interval is None:
+        ns.interval = max(0.1, min(1.0, 1.0 / speed))
+    if ns.window is None:
+        ns.window = max(1.0, RECORDING_WINDOW_S / speed)
+    held = ns.window * speed
+    if held > RECORDING_WINDOW_S:
+        logs.say(f"at --speed {speed:g} a {ns.window:g} s window holds {held:g} s of the recording, longer than "
+                 "some of its phases: more windows straddle two, are transitional and open no finding "
+                 f"(--speed {RECORDING_WINDOW_S / ns.window:g} or less to see every phase)", "warning")
+
+
 def _install_signals() -> threading.Event:
     """Ctrl-C and SIGTERM set the event the server waits on. Installed before
     anything starts: one that arrives during start-up lets start-up finish and
@@ -312,6 +332,7 @@ def cmd_up(ns) -> int:
     log_path = _logs_beside_the_view(ns)
     # the source first: a wrong --source is the user's to fix whatever holds the port
     collector, source = make_source(ns.source, ns.speed, allow_fallback=True)
+    _paced_for(ns, source)
     serving = parse_serving(ns.serving or [])
     check_serving(*serving, [d.gpu for d in collector.devices()])      # before any file
     ensure_free(ns.listen)

@@ -51,7 +51,7 @@ def test_up_replays_without_a_gpu_and_answers_on_call_queries(fixture_dir, tmp_p
     db = tmp_path / "up.duckdb"
     hook = Receiver_()
     proc = subprocess.Popen(GPUSCOPE + ["up", "--db", str(db), "--listen", f"127.0.0.1:{port}",
-                                        "--speed", "5", "--window", "1", "--interval", "0.2", "--duration", "60s",
+                                        "--speed", "10", "--duration", "60s",   # window and interval follow --speed
                                         "--alert-webhook", hook.url + "/gpus"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     server = f"127.0.0.1:{port}"
