@@ -2,7 +2,9 @@
 root that wires collectors, agent, analyzer and servers together."""
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -19,7 +21,7 @@ from . import clients, logs
 from .agent import Agent, AgentConfig
 from .cliutil import UsageError, default_db
 from .exporter import AgentCollector, FleetCollector, registry, serve as serve_metrics
-from .security_flags import agent_security, server_tls_dir, server_tls_files, server_tokens
+from .security_flags import agent_security, default_tls_dir, server_tls_dir, server_tls_files, server_tokens
 from .serve import build_server, ensure_free, parse_hostport, shutdown
 from .service import AgentServicer
 from .uplink import Uplink, UplinkConfig
@@ -312,6 +314,18 @@ def _provision_local_pki(ns) -> None:
         logs.say(f"made a local CA and certificates in {made['dir']} ({', '.join(made['created'])})")
 
 
+def _client_security_words(ns) -> str:
+    """What an on-call command on this host must add to reach this `up`: the
+    TLS directory, unless it is where clients look by default (found in a
+    trial: with --db elsewhere the printed command was refused)."""
+    if ns.insecure:
+        return " --insecure"
+    tls = server_tls_dir(ns)
+    if tls and os.path.abspath(tls) != os.path.abspath(default_tls_dir()):
+        return f" --tls-dir {shlex.quote(tls)}"
+    return ""
+
+
 def _loopback(listen: str, port: int) -> str:
     host = listen.rpartition(":")[0]
     if host in ("0.0.0.0", "[::]", ""):
@@ -361,7 +375,7 @@ def cmd_up(ns) -> int:
     header = (f"gpuscope up: {source} ({ns.speed:g}x)  listening on {ns.listen.rpartition(':')[0]}:{port}  "
               f"db {ns.db}")
     logs.say(f"serving on {ns.listen.rpartition(':')[0]}:{port}; query it with "
-             f"`gpuscope findings --server {target}{' --insecure' if ns.insecure else ''}`")
+             f"`gpuscope findings --server {target}{_client_security_words(ns)}`")
     if log_path is not None:
         header += f"  logs {log_path}"
     started = time.time()

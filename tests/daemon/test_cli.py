@@ -281,3 +281,14 @@ def test_an_error_names_where_a_setting_came_from(tmp_path):
         in r.stderr and "--tls-dir" not in r.stderr, r.stderr
     r = run("findings", "--insecure", env={"GPUSCOPE_SERVER": f"127.0.0.1:{free_port()}"})
     assert r.returncode == 1 and "(the address came from $GPUSCOPE_SERVER)" in r.stderr, r.stderr
+
+
+def test_up_prints_the_on_call_command_that_works(tmp_path):
+    """Found in a trial: with --db outside the default place, the command `up`
+    printed was refused (the client looked for its TLS files elsewhere)."""
+    from gpuscope.daemon.cli import build_parser
+    from gpuscope.daemon.cmd_serve import _client_security_words
+    parse = build_parser().parse_args
+    assert _client_security_words(parse(["up", "--db", str(tmp_path / "x.duckdb")])) == f" --tls-dir {tmp_path}/tls"
+    assert _client_security_words(parse(["up", "--insecure"])) == " --insecure"
+    assert _client_security_words(parse(["up"])) == ""
