@@ -43,6 +43,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import structlog
+
 from . import catalogue as cat
 from . import dcgm_fields as df
 from .dcgm_bindings import DcgmBindings, load_dcgm, profiling_refusal, status_name
@@ -50,6 +52,7 @@ from .dcgm_values import FieldValueReader
 from .nvml import ARCHITECTURES, NvmlCollector, NvmlConfig, SourceUnavailable
 from .records import DeviceInfo, GpuSample, HealthKind, HealthRecord, ProcessRecord, Scrape
 
+log = structlog.get_logger("gpuscope.dcgm")
 ENV_HOSTENGINE = "DCGM_HOSTENGINE"
 DEFAULT_PORT = 5555                       # nv-hostengine's
 PROFILING = tuple(f.id for f in df.FIELDS if 1000 < f.id < 1100)
@@ -110,6 +113,7 @@ class DcgmCollector:
         self._lost: set[int] = set()
         self._uuid_gpu: dict[str, int] = {}
         self._entities: list[Any] = []
+        self._entity_ids: list[int] = []
         self._fast: list[int] = []
         self._slow: list[int] = []
         self._pauses = 0                  # captures running that asked for a pause
@@ -147,6 +151,8 @@ class DcgmCollector:
                                     "or --source replay:FILE on a machine without one")
         if self.config.processes:
             self._start_processes()
+        log.info("DCGM source started", where=self.where, gpus=len(self._gpus), status=self.source_status(),
+                 processes=self.processes_note or "from NVML, GPM off")
 
     def _start_hint(self, exc) -> str:
         s = self._b.structs
@@ -165,6 +171,7 @@ class DcgmCollector:
             nvml.start()
         except SourceUnavailable as exc:
             self.processes_note = f"no processes: NVML did not load ({exc})"
+            log.warning("DCGM source without processes: NVML did not load", error=str(exc))
             return
         self._nvml = nvml
 
@@ -307,6 +314,7 @@ class DcgmCollector:
         the profiling fields watched on any of them."""
         b = self._b
         self._entities = [b.structs.c_dcgmGroupEntityPair_t(b.fields.DCGM_FE_GPU, g) for g in live]
+        self._entity_ids = list(live)
         prof = {i for g in live for i in sess.profiling_fields.get(g, ())}
         self._fast = [i for i in FAST if i not in sess.refused_fields] + [i for i in PROFILING if i in prof]
 
@@ -379,7 +387,7 @@ class DcgmCollector:
             else:
                 scrape.count_error(f"dcgm.latest_values: {exc}")
             return {}
-        values, lost = self._reader.read(arr, len(ids) * len(self._entities))
+        values, lost = self._reader.read(arr, self._entity_ids, ids)
         for gpu in lost - self._lost:
             self._mark_lost(gpu, t, scrape)
         return values
@@ -407,6 +415,7 @@ class DcgmCollector:
         self._backoff = self.config.reconnect_initial_s
         self._next_attempt = self._monotonic() + self._backoff
         self._paused = False              # a restarted host engine is not paused; the reconnect pauses again
+        log.warning("DCGM host engine lost; reconnecting", where=self.where, error=self._down_reason)
         nvml = "processes still come from NVML" if self._nvml is not None else "nothing else comes meanwhile"
         for gpu in self._gpus:
             if gpu not in self._lost:
@@ -441,6 +450,8 @@ class DcgmCollector:
                                                   f"DCGM: {self.where} back after {down:.0f} s; every field "
                                                   f"watched again ({prof})"))
         self._down_since, self._down_reason = None, ""
+        log.info("DCGM host engine back; fields watched again", where=self.where, down_s=round(down, 1),
+                 profiling=prof)
 
     def _retry_profiling(self, scrape: Scrape) -> None:
         sess = self._session

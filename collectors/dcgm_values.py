@@ -14,6 +14,8 @@ profiling included. Missing is not zero: such a field is left out.
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
+from itertools import compress
 from types import ModuleType
 
 import numpy as np
@@ -21,6 +23,16 @@ import numpy as np
 from . import dcgm_fields as df
 
 _NO_METRIC = ""
+
+
+@dataclass
+class _Plan:
+    """What one request's answer looks like when DCGM keeps the order asked."""
+    entities: np.ndarray        # expected entity id of each value
+    fields: np.ndarray          # expected field id of each value
+    scale: np.ndarray           # per field asked: DCGM's unit -> the catalogue's
+    names: list[str]            # per field asked: the catalogue metric ("" when none)
+    mapped: np.ndarray          # per field asked: has a metric
 
 
 class FieldValueReader:
@@ -44,33 +56,60 @@ class FieldValueReader:
         self.metric = [_NO_METRIC] * size         # by field id: the catalogue metric
         for f in df.FIELDS:
             self.scale[f.id], self.metric[f.id] = f.scale, f.metric
+        self._plans: dict[tuple, _Plan] = {}
 
-    def read(self, array, count: int) -> tuple[dict[int, dict[str, float]], set[int]]:
-        """({gpu: {metric: value}}, GPUs DCGM says are lost) from the first
-        `count` values of an array of c_dcgmFieldValue_v2. DCGM may answer
-        entities in any order, so each value's own entity id is read."""
-        v = np.frombuffer(array, dtype=self.dtype, count=count)
-        fid, status, kind = v["field"], v["status"], v["type"]
+    def read(self, array, entities: list[int], field_ids: list[int]
+             ) -> tuple[dict[int, dict[str, float]], set[int]]:
+        """({gpu: {metric: value}}, GPUs DCGM says are lost) from the array
+        dcgmEntitiesGetLatestValues answered for these entities (GPU ids) and
+        fields. DCGM may answer entities in any order, so each value's own
+        entity and field ids are read; cached values come entity by entity,
+        field by field, as asked (DcgmCacheManager::GetMultipleLatestSamples),
+        and then each GPU's dict is built in C (itertools.compress) instead
+        of value by value."""
+        ne, nf = len(entities), len(field_ids)
+        v = np.frombuffer(array, dtype=self.dtype, count=ne * nf)
+        status, kind = v["status"], v["type"]
+        is_dbl = kind == self.double
+        dbl, i64 = v["dbl"], v["i64"]
+        good = ((status == 0) & (v["entity_group"] == self.gpu_group)
+                & ((is_dbl & (dbl < self.fp64_blank)) | ((kind == self.int64) & (i64 < self.int64_blank))))
+        raw = np.where(is_dbl, dbl, i64)
+        lost = set(v["entity"][status == self.gpu_is_lost].tolist()) if (status == self.gpu_is_lost).any() else set()
+        plan = self._plan(tuple(entities), tuple(field_ids))
+        if (v["entity"] == plan.entities).all() and (v["field"] == plan.fields).all():
+            scaled = (raw.reshape(ne, nf) * plan.scale).tolist()
+            good = (good.reshape(ne, nf) & plan.mapped).tolist()
+            names = plan.names
+            return {gpu: dict(zip(compress(names, ok), compress(row, ok)))
+                    for gpu, row, ok in zip(entities, scaled, good)}, lost
+        return self._read_any_order(v, good, raw), lost
+
+    def _plan(self, entities: tuple[int, ...], field_ids: tuple[int, ...]) -> _Plan:
+        plan = self._plans.get((entities, field_ids))
+        if plan is None:
+            fids = np.array([f if f < len(self.metric) else 0 for f in field_ids])
+            plan = _Plan(entities=np.repeat(np.array(entities, dtype=np.uint32), len(field_ids)),
+                         fields=np.tile(np.array(field_ids, dtype=np.uint16), len(entities)),
+                         scale=self.scale[fids], names=[self.metric[f] for f in fids],
+                         mapped=np.array([bool(self.metric[f]) for f in fids]))
+            if len(self._plans) > 64:     # the list changes only when profiling or a GPU comes or goes
+                self._plans.clear()
+            self._plans[(entities, field_ids)] = plan
+        return plan
+
+    def _read_any_order(self, v, good, raw) -> dict[int, dict[str, float]]:
+        fid = v["field"]
         known = fid < len(self.metric)
         fid = np.where(known, fid, 0)
-        is_dbl, is_int = kind == self.double, kind == self.int64
-        dbl, i64 = v["dbl"], v["i64"]
-        good = (known & (status == 0) & (v["entity_group"] == self.gpu_group)
-                & ((is_dbl & (dbl < self.fp64_blank)) | (is_int & (i64 < self.int64_blank))))
-        raw = np.where(is_dbl, dbl, i64.astype(np.float64))
-        scaled = raw * self.scale[fid]
+        idx = np.flatnonzero(good & known)
         out: dict[int, dict[str, float]] = {}
         names = self.metric
-        idx = np.flatnonzero(good)
-        for gpu, f, x in zip(v["entity"][idx].tolist(), fid[idx].tolist(), scaled[idx].tolist()):
-            name = names[f]
-            if name:
-                values = out.get(gpu)
-                if values is None:
-                    values = out[gpu] = {}
-                values[name] = x
-        lost = set(v["entity"][status == self.gpu_is_lost].tolist()) if (status == self.gpu_is_lost).any() else set()
-        return out, lost
+        scaled = raw[idx] * self.scale[fid[idx]]
+        for gpu, f, x in zip(v["entity"][idx].tolist(), fid[idx].tolist(), scaled.tolist()):
+            if names[f]:
+                out.setdefault(gpu, {})[names[f]] = x
+        return out
 
     def read_raw(self, array, count: int) -> dict[tuple[int, int], float]:
         """{(gpu, field id): DCGM's own value} for fields outside the catalogue

@@ -88,6 +88,16 @@ def test_blank_and_unavailable_values_are_missing_not_zero():
     assert not s.errors and not s.health
 
 
+def test_values_answered_in_another_order_still_land_on_their_gpu():
+    eng, c = started(h200(values={203: 10}, prof={1002: 0.1}), h200(values={203: 20}),
+                     h200(values={203: 30}, prof={1002: 0.3}))
+    eng.reorder = True                    # "the returned entities are not guaranteed to be in any order"
+    s = c.scrape()
+    assert [(x.gpu, x.values["util_gpu_ratio"]) for x in s.samples] == [(0, 0.1), (1, 0.2), (2, 0.3)]
+    assert s.samples[2].values["gpm_sm_util_ratio"] == 0.3 and s.samples[0].values["gpm_sm_util_ratio"] == 0.1
+    assert len(s.samples[1].values) == len(s.samples[0].values)
+
+
 def test_device_info_comes_from_dcgm_and_says_its_source():
     _, c = started(h200(), a100())
     d0, d1 = c.devices()

@@ -290,7 +290,7 @@ def dcgmEntitiesGetLatestValues(dcgmHandle, entities, fieldIds, flags):
         values = (_S.c_dcgmFieldValue_v2 * (len(fieldIds) * len(entities)))()
         now = eng.now_us()
         i = 0
-        for group_id, entity_id in pairs:
+        for group_id, entity_id in (reversed(pairs) if eng.reorder else pairs):
             for fid in fieldIds:
                 _fill(eng, values[i], entity_id if group_id == dcgm_fields.DCGM_FE_GPU else -1, fid, flags, now)
                 i += 1

@@ -133,6 +133,7 @@ class HostEngine:
         self.field_groups: dict[int, tuple[int, str, list[int]]] = {}   # id -> (owner, name, field ids)
         self.watches: dict[tuple[int, int], set[int]] = {}      # (gpu, field) -> handles watching
         self.paused = False
+        self.reorder = False                 # answer entities last first (DCGM promises no order)
         self.calls = self.connects = self.pauses = self.resumes = 0
         self._ids = 100
         self._cache: dict = {}
