@@ -429,6 +429,7 @@ class DcgmCollector:
         if self._monotonic() < self._next_attempt:
             return
         s = self._b.structs
+        lost_before = set(self._lost)
         try:
             sess = self._open()
         except s.DCGMError as exc:
@@ -437,6 +438,9 @@ class DcgmCollector:
             self._next_attempt = self._monotonic() + self._backoff
             return
         self._session = sess
+        for gpu in sorted(self._lost - lost_before):
+            scrape.health.append(HealthRecord(gpu, t, HealthKind.GPU_LOST, f"DCGM: the {self.where} came back "
+                                              "without this GPU; the other GPUs keep being sampled"))
         if self._pauses:
             self._apply_pause(True, t)
         down = t - (self._down_since or t)

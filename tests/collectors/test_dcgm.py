@@ -169,6 +169,19 @@ def test_gpu_lost_is_a_health_event_and_the_others_keep_sampling():
     assert [x.gpu for x in c.scrape().samples] == [0, 2] and c.devices()[1].lost
 
 
+def test_a_gpu_missing_when_the_host_engine_comes_back_is_lost():
+    clock = Clock()
+    eng, c = started(h200(), h200(), address=STANDALONE, clock=clock)
+    eng.kill()
+    c.scrape()
+    eng.gpus[1].lost = True
+    eng.restart()
+    clock.now += 1.0
+    s = c.scrape()
+    assert [(h.gpu, h.kind) for h in s.health] == [(1, HealthKind.GPU_LOST), (0, HealthKind.RECOVERED)]
+    assert [x.gpu for x in s.samples] == [0] and c.source_status()[1] == "dcgm (GPU lost)"
+
+
 def test_new_uncorrected_ecc_errors_are_a_health_event():
     eng, c = started(h200())
     c.scrape_slow()
