@@ -16,8 +16,8 @@ the latest cached values of every GPU in one dcgmEntitiesGetLatestValues
 call; nothing is asked of the driver on our tick.
 
 Profiling fields are tried whole (with the tensor HMMA and integer pipes),
-then as the core set 1001-1012 that fits one pass on every GPU DCGM
-profiles; a GPU that refuses both is sampled without them, and
+then as the core set (1001-1012, FP64 left out: no metric reads it) that
+fits one pass on every GPU DCGM profiles; a GPU that refuses both is sampled without them, and
 `source_status()` says why. One refused because another profiler holds the
 counters (DCGM_ST_IN_USE) is asked again every `profiling_retry_s`.
 
