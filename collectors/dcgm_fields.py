@@ -1,8 +1,9 @@
 """DCGM fields, by name and by numeric id, mapped onto the metric catalogue.
 
 One table for every reader of DCGM: dcgm-exporter scrapes saved to a file
-(collectors/dcgm_exporter_saved.py) today, a live DCGM collector (field
-ids) and a live dcgm-exporter scraper (field names) later. Ids and units
+(collectors/dcgm_exporter_saved.py), the live DCGM collector
+(collectors/dcgm.py, by field id), and a live dcgm-exporter scraper (field
+names). Ids and units
 are DCGM's own (dcgm_fields.h / dcgm_fields.py of NVIDIA/DCGM); dcgm-exporter
 names each metric after its field and keeps the field's unit.
 
@@ -114,6 +115,10 @@ NOT_READ: dict[str, str] = {
     "DCGM_FI_DEV_XID_ERRORS": "the last XID seen, an event rather than a level (gpuscope's NVML collector "
                               "records XIDs as health events)",
 }
+
+# Fields a host engine older than DCGM 4.2.3 does not know (dcgm_fields.py of NVIDIA/DCGM gained them
+# there): it refuses a field group that names one (DCGM_ST_BADPARAM), so a live reader watches the rest.
+SINCE_4_2: frozenset[int] = frozenset({1420, 1421, 1422, 1423, 1424})
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS} | {old: {f.name: f for f in FIELDS}[new]
                                                            for old, new in ALIASES.items()}

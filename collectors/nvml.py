@@ -249,7 +249,7 @@ class NvmlCollector:
             architecture=ARCHITECTURES.get(arch, "") if arch is not None else "",
             memory_total_bytes=getattr(mem, "total", None),
             power_limit_watts=cat.normalise(_M["power_limit_watts"], limit) if limit is not None else None,
-            pcie_generation=gen, pcie_width=width, gpm_supported=gpm)
+            pcie_generation=gen, pcie_width=width, gpm_supported=gpm, source="nvml")
 
     def _start_events(self) -> None:
         n = self._nvml
@@ -323,6 +323,29 @@ class NvmlCollector:
                 if cpus:
                     values["procs_cpu_cores"] = sum(cpus)
         return GpuSample(dev.index, t, values, procs)
+
+    def processes_by_uuid(self, scrape: Scrape) -> dict[str, tuple[ProcessRecord, ...]]:
+        """Each GPU's compute processes and their host CPU, keyed by GPU UUID:
+        the process path alone, for a collector that takes the devices'
+        metrics elsewhere (DCGM numbers GPUs its own way, so UUIDs match
+        them). A GPU NVML finds lost is left out without a health event:
+        the other source reports its GPUs' health under its own numbers."""
+        out: dict[str, tuple[ProcessRecord, ...]] = {}
+        live_pids: set[int] = set()
+        n = self._nvml
+        with self._lock:
+            for dev in self._devices:
+                if dev.lost or not dev.info.uuid:
+                    continue
+                try:
+                    raw = dev.call("processes", scrape, n.nvmlDeviceGetComputeRunningProcesses, dev.handle)
+                except _Lost:
+                    dev.lost = True
+                    continue
+                if raw is not None:
+                    out[dev.info.uuid] = tuple(self._process(p, live_pids) for p in raw)
+        self._proc.forget_except(live_pids)
+        return out
 
     def _process(self, p: Any, live_pids: set[int]) -> ProcessRecord:
         live_pids.add(p.pid)

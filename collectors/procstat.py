@@ -19,6 +19,7 @@ class ProcStat:
                  clock: Callable[[], float] = time.monotonic,
                  max_tracked: int = 4096):
         self._root = Path(proc_root)
+        self._root_str = str(self._root)
         self._clock = clock
         self._last: dict[int, tuple[float, float]] = {}   # pid -> (clock, cpu s)
         self._commands: dict[int, str] = {}
@@ -26,10 +27,18 @@ class ProcStat:
 
     def cpu_seconds(self, pid: int) -> float | None:
         """utime+stime of the process, or None when it is gone or unreadable."""
+        # os.open/os.read, not Path.read_bytes: this runs for every GPU process on every tick, and
+        # pathlib's parsing and file object cost more than the read itself (~10 us of ~25 us)
         try:
-            raw = (self._root / str(pid) / "stat").read_bytes()
+            fd = os.open(f"{self._root_str}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return None
+        try:
+            raw = os.read(fd, 4096)       # one line of ~300 bytes; the command name is at most 64
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
         # The command name may hold spaces and parentheses: split after the last ')'.
         fields = raw.rpartition(b")")[2].split()
         try:

@@ -43,6 +43,9 @@ class DeviceInfo:
     pcie_width: int | None = None
     gpm_supported: bool = False
     lost: bool = False
+    # where its samples come from and what that source can see of it, for people:
+    # "nvml", "dcgm (profiling)", "dcgm (no profiling: another profiler holds the counters)"
+    source: str = ""
 
 
 @dataclass(frozen=True, slots=True)

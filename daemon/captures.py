@@ -32,7 +32,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 import structlog
 
@@ -100,14 +100,24 @@ def _outcome(result, path: Path | None, kept: list[str], skipped: list[dict], ro
     return "ok" if not result.empty else "ok-empty", "; ".join(f"not kept: {f['reason']}" for f in skipped)
 
 
+class ProfilingPause(Protocol):
+    """A source that holds the GPUs' performance counters (DCGM's profiling)
+    and lets go of them while a capture's profiler needs them. Never raises."""
+    def pause_profiling(self) -> None: ...
+    def resume_profiling(self) -> None: ...
+
+
 class CaptureRunner:
     def __init__(self, config: CaptureConfig, host: str = socket.gethostname(),
                  client_factory: Callable[[str], XlaProfilerClient] = XlaProfilerClient,
                  clock: Callable[[], float] = time.time, new_id: Callable[[], str] = _new_id,
-                 job_owner: Callable[[int], tuple[int, int] | None] | None = None):
+                 job_owner: Callable[[int], tuple[int, int] | None] | None = None,
+                 profiling: ProfilingPause | None = None):
         """Raises ValueError when the capture directory exists and is not
-        safe to write in (fail fast); a missing one is made by the first capture."""
+        safe to write in (fail fast); a missing one is made by the first capture.
+        `profiling`: paused for the length of each capture's profiler session."""
         self.config = config
+        self._profiling = profiling
         self.host = host
         self._client_factory = client_factory
         self._clock = clock
@@ -160,8 +170,7 @@ class CaptureRunner:
                 safe_files.hand_to(root_fd, cap_fd, *owner)
             root = self.config.directory / rec.id
             try:
-                result = (client or self._client_factory(target)).capture(duration_ms, root, rec.id, self.host,
-                                                                          margin_s=self.config.margin_s)
+                result = self._profiled(client or self._client_factory(target), duration_ms, root, rec.id)
                 path, data, kept, skipped = self._keep_session(result, root, cap_fd)
                 status, error = _outcome(result, path, kept, skipped, root)
                 rec.path, rec.size_bytes = (str(path), len(data)) if path is not None else ("", 0)
@@ -192,6 +201,16 @@ class CaptureRunner:
             if not busy:
                 with self._lock:
                     self._running.discard(key)
+
+    def _profiled(self, client, duration_ms: int, root: Path, capture_id: str):
+        """The profiler's session, with the counters let go by whoever holds them (DCGM) until it ends."""
+        if self._profiling is not None:
+            self._profiling.pause_profiling()
+        try:
+            return client.capture(duration_ms, root, capture_id, self.host, margin_s=self.config.margin_s)
+        finally:
+            if self._profiling is not None:
+                self._profiling.resume_profiling()
 
     def _complete_late(self, rec: CaptureRecord, late, on_late) -> None:
         """A `slow` capture's trace, taken when the engine has written it:

@@ -28,11 +28,14 @@ from .uplink import Uplink, UplinkConfig
 
 
 def make_source(spec: str, speed: float, allow_fallback: bool):
-    """Returns (collector, description). nvml|replay:FILE|auto."""
+    """Returns (collector, description). nvml|dcgm[:HOST[:PORT]]|replay:FILE|auto."""
     if spec.startswith("replay:"):
         return _replay(spec.removeprefix("replay:"), speed)
+    if spec == "dcgm" or spec.startswith("dcgm:"):
+        from gpuscope.collectors.dcgm import start_dcgm
+        return _Started(start_dcgm(spec)), spec
     if spec not in ("nvml", "auto"):
-        raise UsageError(f"--source: {spec!r}, expected nvml, replay:FILE or auto")
+        raise UsageError(f"--source: {spec!r}, expected nvml, replay:FILE or auto, or dcgm[:HOST[:PORT]]")
     collector = NvmlCollector(NvmlConfig())
     try:
         collector.start()
@@ -74,7 +77,9 @@ def _setup_captures(agent: Agent, ns, analyzer_target: str | None, links, servin
     from .captures import CaptureConfig, CaptureRunner
     from .convert import capture_pb
 
-    agent.captures = CaptureRunner(CaptureConfig(capture_dir(ns), max_bytes=ns.capture_budget_mb << 20), ns.host)
+    profiling = agent.collector if hasattr(agent.collector, "pause_profiling") else None   # DCGM's, paused meanwhile
+    agent.captures = CaptureRunner(CaptureConfig(capture_dir(ns), max_bytes=ns.capture_budget_mb << 20), ns.host,
+                                   profiling=profiling)
     if serving is None:
         serving = parse_serving(ns.serving or [])
         check_serving(*serving, [d.gpu for d in agent.devices()])

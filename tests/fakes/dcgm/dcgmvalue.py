@@ -1,0 +1,29 @@
+"""Fake of NVIDIA's `dcgmvalue` (DCGM testing/python3/dcgmvalue.py): the
+sentinels DCGM writes instead of a value, with the real names and values.
+A value at or above its type's BLANK is no value at all."""
+
+DCGM_INT32_BLANK = 0x7ffffff0
+DCGM_INT64_BLANK = 0x7ffffffffffffff0
+# 2 ** 47: FP64 keeps 52 bits of mantissa, so BLANK + 0..15 are distinct
+DCGM_FP64_BLANK = 140737488355328.0
+DCGM_STR_BLANK = "<<<NULL>>>"
+
+DCGM_INT32_NOT_FOUND = DCGM_INT32_BLANK + 1
+DCGM_INT64_NOT_FOUND = DCGM_INT64_BLANK + 1
+DCGM_FP64_NOT_FOUND = DCGM_FP64_BLANK + 1.0
+
+DCGM_INT32_NOT_SUPPORTED = DCGM_INT32_BLANK + 2
+DCGM_INT64_NOT_SUPPORTED = DCGM_INT64_BLANK + 2
+DCGM_FP64_NOT_SUPPORTED = DCGM_FP64_BLANK + 2.0
+
+DCGM_INT32_NOT_PERMISSIONED = DCGM_INT32_BLANK + 3
+DCGM_INT64_NOT_PERMISSIONED = DCGM_INT64_BLANK + 3
+DCGM_FP64_NOT_PERMISSIONED = DCGM_FP64_BLANK + 3.0
+
+
+def DCGM_INT64_IS_BLANK(val):
+    return val >= DCGM_INT64_BLANK
+
+
+def DCGM_FP64_IS_BLANK(val):
+    return val >= DCGM_FP64_BLANK
