@@ -72,17 +72,20 @@ def build_report(store: Store, finding_id: str, context_s: float = 0.0, now: flo
 
 
 def _changes(before: dict, during: dict) -> list[dict]:
-    """Metrics that moved most between the baseline and the incident (by
-    `relative`, the change over the larger of the two, so that a rise and a
-    fall rank alike), and clocks, power and temperature whenever they moved
-    by 5 % or more."""
+    """Metrics that moved most between the baseline and the incident, and
+    clocks, power and temperature whenever they moved by 5 % or more: each
+    with `relative` ((during - before) / |before|, None from 0) and `factor`
+    (during / before)."""
     out = []
     for m in KEY_METRICS:
         b, d = before.get(m), during.get(m)
         if b is None or d is None:
             continue
-        scale = max(abs(b), abs(d), 1e-9)
-        out.append(dict(metric=m, before=b, during=d, change=d - b, relative=(d - b) / scale))
-    out.sort(key=lambda r: abs(r["relative"]), reverse=True)
-    top = [r for r in out if abs(r["relative"]) >= 0.1][:6]
-    return top + [r for r in out if r not in top and r["metric"] in ALWAYS_NAMED and abs(r["relative"]) >= 0.05]
+        # `relative` and `factor` as people read them (+15.3 is 16.3x the before); the ranking uses the
+        # change over the larger of the two, so that a rise and a fall of the same size rank alike
+        out.append(dict(metric=m, before=b, during=d, change=d - b, relative=(d - b) / abs(b) if b else None,
+                        factor=d / b if b else None, _rank=abs(d - b) / max(abs(b), abs(d), 1e-9)))
+    out.sort(key=lambda r: r["_rank"], reverse=True)
+    top = [r for r in out if r["_rank"] >= 0.1][:6]
+    named = top + [r for r in out if r not in top and r["metric"] in ALWAYS_NAMED and r["_rank"] >= 0.05]
+    return [{k: v for k, v in r.items() if k != "_rank"} for r in named]

@@ -24,7 +24,7 @@ from gpuscope.security.context import current_caller
 from gpuscope.security.redact import command_label
 
 from .analyzer import Analyzer
-from .report import AmbiguousId
+from .report import MIN_PREFIX, AmbiguousId
 from .events import Watch
 from .ingest import BatchError, validate_capture_record
 from .store import AGGREGATES
@@ -340,6 +340,10 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         except AmbiguousId as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if report is None:
+            if 0 < len(request.finding_id) < MIN_PREFIX:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"finding_id {request.finding_id!r} is too short to name a finding: give its "
+                                    f"first {MIN_PREFIX} characters or more (`gpuscope findings` lists them)")
             await context.abort(grpc.StatusCode.NOT_FOUND, f"finding_id: no finding {request.finding_id!r} "
                                                            "(`gpuscope findings` lists them; give an id whole, or "
                                                            "its first 4 characters or more)")

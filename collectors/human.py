@@ -88,8 +88,10 @@ def value(unit: str, v: float | None) -> str:
         return clock_events(v)
     if unit == "celsius":
         return f"{v:.0f} °C"
-    if unit in ("count", "cores") and float(v).is_integer():
-        return f"{v:,.0f}" + (" cores" if unit == "cores" else "")
+    if unit == "cores":                     # host CPU: `0.28 cores` beside `2.67 cores`, never "275 mcores"
+        return f"{v:,.0f} cores" if float(v).is_integer() else f"{v:.2f} cores"
+    if unit == "count" and float(v).is_integer():
+        return f"{v:,.0f}"
     if unit in ("count", "1/s"):            # requests, tokens: plain numbers, never "500 m"
         text = f"{v:,.0f}" if abs(v) >= 100 else _three(v)
         return text + ("/s" if unit == "1/s" else "")

@@ -248,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("report", help="the story of one finding: counters, verdicts, captures, anomalies")
     sp.add_argument("finding_id")
     server_args(sp)
-    sp.add_argument("--context", type=duration, default=None, help="before/after window (default: the episode's length)")
+    sp.add_argument("--context", type=duration, default=None, help="seconds shown before and after the episode (default or 0: the episode's length, "
+                         "at least 60 s and at most 30 min)")
     sp.set_defaults(fn=cmd_report)
 
     sp = sub.add_parser("accuracy", help="how often counters verdicts agreed with the traces taken at the time")

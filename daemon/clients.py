@@ -45,6 +45,9 @@ def _client_error(exc: grpc.RpcError, server: str, security: ClientSecurity, wan
     if exc.code() == grpc.StatusCode.UNAVAILABLE:
         return ClientError(f"cannot reach {server}: {exc.details()} "
                            "(is `gpuscope up` or `gpuscope analyzer` running there?)")
+    if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                      grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE):
+        return ClientError(exc.details() or exc.code().name)    # the server's words are for people already
     return ClientError(f"{server}: {exc.code().name}: {exc.details()}")
 
 
@@ -168,7 +171,8 @@ def records(server: str, table: str, host: str = "", since: float = 0.0, limit: 
 
 
 def report(server: str, finding_id: str, context_s: float = 0.0, *, security: ClientSecurity = INSECURE) -> dict:
-    req = apb.ReportRequest(finding_id=finding_id, context_seconds=context_s)
+    # ids are lowercase hex: `7E61AC` and a pasted `'7e61 '` mean the same finding
+    req = apb.ReportRequest(finding_id=finding_id.strip().lower(), context_seconds=context_s)
     return json.loads(_call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).Report(req, timeout=t),
                             timeout=60, security=security).json)
 

@@ -448,15 +448,22 @@ def _when(t: float | None, today: float | None = None) -> str:
 
 def _moved(ch: dict) -> str:
     """How much a number moved, relative to where it was: `16× more`,
-    `3.2× less`, `+24 %`."""
+    `3.2× less`, `+24 %`, `to 0`."""
     factor = ch["during"] / ch["before"] if ch["before"] else None
     if factor is None:
         return "from 0"
+    if factor == 0:
+        return "to 0"
     if factor >= 2:
-        return f"{factor:.3g}× more"
+        return f"{_times(factor)} more"
     if 0 < factor <= 0.5:
-        return f"{1 / factor:.3g}× less"
+        return f"{_times(1 / factor)} less"
     return f"{(factor - 1) * 100:+.0f} %"
+
+
+def _times(x: float) -> str:
+    """`16.1×`, `891×`, `1,490×`: never an exponent."""
+    return f"{x:,.0f}×" if x >= 100 else f"{x:.3g}×"
 
 
 def _said(metric: str, v: float | None) -> str:
@@ -466,9 +473,10 @@ def _said(metric: str, v: float | None) -> str:
 
 def render_report(rep: dict) -> str:
     f, c, v = rep["finding"], rep["counters"], rep["verdict"]
+    trace = f"trace said {v['trace']}" if v["trace"] else "no trace judged it"
     lines = [f"finding {f['id']}: {f['host']}/gpu{f['gpu']} {v['decided']} (decided by {v['by']}; counters said "
-             f"{v['counters']}, trace said {v['trace'] or '-'})",
-             f"  {_when(f['start'])} -> {_when(f['end'])}, {f['windows']} windows, confidence "
+             f"{v['counters']}, {trace})",
+             f"  {_when(f['start'])} -> {_when(f['end'])}, {human.many(f['windows'], 'window')}, confidence "
              f"{f['confidence']:.2f}, job {f['job'] or '-'}", f"  {f['summary']}"]
     if f.get("flags"):
         lines.append(f"  flags: {', '.join(x.replace('_', '-') for x in f['flags'])}")

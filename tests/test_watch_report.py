@@ -65,6 +65,10 @@ def test_watch_streams_findings_anomalies_and_decisions_and_report_tells_the_sto
         text = render_report(rep)
         assert "memory-bound" in text and "what changed" in text
         assert clients.report(srv.target, mem["id"][:6])["finding"]["id"] == mem["id"]   # the first characters do
+        # as pasted: upper case, a trailing space (found in a trial: both refused)
+        assert clients.report(srv.target, mem["id"][:6].upper() + " ")["finding"]["id"] == mem["id"]
+        with pytest.raises(clients.ClientError, match="too short to name a finding: give its first 4"):
+            clients.report(srv.target, mem["id"][:2])
     finally:
         stop.set()
         agent.stop()
@@ -75,7 +79,7 @@ def test_report_of_an_unknown_finding_is_not_found(tmp_path):
     import pytest
     srv = AnalyzerServer(tmp_path / "r.duckdb")
     try:
-        with pytest.raises(clients.ClientError, match="NOT_FOUND"):
+        with pytest.raises(clients.ClientError, match="^finding_id: no finding 'nope'"):    # no gRPC words
             clients.report(srv.target, "nope")
     finally:
         srv.stop()

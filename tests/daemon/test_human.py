@@ -16,7 +16,7 @@ from gpuscope.daemon.cmd_oncall import render_report
     ("ratio", 0.739, "74 %"), ("ratio", 0.046, "4.6 %"), ("ratio", 0.0, "0 %"),
     ("bytes/s", 2.43e8, "243 MB/s"), ("hertz", 1.96e9, "1.96 GHz"), ("celsius", 61.4, "61 °C"),
     ("seconds", 0.297, "297 ms"), ("1/s", 2126.4, "2,126/s"), ("1/s", 3.5, "3.50/s"), ("count", 40.0, "40"),
-    ("count", 0.5, "0.50"), ("cores", 1.25, "1.25 cores"), ("watts", None, "—"), ("watts", float("nan"), "—"),
+    ("count", 0.5, "0.50"), ("cores", 1.25, "1.25 cores"), ("cores", 0.275, "0.28 cores"), ("watts", None, "—"), ("watts", float("nan"), "—"),
 ])
 def test_values_read_at_a_glance(unit, v, said):
     assert human.value(unit, v) == said
@@ -89,3 +89,24 @@ def test_a_whole_report_reads_as_reviewed(monkeypatch):
         SNAPSHOT.parent.mkdir(exist_ok=True)
         SNAPSHOT.write_text(text)
     assert text == SNAPSHOT.read_text()
+
+
+@pytest.mark.parametrize("before, during, said", [
+    (0.19, 0.000127, "1,496× less"), (0.046, 0.739, "16.1× more"), (0.38, 0.0, "to 0"), (0.0, 0.4, "from 0"),
+    (100.0, 124.0, "+24 %"), (2.82, 0.09, "31.3× less"),
+])
+def test_moves_read_without_exponents(before, during, said):
+    """Found in a trial: `(1.49e+03× less)` and `(-100 %)` beside `(891× less)`."""
+    from gpuscope.daemon.cmd_oncall import _moved
+    assert _moved(dict(before=before, during=during)) == said
+
+
+def test_report_json_says_relative_change_as_people_mean_it(tmp_path):
+    """Found in a trial: JSON had "relative": 0.94 for a 17x rise while the
+    text said 17.1x more."""
+    from gpuscope.analyzers.report import _changes
+    ch = {c["metric"]: c for c in _changes(dict(gpm_tensor_util_ratio=0.046, sm_clock_hertz=1.96e9),
+                                           dict(gpm_tensor_util_ratio=0.794, sm_clock_hertz=1.49e9))}
+    t = ch["gpm_tensor_util_ratio"]
+    assert round(t["factor"], 2) == 17.26 and round(t["relative"], 2) == 16.26
+    assert round(ch["sm_clock_hertz"]["relative"], 2) == -0.24 and "_rank" not in t
