@@ -18,7 +18,7 @@ from gpuscope.collectors.recording import RecordingError
 from gpuscope.collectors.xspace_reader import TraceError
 
 from . import client_config, clients, logs
-from .cliutil import VERDICTS, UsageError, default_db, duration, number, positive_float, positive_int
+from .cliutil import VERDICTS, UsageError, default_db, duration, number, positive_duration, positive_float, positive_int
 from .cmd_accuracy import cmd_accuracy
 from .cmd_calibrate import add_calibrate_parser
 from .cmd_certs import add_certs_parser
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "analyzer hold ~3x the agents, see docs/operations.md)")
         sp.add_argument("--buffer-samples", type=number(100, 100_000_000, int), default=50_000,
                         help="samples kept while the analyzer is away (default 50000; oldest dropped first)")
-        sp.add_argument("--duration", type=duration, default=None, help="stop after this long (default: run until Ctrl-C)")
+        sp.add_argument("--duration", type=positive_duration, default=None, help="stop after this long (default: run until Ctrl-C)")
         sp.add_argument("--capture-dir", default=None,
                         help="where deep captures are written (default: captures/ beside the DB: --db for up, "
                              "the default DB's directory for agent)")
@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-streams", type=number(2, 10_000_000, int), default=10_000,
                     help="agents' streams at once, two per agent (ingest, commands); on-call calls are not "
                          "counted (default 10000)")
-    sp.add_argument("--duration", type=duration, default=None, help="stop after this long")
+    sp.add_argument("--duration", type=positive_duration, default=None, help="stop after this long")
     sp.add_argument("--engine", choices=("process", "thread"), default="process",
                     help="process (default): store and live analysis in a process of their own, so a fleet's "
                          "analysis and its gRPC traffic use two cores; thread: all in this process")
@@ -146,11 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
         add_client_flags(sp)
 
     def range_args(sp):
-        sp.add_argument("--since", type=duration, default=None, help="from this long ago, e.g. 1h")
+        sp.add_argument("--since", type=positive_duration, default=None, help="from this long ago, e.g. 1h")
         sp.add_argument("--start", type=float, default=None, help="Unix seconds")
         sp.add_argument("--end", type=float, default=None, help="Unix seconds (default now)")
         sp.add_argument("--host", default="")
-        sp.add_argument("--gpu", type=int, default=None)
+        sp.add_argument("--gpu", type=number(0, 65535, int), default=None, help="GPU index")
 
     sp = sub.add_parser("status", help="analyzer or agent status")
     server_args(sp)
@@ -166,13 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--flag", action="append", metavar="FLAG",
                     help="findings carrying this flag, e.g. power-capped, thermal-throttled (repeat: all of them)")
     sp.add_argument("--open", action="store_true", help="open findings only")
-    sp.add_argument("--limit", type=int, default=1000)
+    sp.add_argument("--limit", type=positive_int, default=1000, metavar="N")
     sp.set_defaults(fn=cmd_findings)
 
     sp = sub.add_parser("top", help="what is wrong on the fleet: GPUs (or jobs) bottlenecked longest over a "
                                     "range, and what holds them now")
     server_args(sp)
-    sp.add_argument("--since", type=duration, default=None, help="from this long ago (default 1h)")
+    sp.add_argument("--since", type=positive_duration, default=None, help="from this long ago (default 1h)")
     sp.add_argument("--start", type=float, default=None, help="Unix seconds")
     sp.add_argument("--end", type=float, default=None, help="Unix seconds (default now)")
     sp.add_argument("--host", default="", help="one host (default: the fleet)")
@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     range_args(sp)
     sp.add_argument("--metric", required=True, help="catalogue name, e.g. util_gpu_ratio")
     sp.add_argument("--aggregate", default="series", choices=["series", "mean", "min", "max", "p50", "p95", "p99", "last"])
-    sp.add_argument("--step", type=duration, default=None, help="bucket width for series (default: range/300)")
+    sp.add_argument("--step", type=positive_duration, default=None, help="bucket width for series (default: range/300)")
     sp.add_argument("--raw", action="store_true",
                     help="a counter (_total) as its running total (default: its rate per second, as rate() in "
                          "Prometheus)")
@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--jax", metavar="HOST:PORT", help="the job's profiler server, as the agent reaches it")
     target.add_argument("--serving", metavar="URL", help="a serving engine's base URL (http://HOST:PORT), one the "
                                                          "agent found on its GPUs or was started with --serving")
-    target.add_argument("--pid", type=int, help="a process on the agent's GPUs; its profiler port is discovered")
+    target.add_argument("--pid", type=positive_int, help="a process on the agent's GPUs; its profiler port is discovered")
     sp.add_argument("--duration-ms", type=int, default=2000, help="trace length (default 2000)")
     sp.add_argument("--timeout", type=positive_float, default=None, metavar="S",
                     help="how long to wait for the agent's answer (default: long enough for a serving engine's "
@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     'the state at start carry "backlog": true.')
     server_args(sp)
     sp.add_argument("--host", default="")
-    sp.add_argument("--gpu", type=int, default=None)
+    sp.add_argument("--gpu", type=number(0, 65535, int), default=None, help="GPU index")
     sp.add_argument("--verdict", action="append", choices=VERDICTS)
     sp.add_argument("--kind", action="append", choices=["finding", "anomaly", "decision", "capture"])
     sp.set_defaults(fn=cmd_watch)
@@ -241,8 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=what)
         server_args(sp)
         sp.add_argument("--host", default="")
-        sp.add_argument("--since", type=duration, default=None)
-        sp.add_argument("--limit", type=int, default=200)
+        sp.add_argument("--since", type=positive_duration, default=None)
+        sp.add_argument("--limit", type=positive_int, default=200, metavar="N")
         sp.set_defaults(fn=cmd_records)
 
     sp = sub.add_parser("report", help="the story of one finding: counters, verdicts, captures, anomalies")
@@ -255,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("accuracy", help="how often counters verdicts agreed with the traces taken at the time")
     server_args(sp)
     sp.add_argument("--host", default="", help="one host (default: the fleet)")
-    sp.add_argument("--since", type=duration, default=None, help="pairs from this long ago (default: all kept)")
+    sp.add_argument("--since", type=positive_duration, default=None, help="pairs from this long ago (default: all kept)")
     sp.set_defaults(fn=cmd_accuracy)
 
     sp = sub.add_parser("jobs", help="the jobs on an agent's GPUs it can trace: JAX profiler servers and "

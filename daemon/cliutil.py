@@ -23,6 +23,15 @@ def duration(value: str) -> float:
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
+def positive_duration(value: str) -> float:
+    """A duration above 0: `--since 0` asked for nothing and three commands
+    answered three different things (found in a trial)."""
+    seconds = duration(value)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is no time at all: give a duration above 0, like 15m or 1h")
+    return seconds
+
+
 def positive_int(value: str) -> int:
     try:
         n = int(value)

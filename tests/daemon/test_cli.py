@@ -292,3 +292,16 @@ def test_up_prints_the_on_call_command_that_works(tmp_path):
     assert _client_security_words(parse(["up", "--db", str(tmp_path / "x.duckdb")])) == f" --tls-dir {tmp_path}/tls"
     assert _client_security_words(parse(["up", "--insecure"])) == " --insecure"
     assert _client_security_words(parse(["up"])) == ""
+
+
+@pytest.mark.parametrize("args, said", [
+    (["findings", "--since", "0"], "no time at all"), (["top", "--since", "0"], "no time at all"),
+    (["query", "--metric", "power_watts", "--since", "0"], "no time at all"),
+    (["up", "--duration", "0"], "no time at all"), (["findings", "--gpu", "-1"], "from 0 to 65535"),
+    (["findings", "--limit", "-3"], "from 1 to"), (["anomalies", "--limit", "0"], "from 1 to"),
+])
+def test_ranges_that_ask_for_nothing_are_refused_at_the_flag(args, said):
+    """Found in a trial: `--since 0` answered three ways, `--gpu -1` gave a
+    raw 'Value out of range: -1', `up --duration 0` ran for 6 s."""
+    r = run(*args, timeout=30)
+    assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
