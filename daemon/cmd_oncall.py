@@ -117,12 +117,15 @@ def cmd_findings(ns) -> int:
         return 0
     if not rows:
         print(_nothing(ns, "open findings" if ns.open else "findings"))
+        return 0
+    print(f"{human.many(len(rows), 'open finding' if ns.open else 'finding')}, times in {time.strftime('%Z')}; "
+          f"`gpuscope report ID` tells one's story")
     for f in rows:
-        end_s = "open" if f["end"] is None else time.strftime("%H:%M:%S", time.localtime(f["end"]))
         trust = accuracy.trust_words(f["counters_verdict"], measured)
-        print(f"{f['id']} {f['host']}/gpu{f['gpu']} {f['verdict']:<20} "
-              f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(f['start']))} -> {end_s} "
-              f"conf {f['confidence']:.2f}{trust} {','.join(f['flags'])}\n    {f['summary']}")
+        flags = f" [{', '.join(x.replace('_', '-') for x in f['flags'])}]" if f["flags"] else ""
+        print(f"{f['id']} {f['host']}/gpu{f['gpu']} {f['verdict']:<20} {_when(f['start'])} -> {_when(f['end'])} "
+              f"conf {f['confidence']:.2f}{trust}{flags}\n    job {f['job'] or '(no process seen)'}\n"
+              f"    {f['summary']}")
     return 0
 
 
@@ -328,13 +331,16 @@ def _event_line(e: dict) -> str:
     r = e["record"]
     when = time.strftime("%H:%M:%S", time.localtime(e["t"])) if e["t"] else "--:--:--"
     where = f"{e['host']}/gpu{e['gpu']}"
+    job = f" (job {r['job']})" if r.get("job") else ""
     if e["kind"] == "finding":
         state = "closed" if r.get("end") else "opened"
-        return f"{when} finding  {where} {state} {r['verdict']} (conf {r['confidence']:.2f}): {r['summary']}"
+        return (f"{when} finding  {where} {state} {r['verdict']} {r['id'][:8]} (conf {r['confidence']:.2f}){job}: "
+                f"{r['summary']}")
     if e["kind"] == "anomaly":
-        return f"{when} anomaly  {where} {','.join(r['kinds'])}: {r['reason']}"
+        about = f" finding {r['finding_id'][:8]}" if r.get("finding_id") else ""
+        return f"{when} anomaly  {where} {','.join(r['kinds'])}{about}{job}: {r['reason']}"
     if e["kind"] == "decision":
-        return f"{when} decision {where} {r['action']} [{r['status']}] {r['reason']}"
+        return f"{when} decision {where} {r['action']} [{r['status']}]{job} {r['reason']}"
     return (f"{when} capture  {where} {r.get('kind')} {r['status']} verdict {r.get('verdict') or '-'} "
             f"{r.get('path') or ''} {r.get('error') or ''}")
 
@@ -355,7 +361,8 @@ def cmd_watch(ns) -> int:
         if not ns.json:
             asked = ", ".join(sorted(kinds)) + (f" of host {ns.host!r}" if ns.host else "") + (
                 f", GPU {ns.gpu}" if ns.gpu is not None else "")
-            print(f"watching {ns.server}: {asked}, as they happen (Ctrl-C to stop)", flush=True)
+            print(f"watching {ns.server}: {asked}, as they happen, times in {time.strftime('%Z')} (Ctrl-C to stop)",
+                  flush=True)
         old = []
         if "finding" in kinds:
             old += [dict(kind="finding", t=f["start"], host=f["host"], gpu=f["gpu"], verdict=f["verdict"], record=f)

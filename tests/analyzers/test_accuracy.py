@@ -82,6 +82,9 @@ def test_findings_show_the_measured_precision_of_their_counters_verdict(fixture_
         cli = [sys.executable, "-m", "gpuscope.daemon.cli", "findings", "--server", srv.target, "--insecure"]
         out = subprocess.run(cli, capture_output=True, text=True, timeout=60)
         assert "(counters' compute-bound measured right 80 % of 10 traces)" in out.stdout, out.stdout + out.stderr
+        # a header with the time zone, and whose job each is (found in a trial: neither was said)
+        lines = out.stdout.splitlines()
+        assert lines[0].startswith("1 finding, times in ") and lines[2].startswith("    job ")
         js = json.loads(subprocess.run(cli + ["--json"], capture_output=True, text=True, timeout=60).stdout)
         assert js["findings"][0]["counters_precision"] == {"precision": 0.8, "pairs": 10}
     finally:
