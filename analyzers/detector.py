@@ -48,8 +48,9 @@ SERVING_LATENCY, SERVING_QUEUE, SERVING_KV, SERVING_PREEMPTION = (
     "serving-latency", "serving-queue", "serving-kv-cache", "serving-preemption")
 DEEP_KINDS = (BOTTLENECK, ACTIVITY_DROP, STARVED_RISE, SERVING_LATENCY, SERVING_QUEUE, SERVING_KV, SERVING_PREEMPTION)
 # Counters cannot reliably tell launch-bound from host-bound (each names the
-# other as its alternative), so a flip between them is no change of bottleneck.
-FAMILY = {LAUNCH: "starved by the host", HOST: "starved by the host"}
+# other as its alternative), so a flip between them is no change of bottleneck;
+# the family is named in the verdicts' own words.
+FAMILY = {LAUNCH: "launch- or host-bound", HOST: "launch- or host-bound"}
 
 
 def family(verdict: str) -> str:
@@ -252,7 +253,8 @@ class Detector:
         rose = p.starved - starv >= cfg.starved_rise_abs
         self._streak(st, STARVED_RISE, rose, recovered=p.starved - starv < cfg.starved_rise_abs / 2)
         if rose and st.streak[STARVED_RISE] >= cfg.confirm_windows:
-            hits[STARVED_RISE] = (f"GPU starved by the host ({p.starved:.2f} against a usual {starv:.2f})",
+            hits[STARVED_RISE] = (f"GPU starved by the host (score {human.percent(p.starved)} against a usual "
+                                  f"{human.percent(starv)})",
                                   {"starved_score": p.starved, "baseline_starved_score": starv})
 
         for flag in p.flags:
