@@ -45,6 +45,7 @@ class FindingsTracker:
         # scraped once a window, can miss one): its mean is over the windows that had it
         self._missing: dict[str, dict[str, int]] = {}
         self._votes: dict[str, collections.Counter] = {}
+        self._confidence: dict[str, float] = {}      # the sum of its windows' confidences
         self._first_summary: dict[str, str] = {}      # the opening window's words, under any split prefix
         self._serving: dict[str, str] = {}            # the newest window's serving words (analyzers/serving.py)
         self._serving_missed: dict[str, int] = {}     # windows since, that had none
@@ -64,6 +65,7 @@ class FindingsTracker:
             self.open[key] = f
             self._sums[f["id"]] = {k: v * f["windows"] for k, v in f["evidence"].items()}
             self._votes[f["id"]] = collections.Counter({f["counters_verdict"]: f["windows"]})
+            self._confidence[f["id"]] = f["confidence"] * f["windows"]
             self._first_summary[f["id"]], serving = _split_serving(f["summary"] or "")
             if serving:
                 self._serving[f["id"]] = serving
@@ -98,7 +100,10 @@ class FindingsTracker:
             votes[c.verdict] += 1
             majority = max(votes, key=votes.__getitem__)      # ties: the verdict seen first
             # evidence (the means) is worked out when the finding is read or written: evidence_of()
-            cur.update(windows=n, confidence=round((cur["confidence"] * (n - 1) + c.confidence) / n, 3),
+            summed = self._confidence[cur["id"]] = self._confidence.get(cur["id"], 0.0) + c.confidence
+            # the windows' mean confidence, times the share that voted for the verdict: an episode split
+            # between launch- and host-bound is not 1.00 sure of either (found in a trial)
+            cur.update(windows=n, confidence=round(summed / n * votes[majority] / n, 3),
                        job=job or cur["job"], counters_verdict=majority,
                        last_window_end=max(c.end, self.last_end(cur)))
             if c.flags and not set(c.flags) <= set(cur["flags"]):
@@ -133,6 +138,7 @@ class FindingsTracker:
                 self._serving[f["id"]] = serving
             self._sums[f["id"]] = dict(c.evidence)
             self._votes[f["id"]] = collections.Counter({c.verdict: 1})
+            self._confidence[f["id"]] = c.confidence
             changed.append(f)
         return changed
 
@@ -174,6 +180,7 @@ class FindingsTracker:
         self._sums.pop(f["id"], None)
         self._missing.pop(f["id"], None)
         self._votes.pop(f["id"], None)
+        self._confidence.pop(f["id"], None)
         self._first_summary.pop(f["id"], None)
         self._serving.pop(f["id"], None)
         self._serving_missed.pop(f["id"], None)
