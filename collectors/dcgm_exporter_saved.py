@@ -35,8 +35,8 @@ import re
 import numpy as np
 
 from . import dcgm_fields
-from .dcgm_exporter_series import (NAME, UNIX_RANGE, Series, classify, cut, device_level, number_gpus, one_host,
-                                    parse_head, split, value_and_time)
+from .dcgm_exporter_series import (UNIX_RANGE, Series, classify, cut, device_level, number_gpus, one_host,
+                                    parse_head, sample_line, value_and_time)
 
 EXPOSITION, QUERY_RANGE = "dcgm-exporter scrapes", "Prometheus query_range JSON"
 LOOP = 'while sleep 1; do echo "# $(date +%s.%N)"; curl -s NODE:9400/metrics; done >> scrapes.prom'
@@ -157,13 +157,7 @@ def _read_exposition(path, text: str, samples: _Samples, error) -> None:
                 comment_time, timed = t, True
                 in_scrape.clear()
             continue
-        name = NAME.match(line)
-        if name is None:
-            error(f"{where}: {cut(line)!r} is neither a metric sample nor a comment: not Prometheus' text format")
-        series = split(line, name.end())
-        if series is None:
-            error(f"{where}: {cut(line)!r}: its labels are not closed with '}}' (a line cut short?)")
-        head, tail = series
+        name, head, tail = sample_line(line, where, error)
         if head in in_scrape:             # the series repeats: the next scrape began, with no time comment
             in_scrape.clear()
             timed = False
@@ -176,10 +170,10 @@ def _read_exposition(path, text: str, samples: _Samples, error) -> None:
         value, t = value_and_time(tail, where, error)
         if t is None:
             if comment_time is None:
-                error(f"{where}: {name.group()} has no time: dcgm-exporter writes none, and no comment before "
+                error(f"{where}: {name} has no time: dcgm-exporter writes none, and no comment before "
                       f"it gives one; {TIME_HELP}")
             if not timed:
-                error(f"{where}: {name.group()} repeats with no time comment since its last sample: a scrape "
+                error(f"{where}: {name} repeats with no time comment since its last sample: a scrape "
                       f"with no time of its own; {TIME_HELP}")
             t = comment_time
         samples.add(sid, t, value)

@@ -91,6 +91,18 @@ def parse_head(head: str, where: str, error: Error) -> Series | str:
     return classify(parsed[0].name, dict(parsed[0].labels), where)
 
 
+def sample_line(line: str, where: str, error: Error) -> tuple[str, str, str]:
+    """A sample line's metric name, its series (name and labels: the text
+    before the value) and what follows (value, timestamp)."""
+    name = NAME.match(line)
+    if name is None:
+        error(f"{where}: {cut(line)!r} is neither a metric sample nor a comment: not Prometheus' text format")
+    series = split(line, name.end())
+    if series is None:
+        error(f"{where}: {cut(line)!r}: its labels are not closed with '}}' (a line cut short?)")
+    return name.group(), *series
+
+
 def split(line: str, name_end: int) -> tuple[str, str] | None:
     """The series (name and labels) and what follows it (value, timestamp);
     None when the labels are never closed."""

@@ -39,6 +39,7 @@ class KeptAliveGet:
             try:
                 conn.request("GET", (self._u.path.rstrip("/") or "") + path,
                              headers={"Accept": "text/plain", "Accept-Encoding": "identity"})
+                conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))     # the headers, within the deadline
                 resp = conn.getresponse()
                 body = self._body(resp, url, deadline)
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
@@ -46,6 +47,9 @@ class KeptAliveGet:
                 if attempt:
                     raise OSError(f"{url}: the server closed the connection") from None
                 continue
+            except TimeoutError:
+                self.close()
+                raise OSError(f"{url}: no whole answer within {self._timeout:g} s") from None
             except (OSError, http.client.HTTPException) as exc:
                 self.close()
                 raise OSError(str(exc) if str(exc).startswith(url) else f"{url}: {exc}") from None

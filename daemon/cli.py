@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def source_args(sp, default):
-        sp.add_argument("--source", default=default, help="nvml, replay:FILE, or auto (NVML, else the bundled H200 recording)")
+        sp.add_argument("--source", default=default,
+                        help="nvml, replay:FILE, dcgm-exporter:URL (the node's exporter, e.g. "
+                             "dcgm-exporter:127.0.0.1:9400), or auto (NVML, else the bundled H200 recording)")
         sp.add_argument("--speed", type=number(0, 1000, above=True), default=1.0, help="replay speed (default 1)")
         sp.add_argument("--interval", type=number(0.1, 60, unit=" s"), default=1.0, help="sampling interval in seconds, 0.1 to 60 (default 1)")
         sp.add_argument("--host", default=socket.gethostname(), help="host name reported (default: this host's)")

@@ -10,6 +10,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
+from gpuscope.collectors import dcgm_exporter
 from gpuscope.collectors.nvml import NvmlCollector, NvmlConfig, SourceUnavailable
 from gpuscope.collectors.recording import default_recording, read_recording
 from gpuscope.collectors.replay import ReplayCollector
@@ -26,11 +27,17 @@ from .uplink import Uplink, UplinkConfig
 
 
 def make_source(spec: str, speed: float, allow_fallback: bool):
-    """Returns (collector, description). nvml|replay:FILE|auto."""
+    """Returns (collector, description). nvml|replay:FILE|dcgm-exporter:URL|auto."""
     if spec.startswith("replay:"):
         return _replay(spec.removeprefix("replay:"), speed)
+    if spec.startswith(dcgm_exporter.PREFIX):
+        try:
+            collector = dcgm_exporter.open_source(spec.removeprefix(dcgm_exporter.PREFIX))
+        except ValueError as exc:
+            raise UsageError(f"--source {exc}") from None
+        return _Started(collector), dcgm_exporter.PREFIX + collector.url
     if spec not in ("nvml", "auto"):
-        raise UsageError(f"--source: {spec!r}, expected nvml, replay:FILE or auto")
+        raise UsageError(f"--source: {spec!r}, expected nvml, replay:FILE, dcgm-exporter:URL or auto")
     collector = NvmlCollector(NvmlConfig())
     try:
         collector.start()
