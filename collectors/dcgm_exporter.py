@@ -59,7 +59,6 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Callable
 
-import numpy as np
 import structlog
 
 from . import catalogue as cat
@@ -77,8 +76,8 @@ DEFAULT_PORT = 9400                  # dcgm-exporter's -a default
 TIMEOUT_S = 0.5                      # the whole answer; the exporter renders from memory in milliseconds
 MAX_BYTES = 16 << 20                 # 8 GPUs with every DCP field and pod labels are ~200 KB
 MAX_SERIES = 100_000                 # series remembered: pods come and go, each with new series
-REFRESH_CHANGES = 4                  # changes of the values seen before their pace is judged
-SLOW_REFRESH = 2.5                   # values that change this many scrapes apart or more: said
+REFRESH_RUNS = 3                     # whole runs of one reading seen before the exporter's pace is judged
+SLOW_REFRESH = 2.5                   # one reading answered this many scrapes in a row or more: said
 _VALUE = re.compile(r"\} ([^ \n]*)\n")   # a labelled sample's value: the last word of its line
 _PROFILING = "DCGM_FI_PROF_"
 _ODD_START = ("", "<", " ", "\t", "\r", "\n")     # what an exposition seldom starts with: looked at closer
@@ -124,14 +123,17 @@ class _Layout:
     text between the values is the same."""
     skeleton: list[str] | None           # the text between the values; None: read each answer line by line
     take: Callable | None                # the values used, out of _VALUE.split's parts, in `metrics` order
-    metrics: list[str]
-    gpus: list[tuple[int, int, int]]     # (gpu, start, end) into `metrics`
-    scales: np.ndarray
-    blanks: np.ndarray                   # DCGM's "no value" for each value used (dcgm_fields.blank_at)
+    gpus: list[tuple[int, tuple[str, ...], int, int]]   # (gpu, its metrics, start, end) into the values used
+    scales: list[float]
+    blanks: list[float]                  # DCGM's "no value" for each value used (dcgm_fields.blank_at)
     raw: tuple                           # the values of the answer it was made from
     devices: dict[int, DeviceInfo]
     pods: dict[int, tuple[Pod, ...]]
     ignored: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.scaled = [(i, s) for i, s in enumerate(self.scales) if s != 1.0]
+        self.least_blank = min(self.blanks, default=math.inf)
 
 
 class DcgmExporterCollector:
@@ -149,9 +151,11 @@ class DcgmExporterCollector:
         self._devices: dict[int, DeviceInfo] = {}
         self._error: str | None = None                 # why the last scrape failed; None: it did not
         self._missing: set[int] = set()
-        self._prev_raw: tuple | None = None
-        self._scraped_at: collections.deque[float] = collections.deque(maxlen=16)
-        self._changed_at: collections.deque[float] = collections.deque(maxlen=REFRESH_CHANGES + 1)
+        self._text: str | None = None                  # the last answer read, and what it read
+        self._readings: list[tuple[int, dict[str, float]]] = []
+        self._same = 0                                 # answers in a row the same as the one before
+        self._runs: collections.deque[int] = collections.deque(maxlen=REFRESH_RUNS)   # answers per reading
+        self._changed_at: collections.deque[float] = collections.deque(maxlen=REFRESH_RUNS + 1)
         self.refresh_s: float | None = None            # how often the exporter's values change, once judged
         self._said_slow = False
 
@@ -210,6 +214,19 @@ class DcgmExporterCollector:
     # -- reading an answer --------------------------------------------------------------
     def _read(self, text: str) -> list[tuple[int, dict[str, float]]]:
         """(GPU, values) of each GPU in the answer; raises ExpositionError."""
+        if text == self._text:          # the exporter has not refreshed since (its -c interval): the same reading
+            self._same += 1
+            return [(g, dict(values)) for g, values in self._readings]
+        readings = self._read_new(text)
+        if self._text is not None:      # a new reading (the first, begun before start-up, is not a whole run)
+            if self._changed_at:
+                self._runs.append(self._same + 1)
+            self._changed_at.append(self._clock())
+        self._same = 0
+        self._text, self._readings = text, readings
+        return readings
+
+    def _read_new(self, text: str) -> list[tuple[int, dict[str, float]]]:
         if text[:1] in _ODD_START or not text.endswith("\n"):
             self._check_whole(text)
         parts = _VALUE.split(text)
@@ -235,16 +252,20 @@ class DcgmExporterCollector:
                                   "has no newline): written halfway, so none of it is used")
 
     def _values(self, layout: _Layout, raw: tuple) -> list[tuple[int, dict[str, float]]]:
-        got = np.array(raw, dtype=np.float64)            # ValueError on a value that is not a number
-        ok = got < layout.blanks                          # NaN, +Inf and DCGM's blank are no reading
-        with np.errstate(over="ignore", invalid="ignore"):
-            scaled = (got * layout.scales).tolist()
-        self._note_change(raw)
-        names = layout.metrics
-        if ok.all():
-            return [(g, dict(zip(names[a:b], scaled[a:b]))) for g, a, b in layout.gpus]
-        keep = ok.tolist()
-        return [(g, {names[i]: scaled[i] for i in range(a, b) if keep[i]}) for g, a, b in layout.gpus]
+        got = list(map(float, raw))                      # ValueError on a value that is not a number
+        total = sum(got)
+        if total - total == 0 and max(got) < layout.least_blank:   # no NaN, no Inf, no DCGM blank: the usual
+            for i, scale in layout.scaled:
+                got[i] *= scale
+            return [(g, dict(zip(names, got[a:b]))) for g, names, a, b in layout.gpus]
+        out = []
+        for g, names, a, b in layout.gpus:
+            values = {}
+            for name, v, blank, scale in zip(names, got[a:b], layout.blanks[a:b], layout.scales[a:b]):
+                if -blank < v < blank:                   # NaN, Inf and DCGM's blank are no reading
+                    values[name] = v * scale
+            out.append((g, values))
+        return out
 
     def _lay_out(self, text: str, parts: list[str]) -> _Layout:
         """Reads the answer line by line; what each line is, for the next ones."""
@@ -286,7 +307,7 @@ class DcgmExporterCollector:
         gpus, start = [], 0
         for k in range(1, len(used) + 1):
             if k == len(used) or found[used[k]][0].gpu != found[used[start]][0].gpu:
-                gpus.append((found[used[start]][0].gpu, start, k))
+                gpus.append((found[used[start]][0].gpu, tuple(metrics[start:k]), start, k))
                 start = k
         where: dict[str, int] = {}                       # a line's text before its value -> its part
         for k in range(1, len(parts), 2):
@@ -299,13 +320,12 @@ class DcgmExporterCollector:
             p = pod(s.labels)
             if p is not None:
                 pods.setdefault(s.gpu, {})[p] = None
-        devices = {g: _device(g, [(s, v) for s, _, v in found if s.gpu == g]) for g, _, _ in gpus}
+        devices = {g: _device(g, [(s, v) for s, _, v in found if s.gpu == g]) for g, _, _, _ in gpus}
         return _Layout(
             skeleton=parts[0::2] if shortcut else None,
             take=(itemgetter(*at) if len(at) > 1 else (lambda p, k=at[0]: (p[k],))) if shortcut else None,
-            metrics=metrics, gpus=gpus,
-            scales=np.array([found[i][0].field.scale for i in used]),
-            blanks=np.array([dcgm_fields.blank_at(found[i][0].field) for i in used]),
+            gpus=gpus, scales=[found[i][0].field.scale for i in used],
+            blanks=[dcgm_fields.blank_at(found[i][0].field) for i in used],
             raw=tuple(found[i][2] for i in used), devices=devices,
             pods={g: tuple(p) for g, p in pods.items()}, ignored=ignored)
 
@@ -329,7 +349,7 @@ class DcgmExporterCollector:
         self._error = error
 
     def _account_missing(self, t: float, scrape: Scrape) -> None:
-        present = {g for g, _, _ in self._layout.gpus}
+        present = {g for g, _, _, _ in self._layout.gpus}
         missing = set(self._devices) - present
         for g in sorted(missing):
             scrape.count_error(f"dcgm-exporter: GPU {g} ({self._devices[g].uuid or 'no UUID'}) missing from its answer")
@@ -342,26 +362,23 @@ class DcgmExporterCollector:
             scrape.health.append(HealthRecord(g, t, HealthKind.RECOVERED, f"GPU {g} back in dcgm-exporter's answer"))
         self._missing = missing
 
-    def _note_change(self, raw: tuple) -> None:
-        t = self._clock()
-        self._scraped_at.append(t)
-        if self._prev_raw is not None and raw != self._prev_raw:
-            self._changed_at.append(t)
-        self._prev_raw = raw
-
     def _judge_refresh(self, t: float, scrape: Scrape) -> None:
-        """Says once when the values change at a slower pace than the agent
-        scrapes (the exporter's -c interval): the samples between repeat."""
-        if len(self._changed_at) <= REFRESH_CHANGES - 1 or self._changed_at[-1] != self._scraped_at[-1]:
-            return                                  # judged when a change arrives, from enough of them
-        self.refresh_s = statistics.median(np.diff(self._changed_at))
-        tick = statistics.median(np.diff(self._scraped_at))
-        slow = tick > 0 and self.refresh_s >= SLOW_REFRESH * tick
+        """Says once when one reading is answered several scrapes in a row
+        (the exporter's -c interval is longer than the agent's tick): the
+        samples between its refreshes repeat. Judged in answers, not seconds,
+        so that a slow tick or two never reads as a slow exporter."""
+        if len(self._runs) < REFRESH_RUNS or self._same:
+            return                                  # judged when a new reading arrives, from enough of them
+        at = self._changed_at
+        self.refresh_s = (at[-1] - at[0]) / (len(at) - 1)
+        per_reading = statistics.median(self._runs)
+        slow = per_reading >= SLOW_REFRESH
         if slow and not self._said_slow:
             note = (f"dcgm-exporter's values change every ~{self.refresh_s:.0f} s (its -c collect interval, 30000 ms "
-                    f"by default) while the agent samples every {tick:g} s: the samples between repeat one reading; "
-                    "run dcgm-exporter with -c 1000 (DCGM_EXPORTER_INTERVAL=1000)")
-            log.warning("dcgm-exporter values repeat", url=self.url, refresh_s=round(self.refresh_s, 1), tick_s=tick)
+                    f"by default), once every {per_reading:g} scrapes of the agent: the samples between repeat one "
+                    "reading; run dcgm-exporter with -c 1000 (DCGM_EXPORTER_INTERVAL=1000)")
+            log.warning("dcgm-exporter values repeat", url=self.url, refresh_s=round(self.refresh_s, 1),
+                        scrapes_per_reading=per_reading)
             scrape.count_error(f"dcgm-exporter: values refresh every ~{self.refresh_s:.0f} s, slower than the "
                                "agent samples: run it with -c 1000")
             scrape.health.extend(HealthRecord(g, t, HealthKind.SOURCE_ERROR, note) for g in self._devices)

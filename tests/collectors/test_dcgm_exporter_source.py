@@ -294,7 +294,7 @@ def test_values_that_change_slower_than_the_agent_scrapes_are_said_once(exporter
     when = said[0][0]
     assert said == [(when, "dcgm-exporter: values refresh every ~5 s, slower than the agent samples: run it with "
                            "-c 1000"), (when, HealthKind.SOURCE_ERROR, 0), (when, HealthKind.SOURCE_ERROR, 1)]
-    assert when == 20                                     # four refreshes seen: judged
+    assert when == 20                                     # three whole runs of one reading seen: judged
 
 
 def test_values_that_change_every_scrape_are_not_said(exporter):

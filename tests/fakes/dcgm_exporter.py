@@ -1,6 +1,7 @@
 """A fake of a node's dcgm-exporter: expositions in its own line format,
 declared as data, served over real HTTP on loopback, able to fail the ways
-a real one (or what stands in front of it) does.
+a real one (or what stands in front of it) does. Answers past 2 KB are
+chunked, as Go's net/http sends dcgm-exporter's.
 
 The line format is dcgm-exporter's render template (NVIDIA/dcgm-exporter,
 internal/pkg/rendermetrics): HELP and TYPE, then one line per GPU with
@@ -70,6 +71,18 @@ BUSY_H100 = {"DCGM_FI_DEV_SM_CLOCK": 1980, "DCGM_FI_DEV_MEM_CLOCK": 2619, "DCGM_
              "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0, "DCGM_FI_PROF_PIPE_FP64_ACTIVE": 0, **MEMORY_BOUND}
 
 
+# dcgm-exporter's answer at / (internal/pkg/server/server.go): what a URL without /metrics gets
+ROOT_PAGE = b"""<html>
+\t\t\t<head><title>GPU Exporter</title></head>
+\t\t\t<body>
+\t\t\t<h1>GPU Exporter</h1>
+\t\t\t<p><a href="./metrics">Metrics</a></p>
+\t\t\t<p><a href="./health">Health</a></p>
+\t\t\t</body>
+\t\t\t</html>"""
+GO_CHUNKING = 2048                   # net/http's bufferBeforeChunkingSize
+
+
 @dataclass
 class Gpu:
     index: int
@@ -119,7 +132,7 @@ class FakeExporter:
     - "slow": the answer comes `delay_s` late;
     - "trickle": headers at once, the body a byte every 0.1 s;
     - "500": HTTP 500 with a Go-style error text;
-    - "html": a proxy's HTML page with 200;
+    - "html": dcgm-exporter's own page at / (a URL without /metrics);
     - "cut": Content-Length promises the whole body, half is sent, the
       connection closed."""
 
@@ -181,11 +194,17 @@ class FakeExporter:
             data = b"failed to render metrics: DCGM error -33\n"
             h.send_response(500)
         elif self.fault == "html":
-            data = b"<!DOCTYPE html><html><head><title>Sign in</title></head><body>proxy</body></html>\n"
+            data = ROOT_PAGE
             h.send_response(200)
         else:
             h.send_response(200)
         h.send_header("Content-Type", "text/html" if self.fault == "html" else "text/plain; version=0.0.4")
+        if len(data) > GO_CHUNKING and self.fault is None:
+            # Go's net/http: one Write past its 2 KB buffer, no Content-Length: one chunk, then the last
+            h.send_header("Transfer-Encoding", "chunked")
+            h.end_headers()
+            h.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
+            return
         h.send_header("Content-Length", str(len(data)))
         h.end_headers()
         if self.fault == "cut":
