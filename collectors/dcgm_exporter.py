@@ -38,14 +38,16 @@ with at least one GPU: the agent must know its GPUs before it samples, and
 a service manager (the systemd unit's Restart=always, a DaemonSet) starts it
 again once the exporter is up.
 
-Cost: the exposition of 8 GPUs is ~250 lines of ~270 characters. The first
-answer is read line by line (each new series parsed once by
-prometheus_client's parser); what is remembered is the text between the
+Cost: the exposition of 8 GPUs with the DCP fields and pods is ~300 lines,
+~80 KB. The first answer is read line by line (each new series parsed once
+by prometheus_client's parser); what is remembered is the text between the
 values (`_VALUE` splits it off in C) and where each value used sits. While
 the next answer's text between the values is the same, only the numbers
-used are read: ~30x less than parsing the text whole (docs/benchmarks.md,
-"dcgm-exporter source"). Anything else (a new pod, a new series, a
-timestamp) reads the answer line by line again.
+used are read: about a hundredth of what prometheus_client's parser takes
+over the whole text, and with the GET 20-35 us of the agent's CPU per
+GPU-sample (docs/benchmarks.md, "dcgm-exporter source"). Anything else (a
+new pod, a new series, a timestamp) reads the answer line by line again;
+an answer the same as the one before is the same reading.
 """
 from __future__ import annotations
 
@@ -63,8 +65,8 @@ import structlog
 
 from . import catalogue as cat
 from . import dcgm_fields
-from .dcgm_exporter_series import (Pod, Series, cut, device_level, number_gpus, one_host, parse_head, pod,
-                                   sample_line, value_and_time)
+from .dcgm_exporter_series import (HOST_LABELS, Pod, Series, cut, device_level, number_gpus, one_host, parse_head,
+                                   pod, sample_line, value_and_time)
 from .http_get import KeptAliveGet
 from .nvml import SourceUnavailable
 from .records import DeviceInfo, GpuSample, HealthKind, HealthRecord, Scrape
@@ -151,6 +153,7 @@ class DcgmExporterCollector:
         self._devices: dict[int, DeviceInfo] = {}
         self._error: str | None = None                 # why the last scrape failed; None: it did not
         self._missing: set[int] = set()
+        self._host: tuple[str, str] | None = None      # (label, value) of the host the answers are of
         self._text: str | None = None                  # the last answer read, and what it read
         self._readings: list[tuple[int, dict[str, float]]] = []
         self._same = 0                                 # answers in a row the same as the one before
@@ -252,7 +255,10 @@ class DcgmExporterCollector:
                                   "has no newline): written halfway, so none of it is used")
 
     def _values(self, layout: _Layout, raw: tuple) -> list[tuple[int, dict[str, float]]]:
-        got = list(map(float, raw))                      # ValueError on a value that is not a number
+        try:
+            got = list(map(float, raw))
+        except ValueError:                               # again on a value that is not a number: the caller's
+            got = [float(v) if v else math.nan for v in raw]   # a blank value (older exporters) is no reading
         total = sum(got)
         if total - total == 0 and max(got) < layout.least_blank:   # no NaN, no Inf, no DCGM blank: the usual
             for i, scale in layout.scaled:
@@ -295,6 +301,7 @@ class DcgmExporterCollector:
         every = [s for s, _, _ in found]
         one_host(every, "one exporter is one node's GPUs: point the agent at its own node's dcgm-exporter, not "
                         "at something that gathers several", _error)
+        self._same_host(every)
         number_gpus(every, _error)
         used = _choose(found)
         layout = self._layout_of(found, used, parts, list(ignored))
@@ -328,6 +335,18 @@ class DcgmExporterCollector:
             blanks=[dcgm_fields.blank_at(found[i][0].field) for i in used],
             raw=tuple(found[i][2] for i in used), devices=devices,
             pods={g: tuple(p) for g, p in pods.items()}, ignored=ignored)
+
+    def _same_host(self, series: list[Series]) -> None:
+        """Refuses an answer of another host than the answers before: a URL
+        that leads to several nodes' exporters in turn (a Service that
+        balances over them) would give one host's GPUs another's numbers."""
+        host = next(((k, s.labels[k]) for k in HOST_LABELS for s in series if s.labels.get(k)), None)
+        if host is None or self._host is None or host == self._host:
+            self._host = self._host or host
+            return
+        _error(f"{self.url}: this answer is {host[0]}={host[1]!r}'s GPUs, the ones before were "
+               f"{self._host[1]!r}'s: the URL leads to several nodes' exporters (a Service that balances over "
+               "them?); point the agent at its own node's exporter (docs/operations.md, \"dcgm-exporter\")")
 
     def _learn_devices(self, layout: _Layout) -> None:
         """A GPU seen once stays one of the host's (its samples name it to the

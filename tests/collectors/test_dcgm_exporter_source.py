@@ -139,6 +139,9 @@ def test_values_move_between_scrapes_and_new_series_are_read(exporter):
     assert by_gpu(c.scrape())[1]["util_gpu_ratio"] == pytest.approx(0.42)
     assert c.attribution(1) == (Pod("serving", "vllm-0", "engine"), Pod("serving", "vllm-1", "engine"))
     assert c.attribution(0) == ()
+    gpus[1].values["DCGM_FI_DEV_GPU_UTIL"] = ""                 # left blank, as older exporters do: no reading
+    got = by_gpu(c.scrape())
+    assert "util_gpu_ratio" not in got[1] and got[0]["util_gpu_ratio"] == 1.0 and c._layout.skeleton is not None
     gpus[1].values["DCGM_FI_DEV_GPU_UTIL"] = "garbage"          # a value that is not a number, after the shortcut
     s = c.scrape()
     assert not s.samples and any("is not a number" in k for k in s.errors)
@@ -203,6 +206,7 @@ def test_what_is_not_an_exporter_is_refused_at_start(exporter, body, words):
     ("half", "ends mid-line"),
     ("garbage", "line 2: '{\"error\": 1}' is neither a metric sample nor a comment"),
     ("two hosts", "a second host, Hostname='node-b'"),
+    ("another host", "this answer is Hostname='node-b''s GPUs, the ones before were 'gpu-node-1''s"),
 ])
 def test_each_fault_is_a_status_and_the_next_answer_is_read(exporter, fault, words):
     gpus = [Gpu(0), Gpu(1)]
@@ -215,6 +219,8 @@ def test_each_fault_is_a_status_and_the_next_answer_is_read(exporter, fault, wor
         exporter.body = good.replace("# TYPE DCGM_FI_DEV_SM_CLOCK gauge\n", '{"error": 1}\n', 1)
     elif fault == "two hosts":
         exporter.body = good + exposition([Gpu(2)], host="node-b")
+    elif fault == "another host":                          # a Service balancing over nodes' exporters
+        exporter.body = exposition(gpus, host="node-b")
     else:
         exporter.fault = fault
     t0 = time.monotonic()
