@@ -84,8 +84,8 @@ _VALUE = re.compile(r"\} ([^ \n]*)\n")   # a labelled sample's value: the last w
 _PROFILING = "DCGM_FI_PROF_"
 _ODD_START = ("", "<", " ", "\t", "\r", "\n")     # what an exposition seldom starts with: looked at closer
 WHAT_TO_DO = ("check that dcgm-exporter runs on this node and listens there (`curl URL` prints DCGM_FI_* lines; "
-              "Kubernetes: `kubectl -n gpu-operator get pods -l app=nvidia-dcgm-exporter -o wide`, and its hostPort "
-              "or service), or run the agent with --source nvml")
+              "Kubernetes: `kubectl -n gpu-operator get pods -l app=nvidia-dcgm-exporter -o wide` shows the one "
+              "on each node; docs/operations.md, \"dcgm-exporter\"), or run the agent with --source nvml")
 
 
 class ExpositionError(ValueError):
@@ -124,7 +124,7 @@ class _Layout:
     """What one exposition's lines are, and how to read the next one whose
     text between the values is the same."""
     skeleton: list[str] | None           # the text between the values; None: read each answer line by line
-    take: Callable | None                # the values used, out of _VALUE.split's parts, in `metrics` order
+    take: Callable | None                # the values used, out of _VALUE.split's parts, in `gpus` order
     gpus: list[tuple[int, tuple[str, ...], int, int]]   # (gpu, its metrics, start, end) into the values used
     scales: list[float]
     blanks: list[float]                  # DCGM's "no value" for each value used (dcgm_fields.blank_at)
