@@ -30,30 +30,23 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import re
-from dataclasses import dataclass
 
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 from . import dcgm_fields
+from .dcgm_exporter_series import (UNIX_RANGE, Series, classify, cut, device_level, number_gpus, one_host,
+                                    parse_head, sample_line, value_and_time)
 
 EXPOSITION, QUERY_RANGE = "dcgm-exporter scrapes", "Prometheus query_range JSON"
 LOOP = 'while sleep 1; do echo "# $(date +%s.%N)"; curl -s NODE:9400/metrics; done >> scrapes.prom'
 TIME_HELP = (f"write the time before each scrape, e.g. {LOOP} (the comment may also be `date -Is` output; "
              "docs/recordings.md lists the forms)")
-# labels that say a series is a part of a GPU, not all of it: a MIG instance, one NVLink link
-PART_LABELS = ("GPU_I_ID", "nvlink")
-HOST_LABELS = ("Hostname", "instance")       # the first one any series carries decides
-_NAME = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 _ISO = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d")
 _TIME_LABEL = re.compile(r"(?:time|t)\s*[:=]\s*", re.IGNORECASE)   # says a time follows: anything else is an error
 _TIME_WORD = re.compile(r"time\s+", re.IGNORECASE)                  # "# time 17645...", but also "# time to go"
 _DIRECTIVES = frozenset({"HELP", "TYPE", "UNIT", "EOF"})
-UNIX_RANGE = (1e9, 1e10)                      # 2001 to 2286: anything else is not Unix seconds
-MAX_GPU = 65535                               # DCGM numbers GPUs from 0; a larger index is not one
 
 
 def sniff(text: str) -> str | None:
@@ -81,21 +74,12 @@ def read(path, text: str, kind: str, error):
     return samples.assemble(hint)
 
 
-@dataclass
-class _Series:
-    name: str
-    field: dcgm_fields.Field
-    labels: dict[str, str]
-    where: str
-    gpu: int = -1
-
-
 class _Samples:
     """Series and their samples, from either shape, into rows of (t, GPU)."""
 
     def __init__(self, path, kind: str, error):
         self.path, self.kind, self.error = path, kind, error
-        self.series: list[_Series] = []
+        self.series: list[Series] = []
         self.ignored: dict[str, None] = {}          # in order of first appearance
         self.sid: list[int] = []
         self.t: list[float] = []
@@ -103,18 +87,13 @@ class _Samples:
 
     def add_series(self, name: str, labels: dict[str, str], where: str) -> int | None:
         """The series' id, or None when it is not read (listed as ignored)."""
-        field = dcgm_fields.BY_NAME.get(name)
-        if field is None:
-            self.ignored.setdefault(name)
+        return self.add_classified(classify(name, labels, where))
+
+    def add_classified(self, series: Series | str) -> int | None:
+        if isinstance(series, str):
+            self.ignored.setdefault(series)
             return None
-        part = next((k for k in PART_LABELS if labels.get(k)), None)
-        if part is not None:
-            self.ignored.setdefault(f"{name} (per {'MIG instance' if part == 'GPU_I_ID' else 'NVLink link'})")
-            return None
-        if not any(labels.get(k) for k in ("gpu", "UUID", "device")):
-            self.ignored.setdefault(f"{name} (no gpu, UUID or device label)")
-            return None
-        self.series.append(_Series(name, field, labels, where))
+        self.series.append(series)
         return len(self.series) - 1
 
     def add(self, sid: int, t: float, value: float) -> None:
@@ -129,8 +108,8 @@ class _Samples:
                     f"{', ...' if len(seen) > 4 else ''})" if seen else "it holds no samples")
             self.error(f"{self.path}: read as {self.kind}, but {what}: is it dcgm-exporter's output (DCGM_FI_* "
                        "metrics with a gpu or UUID label)? docs/recordings.md lists the fields read")
-        self._one_host(hint)
-        self._number_gpus()
+        one_host(self.series, f"a recording is one host's GPUs; {hint}", self.error)
+        number_gpus(self.series, self.error)
         if not self.t:
             self.error(f"{self.path}: DCGM series but no samples")
         sid = np.asarray(self.sid, dtype=np.int64)
@@ -138,68 +117,28 @@ class _Samples:
         metrics = list(dict.fromkeys(s.field.metric for s in self.series))
         col_of = np.array([metrics.index(s.field.metric) for s in self.series], dtype=np.int64)[sid]
         gpu = np.array([s.gpu for s in self.series], dtype=np.int64)[sid]
+        raw = np.asarray(self.v, dtype=np.float64)
         with np.errstate(over="ignore"):                    # 1e308 MiB is no reading either: NaN below
-            value = np.asarray(self.v, dtype=np.float64) * np.array([s.field.scale for s in self.series])[sid]
+            value = raw * np.array([s.field.scale for s in self.series])[sid]
         value[~np.isfinite(value)] = np.nan                 # nor is +Inf
+        value[raw >= np.array([dcgm_fields.blank_at(s.field) for s in self.series])[sid]] = np.nan  # nor DCGM's blank
         keys, row = np.unique(np.column_stack([t, gpu.astype(np.float64)]), axis=0, return_inverse=True)
         row = row.reshape(-1)
         matrix = np.full((len(keys), len(metrics)), np.nan)
         # Series that differ only in labels gpuscope does not read (dcgm-exporter's pod, container
-        # and namespace, one series per pod sharing a GPU) carry the same device reading: the first
-        # one read is kept, picked explicitly (numpy does not say which of repeated indices wins).
+        # and namespace, one series per pod sharing a GPU) carry the same device reading, but for a
+        # pod's share of a shared GPU: the GPU's own series (no pod labels) is kept where there is
+        # one, else the first one read, picked explicitly (numpy does not say which of repeated
+        # indices wins).
         known = np.flatnonzero(~np.isnan(value))
         cell = row[known] * len(metrics) + col_of[known]
-        _, first = np.unique(cell, return_index=True)
+        pod_copy = np.array([not device_level(s.labels) for s in self.series])[sid][known]
+        order = np.lexsort((known, pod_copy, cell))
+        first = order[np.r_[True, cell[order][1:] != cell[order][:-1]]]
         pick = known[first]
         matrix[row[pick], col_of[pick]] = value[pick]
         cols = {m: matrix[:, j] for j, m in enumerate(metrics)}
         return keys[:, 0].tolist(), keys[:, 1].astype(np.int64).tolist(), cols, list(self.ignored)
-
-    def _one_host(self, hint: str) -> None:
-        label = next((k for k in HOST_LABELS if any(s.labels.get(k) for s in self.series)), None)
-        if label is None:
-            return
-        first: _Series | None = None
-        for s in self.series:
-            host = s.labels.get(label)
-            if not host:
-                continue
-            if first is None:
-                first = s
-            elif host != first.labels[label]:
-                self.error(f"{s.where}: a second host, {label}={host!r} (the first, {first.labels[label]!r}, at "
-                           f"{first.where}): a recording is one host's GPUs; {hint}")
-
-    def _number_gpus(self) -> None:
-        """GPU index from the `gpu` label; a series with only UUID or device
-        gets the index another series gave that UUID or device, else the next
-        free index in order of first appearance."""
-        by_id: dict[str, int] = {}
-        for s in self.series:
-            cell = s.labels.get("gpu")
-            if not cell:
-                continue
-            if not cell.isdecimal() or int(cell) > MAX_GPU:
-                self.error(f"{s.where}: label gpu={_cut(cell)!r} is not a GPU index")
-            s.gpu = int(cell)
-            for k in ("UUID", "device"):
-                if s.labels.get(k):
-                    by_id.setdefault(f"{k}={s.labels[k]}", s.gpu)
-        taken = {s.gpu for s in self.series if s.gpu >= 0}
-        free = 0
-        for s in self.series:
-            if s.gpu >= 0:
-                continue
-            ids = [f"{k}={s.labels[k]}" for k in ("UUID", "device") if s.labels.get(k)]
-            known = next((by_id[i] for i in ids if i in by_id), None)
-            if known is None:
-                while free in taken:
-                    free += 1
-                known = free
-                taken.add(known)
-            for i in ids:
-                by_id.setdefault(i, known)
-            s.gpu = known
 
 
 def _read_exposition(path, text: str, samples: _Samples, error) -> None:
@@ -218,77 +157,26 @@ def _read_exposition(path, text: str, samples: _Samples, error) -> None:
                 comment_time, timed = t, True
                 in_scrape.clear()
             continue
-        name = _NAME.match(line)
-        if name is None:
-            error(f"{where}: {_cut(line)!r} is neither a metric sample nor a comment: not Prometheus' text format")
-        series = _split(line, name.end())
-        if series is None:
-            error(f"{where}: {_cut(line)!r}: its labels are not closed with '}}' (a line cut short?)")
-        head, tail = series
+        name, head, tail = sample_line(line, where, error)
         if head in in_scrape:             # the series repeats: the next scrape began, with no time comment
             in_scrape.clear()
             timed = False
         in_scrape.add(head)
         if head not in heads:
-            heads[head] = _new_series(head, where, samples, error)
+            heads[head] = samples.add_classified(parse_head(head, where, error))
         sid = heads[head]
         if sid is None:
             continue
-        value, t = _value_and_time(tail, where, error)
+        value, t = value_and_time(tail, where, error)
         if t is None:
             if comment_time is None:
-                error(f"{where}: {name.group()} has no time: dcgm-exporter writes none, and no comment before "
+                error(f"{where}: {name} has no time: dcgm-exporter writes none, and no comment before "
                       f"it gives one; {TIME_HELP}")
             if not timed:
-                error(f"{where}: {name.group()} repeats with no time comment since its last sample: a scrape "
+                error(f"{where}: {name} repeats with no time comment since its last sample: a scrape "
                       f"with no time of its own; {TIME_HELP}")
             t = comment_time
         samples.add(sid, t, value)
-
-
-def _split(line: str, name_end: int) -> tuple[str, str] | None:
-    """The series (name and labels) and what follows it (value, timestamp);
-    None when the labels are never closed."""
-    rest = line[name_end:].lstrip()
-    if not rest.startswith("{"):
-        return line[:name_end], rest
-    end = line.rfind("}") + 1            # a label value may hold "}"; the value and timestamp cannot
-    return (line[:end], line[end:].strip()) if end > name_end else None
-
-
-def _new_series(head: str, where: str, samples: _Samples, error) -> int | None:
-    name = _NAME.match(head).group()
-    if name not in dcgm_fields.BY_NAME:
-        samples.ignored.setdefault(name)      # never parsed: dcgm-exporter writes some fields as strings
-        return None
-    try:
-        parsed = [s for fam in text_string_to_metric_families(head + " 0\n") for s in fam.samples]
-    except ValueError as exc:
-        error(f"{where}: {_cut(head)!r} is not a Prometheus series ({exc or 'unreadable labels'})")
-    if len(parsed) != 1:
-        error(f"{where}: {_cut(head)!r} is not one Prometheus series")
-    return samples.add_series(parsed[0].name, dict(parsed[0].labels), where)
-
-
-def _value_and_time(tail: str, where: str, error) -> tuple[float, float | None]:
-    parts = tail.split()
-    if not parts:
-        return math.nan, None                  # dcgm-exporter leaves a field it could not read blank
-    if len(parts) > 2 or "_" in tail:
-        error(f"{where}: {_cut(tail)!r} is not a value and an optional timestamp")
-    try:
-        value = float(parts[0])
-    except ValueError:
-        error(f"{where}: value {_cut(parts[0])!r} is not a number")
-    if len(parts) == 1:
-        return value, None
-    try:
-        t = float(parts[1]) / 1000.0
-    except ValueError:
-        t = math.nan
-    if not UNIX_RANGE[0] <= t < UNIX_RANGE[1]:
-        error(f"{where}: timestamp {_cut(parts[1])!r} is not Prometheus' (milliseconds since 1970)")
-    return value, t
 
 
 def _comment_time(line: str, where: str, error) -> float | None:
@@ -309,10 +197,10 @@ def _comment_time(line: str, where: str, error) -> float | None:
         try:
             stamp = dt.datetime.fromisoformat(text)
         except ValueError:
-            error(f"{where}: {_cut(text)!r} is not an ISO 8601 time (`date -Is` writes one)")
+            error(f"{where}: {cut(text)!r} is not an ISO 8601 time (`date -Is` writes one)")
         return stamp.timestamp()                # no offset: local time, as nvidia-smi's timestamps
     if label:
-        error(f"{where}: {_cut(text)!r} is not a time: Unix seconds (`date +%s.%N`) or ISO 8601 (`date -Is`)")
+        error(f"{where}: {cut(text)!r} is not a time: Unix seconds (`date +%s.%N`) or ISO 8601 (`date -Is`)")
     return None                                 # a comment of the user's own
 
 
@@ -344,7 +232,7 @@ def _read_query_range(path, text: str, samples: _Samples, error) -> None:
             error(f"{where}: a series without __name__: query the DCGM_FI_* series themselves, not an "
                   "expression over them (sum, rate and the like drop the name)")
         if not isinstance(name, str):
-            error(f"{where}: __name__ {_cut(json.dumps(name))} is not a metric name")
+            error(f"{where}: __name__ {cut(json.dumps(name))} is not a metric name")
         sid = samples.add_series(name, {str(k): str(v) for k, v in labels.items() if k != "__name__"}, where)
         if sid is None:
             continue
@@ -353,11 +241,7 @@ def _read_query_range(path, text: str, samples: _Samples, error) -> None:
                 t, raw = pair
                 t, value = float(t), float(raw)
             except (TypeError, ValueError):
-                error(f"{where}.values[{j}]: {_cut(json.dumps(pair))} is not [unix_seconds, \"value\"]")
+                error(f"{where}.values[{j}]: {cut(json.dumps(pair))} is not [unix_seconds, \"value\"]")
             if not UNIX_RANGE[0] <= t < UNIX_RANGE[1]:
                 error(f"{where}.values[{j}]: time {t!r} is not Unix seconds")
             samples.add(sid, t, value)
-
-
-def _cut(s: str, n: int = 80) -> str:
-    return s if len(s) <= n else s[:n] + "..."

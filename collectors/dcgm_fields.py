@@ -125,6 +125,21 @@ BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS} | {old: {f.name: f for f
 BY_ID: dict[int, Field] = {f.id: f for f in FIELDS}
 
 
+# DCGM's "no value" sentinels (dcgm_structs.h): DCGM_INT64_BLANK (0x7ffffffffffffff0) and the codes just
+# above it (NOT_FOUND, NOT_SUPPORTED, NOT_PERMISSIONED), DCGM_FP64_BLANK (2^47) and those above it. Older
+# dcgm-exporters write them as numbers (its README shows DCGM_FI_DEV_MEMORY_TEMP 9223372036854775794,
+# NOT_SUPPORTED); newer ones leave the sample out. Which one applies is the field's DCGM type: double for
+# the watts and the profiling ratios read here, int64 for the rest (where 2^47 is a real value: a
+# throttle counter in ns passes it after 39 hours).
+INT64_BLANK, FP64_BLANK = float(0x7FFFFFFFFFFFFFF0), 2.0 ** 47
+_DOUBLE_UNITS = ("W", "ratio")
+
+
+def blank_at(field: Field) -> float:
+    """The least raw value of this field that is DCGM's "no value", not a reading."""
+    return FP64_BLANK if field.unit in _DOUBLE_UNITS else INT64_BLANK
+
+
 def catalogue_metric(field: Field) -> cat.Metric:
     return cat.BY_NAME[field.metric]
 

@@ -32,7 +32,6 @@ metrics").
 """
 from __future__ import annotations
 
-import http.client
 import math
 import re
 import time
@@ -44,6 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from . import catalogue as cat
+from .http_get import KeptAliveGet
 
 GAUGE, COUNTER, HISTOGRAM = "gauge", "counter", "histogram"
 
@@ -427,7 +427,7 @@ _CEILING = {m: cat.ceiling(cat.BY_NAME[m]) for m in METRICS}
 
 
 class EngineScraper:
-    """One engine's metrics over a kept-alive HTTP connection; each scrape
+    """One engine's metrics over a kept-alive HTTP connection (http_get.py); each scrape
     returns the values for the interval since the previous one (nothing for
     the first). Where: `/metrics` (vLLM, SGLang, TensorRT-LLM behind
     Dynamo), else `/prometheus/metrics` (trtllm-serve, whose `/metrics` is
@@ -442,10 +442,9 @@ class EngineScraper:
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"serving URL {base_url!r}: expected http://HOST:PORT")
         self.base_url = base_url.rstrip("/")
-        self._u = u
-        self._timeout = timeout_s
+        self._http = KeptAliveGet(base_url, timeout_s, self.MAX_BYTES,
+                                  {404: " (SGLang serves metrics only with --enable-metrics)"})
         self._clock = clock
-        self._conn: http.client.HTTPConnection | None = None
         self._path: str | None = None          # the path that answered with an exposition
         self._prev: Reading | None = None
         self._exposition = Exposition()
@@ -460,11 +459,11 @@ class EngineScraper:
 
     def _read(self, t: float) -> Reading:
         if self._path is not None:
-            return self._parse(self._path, self._get(self._path), t)
+            return self._parse(self._path, self._http.get(self._path), t)
         first: Exception | None = None
         for path in self.PATHS:
             try:
-                body = self._get(path)
+                body = self._http.get(path)
                 reading = self._parse(path, body, t)
             except (OSError, ExpositionError) as exc:
                 first = first or exc
@@ -479,63 +478,5 @@ class EngineScraper:
         except ExpositionError as exc:
             raise ExpositionError(f"{self.base_url}{path}: {exc}") from None
 
-    def _get(self, path: str) -> str:
-        url = self.base_url + path
-        deadline = time.monotonic() + self._timeout
-        for attempt in (0, 1):            # a kept-alive connection the server closed: once more, fresh
-            conn = self._conn or self._connect()
-            try:
-                conn.request("GET", (self._u.path.rstrip("/") or "") + path,
-                             headers={"Accept": "text/plain", "Accept-Encoding": "identity"})
-                resp = conn.getresponse()
-                body = self._body(resp, url, deadline)
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                self.close()
-                if attempt:
-                    raise OSError(f"{url}: the server closed the connection") from None
-                continue
-            except (OSError, http.client.HTTPException) as exc:
-                self.close()
-                raise OSError(str(exc) if str(exc).startswith(url) else f"{url}: {exc}") from None
-            if resp.status != 200:
-                self.close()
-                hint = (" (SGLang serves metrics only with --enable-metrics)" if resp.status == 404 else
-                        f" (to {resp.getheader('Location')})" if 300 <= resp.status < 400 else "")
-                raise OSError(f"{url} answered HTTP {resp.status}{hint}")
-            return body.decode("utf-8", "replace")
-        raise OSError(f"{url}: connection closed")
-
-    def _body(self, resp, url: str, deadline: float) -> bytes:
-        """The answer, read against one deadline (a server that trickles a
-        byte a second never trips a per-read timeout) and a size cap."""
-        parts, size = [], 0
-        while resp.length is None or resp.length > 0:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise OSError(f"{url}: no whole answer within {self._timeout:g} s")
-            if resp.fp is not None and resp.fp.raw is not None and hasattr(resp.fp.raw, "_sock"):
-                resp.fp.raw._sock.settimeout(left)
-            try:
-                chunk = resp.read1(65536)
-            except TimeoutError:
-                raise OSError(f"{url}: no whole answer within {self._timeout:g} s") from None
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > self.MAX_BYTES:
-                raise OSError(f"{url}: more than {self.MAX_BYTES >> 20} MiB")
-            parts.append(chunk)
-        if resp.length not in (None, 0):
-            raise OSError(f"{url}: the answer ended {resp.length} bytes short")
-        resp.read()                 # marks the answer whole, so the kept-alive connection can ask again
-        return b"".join(parts)
-
-    def _connect(self) -> http.client.HTTPConnection:
-        cls = http.client.HTTPSConnection if self._u.scheme == "https" else http.client.HTTPConnection
-        self._conn = cls(self._u.hostname, self._u.port, timeout=self._timeout)
-        return self._conn
-
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._http.close()

@@ -40,9 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def source_args(sp, default):
-        sp.add_argument("--source", default=default, help="nvml, dcgm[:HOST[:PORT]] (DCGM: embedded, or "
-                        "the nv-hostengine at HOST or $DCGM_HOSTENGINE), replay:FILE, "
-                        "or auto (NVML, else the bundled H200 recording)")
+        sp.add_argument("--source", default=default,
+                        help="nvml, dcgm[:HOST[:PORT]] (DCGM: embedded, or the nv-hostengine at HOST or "
+                             "$DCGM_HOSTENGINE), dcgm-exporter:URL (the node's exporter, e.g. "
+                             "dcgm-exporter:127.0.0.1:9400), replay:FILE, or auto (NVML, else the bundled H200 "
+                             "recording)")
         sp.add_argument("--speed", type=number(0, 1000, above=True), default=1.0,
                         help="replay speed (default 1); `up` then samples and judges windows that much faster, "
                              "so a window still holds 5 s of the recording (down to 1 s windows: above 5x findings "

@@ -12,6 +12,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
+from gpuscope.collectors import dcgm_exporter
 from gpuscope.collectors.nvml import NvmlCollector, NvmlConfig, SourceUnavailable
 from gpuscope.collectors.recording import default_recording, read_recording
 from gpuscope.collectors.replay import ReplayCollector
@@ -28,14 +29,21 @@ from .uplink import Uplink, UplinkConfig
 
 
 def make_source(spec: str, speed: float, allow_fallback: bool):
-    """Returns (collector, description). nvml|dcgm[:HOST[:PORT]]|replay:FILE|auto."""
+    """Returns (collector, description). nvml|dcgm[:HOST[:PORT]]|dcgm-exporter:URL|replay:FILE|auto."""
     if spec.startswith("replay:"):
         return _replay(spec.removeprefix("replay:"), speed)
+    if spec.startswith(dcgm_exporter.PREFIX):
+        try:
+            collector = dcgm_exporter.open_source(spec.removeprefix(dcgm_exporter.PREFIX))
+        except ValueError as exc:
+            raise UsageError(f"--source {exc}") from None
+        return _Started(collector), dcgm_exporter.PREFIX + collector.url
     if spec == "dcgm" or spec.startswith("dcgm:"):
         from gpuscope.collectors.dcgm import start_dcgm
         return _Started(start_dcgm(spec)), spec
     if spec not in ("nvml", "auto"):
-        raise UsageError(f"--source: {spec!r}, expected nvml, replay:FILE or auto, or dcgm[:HOST[:PORT]]")
+        raise UsageError(f"--source: {spec!r}, expected nvml, dcgm[:HOST[:PORT]], dcgm-exporter:URL, replay:FILE "
+                         "or auto")
     collector = NvmlCollector(NvmlConfig())
     try:
         collector.start()

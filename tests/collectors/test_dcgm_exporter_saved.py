@@ -106,6 +106,30 @@ def test_blank_and_nan_values_are_missing_and_strings_are_not_parsed(tmp_path):
     assert r.ignored_columns == ["DCGM_FI_DEV_NAME"]
 
 
+def test_dcgm_blank_sentinels_are_missing_by_the_field_type(tmp_path):
+    # older dcgm-exporters write DCGM's "no value" codes as numbers (its README: MEMORY_TEMP 9223372036854775794);
+    # 2^47 is the double fields' blank, but a real value of an int64 counter (ns of throttling after 39 h)
+    text = (f"# {T0}\n" + line("DCGM_FI_DEV_MEMORY_TEMP", 9223372036854775794) + "\n"
+            + line("DCGM_FI_DEV_POWER_USAGE", 140737488355328.0) + "\n"
+            + line("DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP_NS", 2 ** 47 + 5) + "\n")
+    m = read_recording(write(tmp_path, text)).metrics
+    assert math.isnan(m["mem_temp_celsius"][0]) and math.isnan(m["power_watts"][0])
+    assert m["throttle_sw_power_cap_seconds_total"][0] == pytest.approx((2 ** 47 + 5) * 1e-9)
+
+
+def test_a_gpus_own_series_wins_over_a_pods_share_and_lowercase_hostname_is_the_host(tmp_path):
+    # dcgm-exporter's per-process mapping of a shared GPU: each pod's share of GPU_UTIL, and the GPU's own
+    # series beside them, after them in the file; `hostname` is the host label from 2026 on
+    text = (f"# {T0}\n" + line("DCGM_FI_DEV_GPU_UTIL", 30, pod="a", namespace="ns", container="c") + "\n"
+            + line("DCGM_FI_DEV_GPU_UTIL", 50, pod="b", namespace="ns", container="c") + "\n"
+            + line("DCGM_FI_DEV_GPU_UTIL", 80) + "\n")
+    assert read_recording(write(tmp_path, text)).metrics["util_gpu_ratio"].tolist() == pytest.approx([0.8])
+    two = "".join(f"# {T0 + i}\n" + line("DCGM_FI_DEV_GPU_UTIL", 1, host="", hostname=h) + "\n"
+                  for i, h in enumerate(("n1", "n2")))
+    with pytest.raises(RecordingError, match=r"a second host, hostname='n2'"):
+        read_recording(write(tmp_path, two))
+
+
 def test_no_times_refused_with_the_loop_that_records_them(tmp_path):
     plain = scrape({"DCGM_FI_DEV_GPU_UTIL": 90}) * 2            # `while sleep 1; do curl ...; done >> f`
     with pytest.raises(RecordingError, match=r"saved.prom:3: DCGM_FI_DEV_GPU_UTIL has no time") as e:

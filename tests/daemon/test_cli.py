@@ -33,7 +33,7 @@ def test_classify_json_shape(fixture_dir):
     (["classify", "/nonexistent.csv", "--json"], "no such file"),
     (["classify", str(SAMPLES), "--window", "0.2"], "1 to 60"),
     (["up", "--source", "replay:/nonexistent.csv", "--duration", "1s"], "no such file"),
-    (["up", "--source", "bogus", "--duration", "1s"], "expected nvml, replay:FILE or auto"),
+    (["up", "--source", "bogus", "--duration", "1s"], "expected nvml, dcgm[:HOST[:PORT]], dcgm-exporter:URL, replay:FILE or auto"),
     (["agent", "--source", "nvml", "--duration", "1s"], "replay:FILE"),
     (["findings", "--server", "127.0.0.1:1"], "cannot reach 127.0.0.1:1"),
     (["query", "--server", "127.0.0.1:1", "--metric", "nope"], "unknown 'nope'"),
