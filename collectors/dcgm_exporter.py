@@ -428,8 +428,11 @@ def _device(gpu: int, series: list[tuple[Series, float]]) -> DeviceInfo:
              if v < dcgm_fields.blank_at(s.field) and math.isfinite(v)}
     total = value.get("mem_total_bytes")
     limit = value.get("power_limit_watts")
+    profiled = any(s.name.startswith(_PROFILING) for s, _ in series)
     return DeviceInfo(
         gpu=gpu, uuid=labels.get("UUID") or labels.get("uuid") or "", name=labels.get("modelName", ""),
         memory_total_bytes=int(total) if total is not None and 0 < total <= cat.PLAUSIBLE_MAX["bytes"] else None,
         power_limit_watts=limit if limit is not None and 0 < limit <= cat.PLAUSIBLE_MAX["watts"] else None,
-        gpm_supported=any(s.name.startswith(_PROFILING) for s, _ in series))
+        gpm_supported=profiled,
+        source="dcgm-exporter (profiling)" if profiled else
+        "dcgm-exporter (no profiling fields: add the DCP fields to its counters file)")

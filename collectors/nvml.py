@@ -249,7 +249,8 @@ class NvmlCollector:
             architecture=ARCHITECTURES.get(arch, "") if arch is not None else "",
             memory_total_bytes=getattr(mem, "total", None),
             power_limit_watts=cat.normalise(_M["power_limit_watts"], limit) if limit is not None else None,
-            pcie_generation=gen, pcie_width=width, gpm_supported=gpm, source="nvml")
+            pcie_generation=gen, pcie_width=width, gpm_supported=gpm,
+            source="nvml (GPM)" if gpm else "nvml (no GPM: utilisation ratios only)")
 
     def _start_events(self) -> None:
         n = self._nvml

@@ -67,7 +67,8 @@ class ReplayCollector:
     def devices(self) -> list[DeviceInfo]:
         gpm = any(n.startswith("gpm_") for n in self._names)
         name = f"replay of {self.recording.path.rsplit('/', 1)[-1]}"
-        return [DeviceInfo(gpu=g, uuid=f"replay-{g}", name=name, gpm_supported=gpm)
+        return [DeviceInfo(gpu=g, uuid=f"replay-{g}", name=name, gpm_supported=gpm,
+                           source="replay" + (" (GPM)" if gpm else ""))
                 for g in self.recording.gpus()]
 
     def scrape(self) -> Scrape:

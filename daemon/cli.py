@@ -43,8 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--source", default=default,
                         help="nvml, dcgm[:HOST[:PORT]] (DCGM: embedded, or the nv-hostengine at HOST or "
                              "$DCGM_HOSTENGINE), dcgm-exporter:URL (the node's exporter, e.g. "
-                             "dcgm-exporter:127.0.0.1:9400), replay:FILE, or auto (NVML, else the bundled H200 "
-                             "recording)")
+                             "dcgm-exporter:127.0.0.1:9400), replay:FILE, or auto: the best this host has "
+                             "(a running DCGM host engine, else the node's dcgm-exporter, else NVML; then, for "
+                             "`up` or an explicit auto, the bundled H200 recording). Default: "
+                             + ("auto" if default == "auto" else "the best GPU source, as auto without the recording"))
         sp.add_argument("--speed", type=number(0, 1000, above=True), default=1.0,
                         help="replay speed (default 1); `up` then samples and judges windows that much faster, "
                              "so a window still holds 5 s of the recording (down to 1 s windows: above 5x findings "
@@ -112,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("agent", help="the per-host sampling daemon")
     sp.add_argument("--analyzer", default="", help="analyzer HOST:PORT to stream to")
     sp.add_argument("--listen", default="127.0.0.1:9401", help="agent API address (default 127.0.0.1:9401)")
-    source_args(sp, "nvml")
+    source_args(sp, None)
     add_server_flags(sp, "NAME is agent", agent_links=True)
     sp.set_defaults(fn=cmd_agent)
 

@@ -12,10 +12,6 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from gpuscope.collectors import dcgm_exporter
-from gpuscope.collectors.nvml import NvmlCollector, NvmlConfig, SourceUnavailable
-from gpuscope.collectors.recording import default_recording, read_recording
-from gpuscope.collectors.replay import ReplayCollector
 from gpuscope.v1 import agent_pb2_grpc, analyzer_pb2_grpc
 
 from . import clients, logs
@@ -25,54 +21,8 @@ from .exporter import AgentCollector, FleetCollector, registry, serve as serve_m
 from .security_flags import agent_security, default_tls_dir, server_tls_dir, server_tls_files, server_tokens
 from .serve import build_server, ensure_free, parse_hostport, shutdown
 from .service import AgentServicer
+from .sources import make_source
 from .uplink import Uplink, UplinkConfig
-
-
-def make_source(spec: str, speed: float, allow_fallback: bool):
-    """Returns (collector, description). nvml|dcgm[:HOST[:PORT]]|dcgm-exporter:URL|replay:FILE|auto."""
-    if spec.startswith("replay:"):
-        return _replay(spec.removeprefix("replay:"), speed)
-    if spec.startswith(dcgm_exporter.PREFIX):
-        try:
-            collector = dcgm_exporter.open_source(spec.removeprefix(dcgm_exporter.PREFIX))
-        except ValueError as exc:
-            raise UsageError(f"--source {exc}") from None
-        return _Started(collector), dcgm_exporter.PREFIX + collector.url
-    if spec == "dcgm" or spec.startswith("dcgm:"):
-        from gpuscope.collectors.dcgm import start_dcgm
-        return _Started(start_dcgm(spec)), spec
-    if spec not in ("nvml", "auto"):
-        raise UsageError(f"--source: {spec!r}, expected nvml, dcgm[:HOST[:PORT]], dcgm-exporter:URL, replay:FILE "
-                         "or auto")
-    collector = NvmlCollector(NvmlConfig())
-    try:
-        collector.start()
-    except SourceUnavailable as exc:
-        if spec == "nvml" or not allow_fallback:
-            raise
-        logs.say(f"no GPU here ({exc}).", "warning")
-        logs.say(f"replaying the bundled NVIDIA H200 recording at {speed:g}x instead.")
-        return _replay(str(default_recording()), speed)
-    return _Started(collector), "nvml"
-
-
-def _replay(path: str, speed: float):
-    if speed <= 0:
-        raise UsageError(f"--speed: must be > 0, got {speed}")
-    rec = read_recording(path)
-    return ReplayCollector(rec, speed=speed, loop=True), f"replay:{path}"
-
-
-class _Started:
-    """Wraps a collector already started (NVML probing happens before the agent)."""
-    def __init__(self, inner):
-        self._inner = inner
-
-    def start(self):
-        pass
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
 
 
 def _setup_captures(agent: Agent, ns, analyzer_target: str | None, links, serving=None) -> None:
@@ -444,6 +394,7 @@ def cmd_agent(ns) -> int:
     if ns.analyzer:
         parse_hostport(ns.analyzer, "--analyzer")
     # only when asked for: an agent on a GPU host must not quietly replay a recording
+    # the default (None) picks the best GPU source; only an explicit `auto` may end with the recording
     collector, source = make_source(ns.source, ns.speed, allow_fallback=ns.source == "auto")
     links = agent_security(ns)
     security = _server_security(ns, "agent", ns.listen)

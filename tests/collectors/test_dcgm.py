@@ -378,7 +378,7 @@ def test_bad_source_specs_say_what_is_expected(spec):
 
 
 def test_make_source_starts_dcgm(monkeypatch):
-    from gpuscope.daemon.cmd_serve import make_source
+    from gpuscope.daemon.sources import make_source
     engine([h200(), h200()], address=STANDALONE)
     monkeypatch.setenv(ENV, str(BINDINGS))
     collector, source = make_source(f"dcgm:{STANDALONE}", 1.0, allow_fallback=False)

@@ -18,7 +18,7 @@ from gpuscope.collectors.nvml import SourceUnavailable
 from gpuscope.collectors.records import HealthKind
 from gpuscope.daemon import clients
 from gpuscope.daemon.agent import Agent, AgentConfig
-from gpuscope.daemon.cmd_serve import make_source
+from gpuscope.daemon.sources import make_source
 from tests.conftest import free_port
 from tests.fakes.dcgm_exporter import BUSY_H100, FakeExporter, Gpu, exposition
 from tests.helpers import wait_for
