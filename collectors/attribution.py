@@ -53,6 +53,8 @@ class PodLookup(Protocol):
 
     def holders(self, uuid: str, index: int) -> tuple["PodRef", ...]: ...
     def status(self) -> str: ...
+    def start(self) -> None: ...
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +216,15 @@ class Attributor:
         self._joined: dict[tuple[int, int | None, int], tuple[int, Attribution]] = {}
         self._max = max_tracked
         self.counts = _Counts()
+
+    def start(self) -> None:
+        """Starts the kubelet client's refreshes (the agent, once sampling starts)."""
+        if self._pods is not None:
+            self._pods.start()
+
+    def close(self) -> None:
+        if self._pods is not None:
+            self._pods.close()
 
     def of(self, pid: int, start: int | None, gpu_uuid: str, gpu: int) -> Attribution | None:
         """The attribution of process `pid` (started at `start`, from

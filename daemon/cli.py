@@ -13,6 +13,7 @@ import sys
 # grpc loads; GRPC_VERBOSITY in the environment still wins.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
+from gpuscope.collectors.kubelet import DEFAULT_SOCKET as KUBELET_SOCKET
 from gpuscope.collectors.nvml import SourceUnavailable
 from gpuscope.collectors.recording import RecordingError
 from gpuscope.collectors.xspace_reader import TraceError
@@ -66,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--serving-interval", type=number(1, 300, unit=" s", zero=True), default=5.0, metavar="S",
                         help="seconds between scrapes of each serving engine's /metrics, 1-300, 0 for never "
                              "(default 5: one analysis window)")
+        sp.add_argument("--kubelet-socket", default=KUBELET_SOCKET, metavar="PATH",
+                        help=f"the kubelet's pod-resources socket, which names the pod holding each GPU (default "
+                             f"{KUBELET_SOCKET}; absent is fine off Kubernetes; '' turns it off)")
+        sp.add_argument("--kubelet-refresh", type=number(1, 3600, unit=" s"), default=30.0, metavar="S",
+                        help="seconds between asks of the kubelet, 1-3600 (default 30)")
 
     def analyzer_args(sp):
         sp.add_argument("--db", default=default_db(), help=f"DuckDB file (default {default_db()})")

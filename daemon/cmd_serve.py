@@ -25,13 +25,14 @@ from .service import AgentServicer
 from .uplink import Uplink, UplinkConfig
 
 
-def make_source(spec: str, speed: float, allow_fallback: bool):
-    """Returns (collector, description). nvml|replay:FILE|auto."""
+def make_source(spec: str, speed: float, allow_fallback: bool, attribution=None):
+    """Returns (collector, description). nvml|replay:FILE|auto. `attribution`
+    (an Attributor) names whose each GPU process is; a replay has none."""
     if spec.startswith("replay:"):
         return _replay(spec.removeprefix("replay:"), speed)
     if spec not in ("nvml", "auto"):
         raise UsageError(f"--source: {spec!r}, expected nvml, replay:FILE or auto")
-    collector = NvmlCollector(NvmlConfig())
+    collector = NvmlCollector(NvmlConfig(), attribution=attribution)
     try:
         collector.start()
     except SourceUnavailable as exc:
@@ -41,6 +42,26 @@ def make_source(spec: str, speed: float, allow_fallback: bool):
         logs.say(f"replaying the bundled NVIDIA H200 recording at {speed:g}x instead.")
         return _replay(str(default_recording()), speed)
     return _Started(collector), "nvml"
+
+
+def make_attribution(ns):
+    """Whose each GPU process is: /proc, the kubelet's pod-resources socket
+    (--kubelet-socket; its absence is a status, not an error), and the
+    workload as job discovery reads it from /proc without probing."""
+    from gpuscope.collectors.attribution import Attributor
+    from gpuscope.collectors.jobs import JobDiscovery
+    from gpuscope.collectors.kubelet import KubeletConfig, PodResources
+
+    pods = None
+    if ns.kubelet_socket:
+        pods = PodResources(KubeletConfig(socket=ns.kubelet_socket, refresh_s=ns.kubelet_refresh))
+    return Attributor(pods=pods, workload=JobDiscovery(lambda _address: False).workload)
+
+
+def _attributed(agent: Agent, attribution, source: str) -> None:
+    """The agent reports (and starts, and stops) attribution when it samples NVML."""
+    if source == "nvml":
+        agent.attribution = attribution
 
 
 def _replay(path: str, speed: float):
@@ -311,7 +332,8 @@ def cmd_up(ns) -> int:
     Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
     log_path = _logs_beside_the_view(ns)
     # the source first: a wrong --source is the user's to fix whatever holds the port
-    collector, source = make_source(ns.source, ns.speed, allow_fallback=True)
+    attribution = make_attribution(ns)
+    collector, source = make_source(ns.source, ns.speed, allow_fallback=True, attribution=attribution)
     serving = parse_serving(ns.serving or [])
     check_serving(*serving, [d.gpu for d in collector.devices()])      # before any file
     ensure_free(ns.listen)
@@ -325,6 +347,7 @@ def cmd_up(ns) -> int:
     agent_cfg = AgentConfig(host=ns.host, source=source, interval_s=ns.interval,
                               serving_interval_s=ns.serving_interval)
     agent = Agent(agent_cfg, collector)
+    _attributed(agent, attribution, source)
     servicer = AnalyzerServicer(analyzer)
     server, port, health = build_server(ns.listen, [
         (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, servicer, "gpuscope.v1.Analyzer"),
@@ -396,12 +419,15 @@ def cmd_agent(ns) -> int:
     if ns.analyzer:
         parse_hostport(ns.analyzer, "--analyzer")
     # only when asked for: an agent on a GPU host must not quietly replay a recording
-    collector, source = make_source(ns.source, ns.speed, allow_fallback=ns.source == "auto")
+    attribution = make_attribution(ns)
+    collector, source = make_source(ns.source, ns.speed, allow_fallback=ns.source == "auto",
+                                    attribution=attribution)
     links = agent_security(ns)
     security = _server_security(ns, "agent", ns.listen)
     factory = _uplink_factory(ns, ns.analyzer, links) if ns.analyzer else None
     agent = Agent(AgentConfig(host=ns.host, source=source, interval_s=ns.interval,
                               serving_interval_s=ns.serving_interval), collector, factory)
+    _attributed(agent, attribution, source)
     _setup_captures(agent, ns, ns.analyzer or None, links)
     server, port, health = build_server(ns.listen, [
         (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent, ns.analyzer or ""), "gpuscope.v1.Agent")],
