@@ -24,6 +24,33 @@ def _time_range(ns) -> tuple[float | None, float | None]:
     return start, end
 
 
+def whose(a: dict | None) -> str:
+    """A job's attribution in words, most telling first: `pod ml/trainer-0
+    (container main), user alice`, `slurm job 81234 step 0, user alice`;
+    "" when nothing is known."""
+    a = a or {}
+    words = []
+    if a.get("pod"):
+        words.append(f"pod {a.get('namespace') or '?'}/{a['pod']}"
+                     + (f" (container {a['container']})" if a.get("container") else ""))
+    elif a.get("pod_uid"):
+        words.append(f"pod uid {a['pod_uid']}")
+    if a.get("slurm_job"):
+        words.append(f"slurm job {a['slurm_job']}" + (f" step {a['slurm_step']}" if a.get("slurm_step") else ""))
+    user = a.get("slurm_user") or a.get("user")
+    if user:
+        words.append(f"user {user}")
+    if a.get("container_id") and not a.get("pod"):
+        words.append(f"{a.get('runtime') or 'container'} {a['container_id'][:12]}")
+    if a.get("unit") and not (a.get("pod") or a.get("slurm_job") or a.get("container_id")):
+        words.append(f"unit {a['unit']}")
+    if a.get("workload"):
+        words.append(a["workload"])
+    if a.get("cgroup"):
+        words.append(f"cgroup {a['cgroup']}")
+    return ", ".join(words)
+
+
 def _nothing(ns, what: str, default_range: str = "") -> str:
     """One line for an answer with nothing in it: what was asked and, when a
     host or GPU was named that the analyzer has never heard of, which exist."""
@@ -36,6 +63,9 @@ def _nothing(ns, what: str, default_range: str = "") -> str:
         asked.append("verdict " + " or ".join(ns.verdict))
     if getattr(ns, "flag", None):
         asked.append("flag " + " and ".join(ns.flag))
+    for flag, words in (("pod", "pod"), ("namespace", "namespace"), ("slurm_job", "Slurm job")):
+        if getattr(ns, flag, ""):
+            asked.append(f"{words} {getattr(ns, flag)}")
     line = f"no {what}" + (f" for {', '.join(asked)}" if asked else "")
     if getattr(ns, "since", None):
         whole = next((f"{ns.since / n:g}{u}" for n, u in ((86400, "d"), (3600, "h"), (60, "m"))
@@ -77,6 +107,10 @@ def cmd_status(ns) -> int:
               f"dropped {s['dropped_samples']}, unacked {s['unacked_samples']}")
         for d in s.get("devices", []):
             print(f"  gpu{d.get('gpu', 0)} {d.get('name', '')} {'LOST' if d.get('lost') else ''}")
+        if s.get("attribution"):
+            print("  whose jobs (attribution sources):")
+            for source, state in sorted(s["attribution"].items()):
+                print(f"    {source:<10} {state}")
         return 0
     stale = f" ({s.get('hosts_stale', 0)} stale)" if s.get("hosts_stale") else ""
     print(f"analyzer {s['version']}: {human.many(s['hosts'], 'host')}{stale}, "
@@ -103,7 +137,8 @@ def cmd_status(ns) -> int:
 def cmd_findings(ns) -> int:
     start, end = _time_range(ns)
     rows = clients.findings(ns.server, ns.host or "", ns.gpu, ns.verdict, start, end, ns.open, ns.limit,
-                           flags=ns.flag, security=client_security(ns))
+                           flags=ns.flag, pod=ns.pod, namespace=ns.namespace, slurm_job=ns.slurm_job,
+                           security=client_security(ns))
     measured = _measured_precision(ns, rows)
     for f in rows:
         if f["counters_verdict"] in measured:
@@ -118,7 +153,11 @@ def cmd_findings(ns) -> int:
         trust = accuracy.trust_words(f["counters_verdict"], measured)
         print(f"{f['id']} {f['host']}/gpu{f['gpu']} {f['verdict']:<20} "
               f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(f['start']))} -> {end_s} "
-              f"conf {f['confidence']:.2f}{trust} {','.join(f['flags'])}\n    {f['summary']}")
+              f"conf {f['confidence']:.2f}{trust} {','.join(f['flags'])}")
+        if f["job"] or f.get("attribution"):
+            owner = whose(f.get("attribution"))
+            print(f"    job {f['job'] or '-'}" + (f" — {owner}" if owner else ""))
+        print(f"    {f['summary']}")
     return 0
 
 
@@ -180,21 +219,26 @@ def _watch_top(ns) -> int:
 def render_top(r: dict, ns) -> str:
     span = r["end"] - r["start"]
     whole = f"last {age(span)}" if abs(r["end"] - time.time()) < 60 else f"{_when(r['start'])} -> {_when(r['end'])}"
-    head = (f"most bottlenecked {'jobs' if r['by'] == 'job' else 'GPUs'}{' of ' + ns.host if ns.host else ''}, "
+    by = r["by"]
+    things = {"job": "jobs", "pod": "pods", "slurm-job": "Slurm jobs"}.get(by, "GPUs")
+    head = (f"most bottlenecked {things}{' of ' + ns.host if ns.host else ''}, "
             f"{whole} (idle is not a bottleneck)")
     if not r["rows"]:
         return head + "\n" + _nothing(ns, "bottlenecks")
-    who = "JOB" if r["by"] == "job" else "GPU"
+    who = {"job": "JOB", "pod": "POD", "slurm-job": "SLURM JOB"}.get(by, "GPU")
     lines = [head, "", f"{who:<28} {'TIME':>6} {'SHARE':>6}  {'VERDICT':<20} {'NOW':<28} {'ID':<12}  "
-                      + ("GPUS" if r["by"] == "job" else "JOB")]
+                      + ("GPUS" if by != "gpu" else "JOB")]
     for x in r["rows"]:
         now = (f"{x['now_verdict']} for {age(time.time() - x['now_since'])}" if x["now_verdict"] else "-")
-        name = x["job"] or "-" if r["by"] == "job" else f"{x['host']}/gpu{x['gpu']}"
-        last = str(x["gpus"]) if r["by"] == "job" else (x["job"] or "-")
+        a = x.get("attribution") or {}
+        name = {"gpu": f"{x['host']}/gpu{x['gpu']}", "job": x["job"] or "-",
+                "pod": f"{a.get('namespace', '?')}/{a.get('pod', '?')}", "slurm-job": a.get("slurm_job", "-")}[by]
+        last = str(x["gpus"]) if by != "gpu" else (x["job"] or "-")
         lines.append(f"{_fit(name, 28):<28} {age(x['bottleneck_seconds']):>6} {human.percent(x['share']):>6}  "
                      f"{x['verdict']:<20} {_fit(now, 28):<28} {x['finding_id']:<12}  {_fit(last, 40)}")
+        owner = whose(a) if by in ("gpu", "job") else ""
         lines.append(f"    {x['summary']}" + (f" [{', '.join(f.replace('_', '-') for f in x['flags'])}]"
-                                                 if x["flags"] else ""))
+                                                 if x["flags"] else "") + (f" ({owner})" if owner else ""))
     return "\n".join(lines)
 
 
@@ -220,20 +264,26 @@ def cmd_query(ns) -> int:
     end = end or time.time()
     start = start if start is not None else end - 3600
     r = clients.query(ns.server, ns.metric, ns.host or "", ns.gpu, start, end, ns.aggregate, ns.step or 0,
-                      raw=ns.raw, security=client_security(ns))
+                      raw=ns.raw, group_by=ns.group_by or "", security=client_security(ns))
     if ns.json:
         print_json(r)
         return 0
     if not r["series"]:
-        print(_nothing(ns, f"{ns.metric} samples", " in the last hour (--since for longer)"))
+        grouped = f" held by a {ns.group_by.replace('-', ' ')}" if ns.group_by else ""
+        print(_nothing(ns, f"{ns.metric} samples{grouped}", " in the last hour (--since for longer)"))
     for s in r["series"]:
+        if ns.group_by:
+            gpus = human.many(s["gpus"], "GPU")
+            where = {"job": f"job {s['group']}", "pod": f"pod {s['group']}",
+                     "slurm-job": f"slurm job {s['group']}"}[ns.group_by] + f" ({gpus})"
+        else:
+            where = f"{s['host']}/gpu{s['gpu']}"
         if r["aggregate"] == "series":
-            print(f"{s['host']}/gpu{s['gpu']} {r['metric']}{' per second' if r['rate'] else ''}, "
-                  f"{len(s['points'])} points:")
+            print(f"{where} {r['metric']}{' per second' if r['rate'] else ''}, {len(s['points'])} points:")
             for t, v in s["points"]:
                 print(f"  {_when(t)} {human.value(r['unit'], v)}")
         else:
-            print(f"{s['host']}/gpu{s['gpu']} {r['aggregate']}({r['metric']}) = {human.value(r['unit'], s['value'])} "
+            print(f"{where} {r['aggregate']}({r['metric']}) = {human.value(r['unit'], s['value'])} "
                   f"over {s['samples']:,} samples")
     return 0
 
@@ -305,6 +355,9 @@ def cmd_jobs(ns) -> int:
         where = j["command"] or (f"traces in {j['trace_dir']}" if j.get("trace_dir") else "-")
         print(f"{j.get('kind', 'jax'):<8} {j['pid'] or '-':>7}  {j['address']:<24} "
               f"{','.join(map(str, j['gpus'])) or '-':<8} {j['found_by'][:24]:<24} {where[:80]}")
+        owner = whose(j.get("attribution"))
+        if owner:
+            print(f"{'':<8} {'':>7}  whose: {owner}")
     return 0
 
 
@@ -314,7 +367,9 @@ def _event_line(e: dict) -> str:
     where = f"{e['host']}/gpu{e['gpu']}"
     if e["kind"] == "finding":
         state = "closed" if r.get("end") else "opened"
-        return f"{when} finding  {where} {state} {r['verdict']} (conf {r['confidence']:.2f}): {r['summary']}"
+        owner = whose(r.get("attribution"))
+        return (f"{when} finding  {where} {state} {r['verdict']} (conf {r['confidence']:.2f})"
+                + (f" [{owner}]" if owner else "") + f": {r['summary']}")
     if e["kind"] == "anomaly":
         return f"{when} anomaly  {where} {','.join(r['kinds'])}: {r['reason']}"
     if e["kind"] == "decision":
@@ -425,7 +480,9 @@ def render_report(rep: dict) -> str:
     lines = [f"finding {f['id']}: {f['host']}/gpu{f['gpu']} {v['decided']} (decided by {v['by']}; counters said "
              f"{v['counters']}, trace said {v['trace'] or '-'})",
              f"  {_when(f['start'])} -> {_when(f['end'])}, {f['windows']} windows, confidence "
-             f"{f['confidence']:.2f}, job {f['job'] or '-'}", f"  {f['summary']}"]
+             f"{f['confidence']:.2f}, job {f['job'] or '-'}" + (f" — {whose(f.get('attribution'))}"
+                                                               if whose(f.get("attribution")) else ""),
+             f"  {f['summary']}"]
     if f.get("flags"):
         lines.append(f"  flags: {', '.join(x.replace('_', '-') for x in f['flags'])}")
     lines += ["", f"counters (means; before/after = {c['context_seconds']:.0f} s around the episode):",
