@@ -74,6 +74,13 @@ class AnalyzerConfig:
     history_s: float = 365 * 86400        # rollups, closed findings, anomalies, decisions, captures
 
 
+def _stored(f: dict) -> tuple:
+    """What a query filters an open finding by, as last written: a change is
+    written at once, not with the next snapshot (a job that takes over a GPU
+    is asked for by its pod or Slurm job)."""
+    return f["verdict"], f["decided_by"], f["job"], f.get("attribution")
+
+
 @dataclass
 class GpuState:
     host: str
@@ -117,7 +124,7 @@ class Analyzer:
         self._findings_dirty: dict[str, dict] = {f["id"]: f for f in self.findings.open.values()
                                                  if f["windows"] != written.get(f["id"])}
         # what the store holds of each open finding: a change of these is written at once
-        self._findings_stored = {f["id"]: (f["verdict"], f["decided_by"]) for f in self.findings.open.values()}
+        self._findings_stored = {f["id"]: _stored(f) for f in self.findings.open.values()}
         self._samples_at_start, _ = self.store.sample_rows()
         self._status_dirty = set(self.gpus)           # a mirror of a new process learns every GPU
         self._newest_seen: dict[str, float] = {}       # host -> newest sample time received
@@ -308,7 +315,7 @@ class Analyzer:
             windows.append((host, c.gpu, c.start, c.end, c.verdict, c.confidence,
                             json.dumps(c.flags) if c.flags else "[]", c.summary))
             for f in self.findings.observe(host, c, job, owner):
-                if f["end"] is None and self._findings_stored.get(f["id"]) == (f["verdict"], f["decided_by"]):
+                if f["end"] is None and self._findings_stored.get(f["id"]) == _stored(f):
                     self._findings_dirty[f["id"]] = f          # only extended: written with the snapshot
                     continue
                 changed[f["id"]] = f
@@ -342,7 +349,7 @@ class Analyzer:
             self._findings_dirty.pop(f["id"], None)
             self.findings.current(f)
             if f["end"] is None:
-                self._findings_stored[f["id"]] = (f["verdict"], f["decided_by"])
+                self._findings_stored[f["id"]] = _stored(f)
             else:
                 self._findings_stored.pop(f["id"], None)
         self.store.upsert_findings([finding_row(f) for f in findings])

@@ -169,3 +169,26 @@ def test_a_metric_pooled_by_job_pod_and_slurm_job(tmp_path):
         assert s.metric("util_gpu_ratio", "h1", 1, 0, 200, "mean", 1.0, group_by="pod")[0]["gpus"] == 1
     finally:
         s.close()
+
+
+def test_a_job_taking_over_an_open_finding_is_written_at_once(tmp_path):
+    """Open findings that only grow are written with the 30 s snapshot; one
+    whose job (and so its pod or Slurm job) changed is asked for by them."""
+    from gpuscope.analyzers.classify import Classification
+    from gpuscope.analyzers.store import finding_dicts
+    srv = AnalyzerServer(tmp_path / "j.duckdb")
+    try:
+        a = srv.analyzer
+
+        def window(i, job, owner):
+            c = Classification(gpu=0, start=100.0 + 5 * i, end=105.0 + 5 * i, verdict="memory-bound",
+                               confidence=0.9, summary="s", evidence={"dram_bw_util_ratio": 0.8})
+            a.writer.call(lambda store: a._record([("h", c, job, owner)])).result()
+        window(0, "pid:1 a", dict(namespace="ml", pod="p1"))
+        window(1, "pid:1 a", dict(namespace="ml", pod="p1"))
+        window(2, "pid:2 b", dict(namespace="ml", pod="p2"))
+        stored = finding_dicts(a.store.findings_table(pod="ml/p2"))
+        assert [(f["job"], f["attribution"]["pod"], f["end"]) for f in stored] == [("pid:2 b", "p2", None)]
+        assert not finding_dicts(a.store.findings_table(pod="p1"))
+    finally:
+        srv.stop()
