@@ -8,8 +8,9 @@ others, and sampling, go on):
   in `cgroup`, never guessed at.
 - /proc/PID/environ: SLURM_JOB_ID, SLURM_STEP_ID, SLURM_JOB_USER; and
   HOSTNAME, a pod's name by default, which tells pods apart when several
-  share a GPU. Only root or CAP_SYS_PTRACE reads other users' environ:
-  without, the Slurm job still comes from the cgroup.
+  share a GPU. Another user's environ is mode 0400 and behind the kernel's
+  ptrace check: root reads it, or CAP_DAC_READ_SEARCH with CAP_SYS_PTRACE;
+  without, the Slurm job and step still come from the cgroup.
 - /proc/PID/status Uid: the owner, named from the password database.
 - the kubelet's pod-resources API (collectors/kubelet.py): which pod and
   container holds each GPU; a process gets them only if its cgroup says it
@@ -359,7 +360,8 @@ class Attributor:
         out["cgroup"] = "partial: " + "; ".join(cg) if cg else "ok"
         if c.environ_denied:
             out["environ"] = (f"permission denied for {c.environ_denied} processes: Slurm variables come from their "
-                              f"cgroup only; run the agent as root or with CAP_SYS_PTRACE to read them")
+                              f"cgroup only; to read them run the agent as root, or give it CAP_SYS_PTRACE and "
+                              f"CAP_DAC_READ_SEARCH (docs/operations.md, Whose job is it)")
         elif c.environ_unreadable:
             out["environ"] = f"partial: {c.environ_unreadable} unreadable ({c.last_error})"
         else:
