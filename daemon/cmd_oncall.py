@@ -11,7 +11,7 @@ from gpuscope.collectors import catalogue as cat
 from gpuscope.collectors import human
 
 from . import clients
-from .cliutil import UsageError, age, print_json, seen
+from .cliutil import UsageError, age, print_json, seen, whose
 from .cmd_offline import print_summary
 from .security_flags import client_security
 
@@ -22,33 +22,6 @@ def _time_range(ns) -> tuple[float | None, float | None]:
     if ns.since is not None:
         start = (end or time.time()) - ns.since
     return start, end
-
-
-def whose(a: dict | None) -> str:
-    """A job's attribution in words, most telling first: `pod ml/trainer-0
-    (container main), user alice`, `slurm job 81234 step 0, user alice`;
-    "" when nothing is known."""
-    a = a or {}
-    words = []
-    if a.get("pod"):
-        words.append(f"pod {a.get('namespace') or '?'}/{a['pod']}"
-                     + (f" (container {a['container']})" if a.get("container") else ""))
-    elif a.get("pod_uid"):
-        words.append(f"pod uid {a['pod_uid']}")
-    if a.get("slurm_job"):
-        words.append(f"slurm job {a['slurm_job']}" + (f" step {a['slurm_step']}" if a.get("slurm_step") else ""))
-    user = a.get("slurm_user") or a.get("user")
-    if user:
-        words.append(f"user {user}")
-    if a.get("container_id") and not a.get("pod"):
-        words.append(f"{a.get('runtime') or 'container'} {a['container_id'][:12]}")
-    if a.get("unit") and not (a.get("pod") or a.get("slurm_job") or a.get("container_id")):
-        words.append(f"unit {a['unit']}")
-    if a.get("workload"):
-        words.append(a["workload"])
-    if a.get("cgroup"):
-        words.append(f"cgroup {a['cgroup']}")
-    return ", ".join(words)
 
 
 def _nothing(ns, what: str, default_range: str = "") -> str:

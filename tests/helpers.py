@@ -54,11 +54,13 @@ def fake_agent(fake_nvml, target: str, host: str = "host-a", interval_s: float =
     attribution = procstat = None
     if proc_root is not None:
         from gpuscope.collectors.attribution import Attributor
+        from gpuscope.collectors.jobs import JobDiscovery
         from gpuscope.collectors.kubelet import KubeletConfig, PodResources
         from gpuscope.collectors.procstat import ProcStat
         procstat = ProcStat(proc_root)
         pods = PodResources(KubeletConfig(socket=kubelet_socket, refresh_s=0.2)) if kubelet_socket else None
-        attribution = Attributor(proc_root, pods=pods)
+        attribution = Attributor(proc_root, pods=pods,
+                                 workload=JobDiscovery(lambda _address: False, proc_root=proc_root).workload)
     agent = Agent(AgentConfig(host=host, source="nvml", interval_s=interval_s, slow_interval_s=1.0),
                   NvmlCollector(nvml=fake_nvml, procstat=procstat, attribution=attribution), uplink)
     agent.attribution = attribution

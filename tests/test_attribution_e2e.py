@@ -13,6 +13,7 @@ from concurrent import futures
 import grpc
 import pytest
 
+from gpuscope.collectors.jobs import JobDiscovery
 from gpuscope.daemon import clients
 from gpuscope.daemon.serve import build_server, shutdown
 from gpuscope.daemon.service import AgentServicer
@@ -54,7 +55,8 @@ def test_findings_say_whose_job_it_is_down_to_the_pod_and_the_slurm_job(tmp_path
     proc = tmp_path / "proc"
     fake_proc(proc, 4242, IN_POD, environ={"HOSTNAME": "trainer-0"}, uid=0, cmd="python train.py --lr 3e-4")
     fake_proc(proc, 5151, IN_SLURM, uid=1001, cmd="python sim.py --hf-token=hf_SECRET",
-              environ={"SLURM_JOB_ID": "81234", "SLURM_STEP_ID": "0", "SLURM_JOB_USER": "alice"})
+              environ={"SLURM_JOB_ID": "81234", "SLURM_STEP_ID": "0", "SLURM_JOB_USER": "alice",
+                       "GPUSCOPE_PROFILER_PORT": "9012"})
     srv = AnalyzerServer(tmp_path / "a.duckdb")
     fake = FakeNvml([h200(**MEMORY, processes=[(4242, 8 << 30)]), h200(**BUSY, processes=[(5151, 8 << 30)])])
     agent = fake_agent(fake, srv.target, host="gpu-node", proc_root=proc, kubelet_socket=kubelet.path)
@@ -68,8 +70,9 @@ def test_findings_say_whose_job_it_is_down_to_the_pod_and_the_slurm_job(tmp_path
         slurm = wait_for(lambda: clients.findings(srv.target, slurm_job="81234", open_only=True), timeout=30)
         assert [f["gpu"] for f in slurm] == [1] and slurm[0]["verdict"] == "compute-bound"
         assert slurm[0]["job"] == "pid:5151 python sim.py --hf-token=<redacted>"         # redacted as ever
-        assert {k: slurm[0]["attribution"].get(k) for k in ("slurm_job", "slurm_step", "slurm_user", "pod")} == \
-            dict(slurm_job="81234", slurm_step="0", slurm_user="alice", pod=None)
+        assert {k: slurm[0]["attribution"].get(k) for k in ("slurm_job", "slurm_step", "slurm_user", "pod",
+                                                            "workload")} == \
+            dict(slurm_job="81234", slurm_step="0", slurm_user="alice", pod=None, workload="jax 127.0.0.1:9012")
         assert clients.findings(srv.target, pod="ml/trainer-0") and not clients.findings(srv.target, pod="ml/other")
         assert [f["gpu"] for f in clients.findings(srv.target, namespace="ml")] == [0]
 
@@ -91,7 +94,8 @@ def test_findings_say_whose_job_it_is_down_to_the_pod_and_the_slurm_job(tmp_path
         top = clients.top(srv.target, by="pod")
         assert [(r["attribution"]["pod"], r["now_verdict"]) for r in top["rows"]] == [("trainer-0", "memory-bound")]
 
-        # the agent's own API says how each source fares
+        # the agent's own API says how each source fares, and whose each job it can trace is
+        agent.discovery = JobDiscovery(lambda _address: False, proc_root=proc)
         server, port, health = build_server("127.0.0.1:0", [
             (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent, srv.target), "gpuscope.v1.Agent")])
         server.start()
@@ -102,6 +106,10 @@ def test_findings_say_whose_job_it_is_down_to_the_pod_and_the_slurm_job(tmp_path
             assert st["attribution"]["cgroup"] == "ok" and st["attribution"]["environ"] == "ok"
             out = cli("status", "--server", f"127.0.0.1:{port}")
             assert "whose jobs (attribution sources):" in out and "kubelet    ok: 1 GPUs held by 1 pods" in out
+            jobs = clients.jobs(f"127.0.0.1:{port}")
+            assert [(j["pid"], j["attribution"]["slurm_job"]) for j in jobs] == [(5151, "81234")]
+            out = cli("jobs", "--server", f"127.0.0.1:{port}")
+            assert "whose: slurm job 81234 step 0, user alice, jax 127.0.0.1:9012" in out
         finally:
             shutdown(server, health, grace_s=0.1)
         assert agent.owners()[5151].slurm_job == "81234"
