@@ -51,13 +51,14 @@ def cli(*args: str) -> str:
     return r.stdout
 
 
-def test_findings_say_whose_job_it_is_down_to_the_pod_and_the_slurm_job(tmp_path, kubelet):
+@pytest.mark.parametrize("engine", [False, True], ids=["thread", "process"])
+def test_findings_say_whose_job_it_is_down_to_the_pod_and_the_slurm_job(tmp_path, kubelet, engine):
     proc = tmp_path / "proc"
     fake_proc(proc, 4242, IN_POD, environ={"HOSTNAME": "trainer-0"}, uid=0, cmd="python train.py --lr 3e-4")
     fake_proc(proc, 5151, IN_SLURM, uid=1001, cmd="python sim.py --hf-token=hf_SECRET",
               environ={"SLURM_JOB_ID": "81234", "SLURM_STEP_ID": "0", "SLURM_JOB_USER": "alice",
                        "GPUSCOPE_PROFILER_PORT": "9012"})
-    srv = AnalyzerServer(tmp_path / "a.duckdb")
+    srv = AnalyzerServer(tmp_path / "a.duckdb", engine=engine)
     fake = FakeNvml([h200(**MEMORY, processes=[(4242, 8 << 30)]), h200(**BUSY, processes=[(5151, 8 << 30)])])
     agent = fake_agent(fake, srv.target, host="gpu-node", proc_root=proc, kubelet_socket=kubelet.path)
     try:
