@@ -77,11 +77,12 @@ SHAPES = [
 
 
 @pytest.mark.parametrize("case,text,want", SHAPES, ids=[s[0] for s in SHAPES])
-def test_cgroup_shapes(case, text, want):
-    facts, raw = parse_cgroup(text)
-    got = {k: v for k, v in ((f, getattr(facts, f)) for f in ("container_id", "runtime", "pod_uid", "slurm_job",
-                                                               "slurm_step", "unit")) if v}
-    assert got == want and raw == ""
+def test_cgroup_shapes(tmp_path, case, text, want):
+    fake_proc(tmp_path, 4242, text)
+    a = Attributor(tmp_path, users=lambda uid: "alice").of(4242, 5000, "GPU-x", 0)
+    got = {k: v for k, v in ((f, getattr(a, f)) for f in ("container_id", "runtime", "pod_uid", "slurm_job",
+                                                           "slurm_step", "unit")) if v}
+    assert got == want and a.cgroup == "" and a.user == "alice"
 
 
 @pytest.mark.parametrize("text,raw", [("0::/my-batch-system/alloc-17/worker\n", "/my-batch-system/alloc-17/worker"),
