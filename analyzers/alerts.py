@@ -20,8 +20,9 @@ the finding's end. An anomaly is a point in time: it fires once and ends
 `ANOMALY_TTL_S` later.
 
 What leaves the host: host, GPU, verdict, the job as its process and
-executable (never its command line: arguments hold secrets), the summary,
-ids and times. A receiver's URL is logged as scheme://host only (Slack-style
+executable (never its command line: arguments hold secrets), whose the job
+is as far as routing needs (its Kubernetes namespace and pod, its Slurm
+job: labels a team's route can match), the summary, ids and times. A receiver's URL is logged as scheme://host only (Slack-style
 URLs carry a token in their path).
 """
 from __future__ import annotations
@@ -102,6 +103,10 @@ def _rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+# a finding's attribution labels an alert carries (empty ones are left out)
+ROUTING_LABELS = ("namespace", "pod", "slurm_job")
+
+
 @dataclass
 class _Alert:
     """One alert as the receivers get it; `firing` until it ends."""
@@ -118,13 +123,15 @@ def alert_of(e: dict, sev: str) -> _Alert:
     r = e["record"]
     job = command_label(r.get("job") or "") if r.get("job") else ""
     if e["kind"] == "finding":
+        owner = {k: (r.get("attribution") or {}).get(k, "") for k in ROUTING_LABELS}
         labels = dict(alertname="GPUBottleneck", severity=sev, host=e["host"], gpu=str(e["gpu"]),
-                      verdict=r["verdict"], job=job, finding_id=r["id"])
+                      verdict=r["verdict"], job=job, finding_id=r["id"], **owner)
         ends = r.get("end")
         summary = f"{e['host']}/gpu{e['gpu']} {r['verdict']}: {r.get('summary') or ''}"
         body = dict(kind="finding", state="resolved" if ends else "firing", severity=sev, host=e["host"],
                     gpu=e["gpu"], verdict=r["verdict"], job=job, finding_id=r["id"], start=r["start"], end=ends,
-                    confidence=r.get("confidence"), flags=r.get("flags") or [], summary=summary)
+                    confidence=r.get("confidence"), flags=r.get("flags") or [], summary=summary,
+                    **{k: v for k, v in owner.items() if v})
         return _Alert(f"finding/{r['id']}", sev, labels, summary, r["start"], ends, body)
     kinds = r.get("kinds") or [r.get("kind")]
     labels = dict(alertname="GPUAnomaly", severity=sev, host=e["host"], gpu=str(e["gpu"]), anomaly=kinds[0],

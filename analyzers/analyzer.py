@@ -48,7 +48,7 @@ from .live import LiveWindows
 from .report import build_report, full_id
 from .retention import PassResult, Retention, RetentionConfig
 from .status import GpuRow, summarize as summarize_status
-from .store import FINDING_COLUMNS, Store, StoreConfig, finding_row, merge_live
+from .store import FINDING_COLUMNS, Store, StoreConfig, finding_group, finding_row, merge_live
 from .trace_analysis import summarize
 from .trigger import Decision, TriggerConfig, TriggerPolicy
 from .windows import DEFAULT_WINDOW_S, check_window
@@ -72,6 +72,13 @@ class AnalyzerConfig:
     retention_s: float = 14 * 86400       # raw samples kept this long (CLI: --retention 14d)
     rollup: bool = True                   # keep per-minute means of what retention deletes
     history_s: float = 365 * 86400        # rollups, closed findings, anomalies, decisions, captures
+
+
+def _stored(f: dict) -> tuple:
+    """What a query filters an open finding by, as last written: a change is
+    written at once, not with the next snapshot (a job that takes over a GPU
+    is asked for by its pod or Slurm job)."""
+    return f["verdict"], f["decided_by"], f["job"], f.get("attribution")
 
 
 @dataclass
@@ -117,7 +124,7 @@ class Analyzer:
         self._findings_dirty: dict[str, dict] = {f["id"]: f for f in self.findings.open.values()
                                                  if f["windows"] != written.get(f["id"])}
         # what the store holds of each open finding: a change of these is written at once
-        self._findings_stored = {f["id"]: (f["verdict"], f["decided_by"]) for f in self.findings.open.values()}
+        self._findings_stored = {f["id"]: _stored(f) for f in self.findings.open.values()}
         self._samples_at_start, _ = self.store.sample_rows()
         self._status_dirty = set(self.gpus)           # a mirror of a new process learns every GPU
         self._newest_seen: dict[str, float] = {}       # host -> newest sample time received
@@ -293,13 +300,13 @@ class Analyzer:
             st = self.gpus[(host, gpu)] = GpuState(host, gpu)
         return st
 
-    def _record(self, results: list[tuple[str, Classification, str]]) -> None:
+    def _record(self, results: list[tuple[str, Classification, str, dict[str, str]]]) -> None:
         if not results:
             return
         windows, changed, anomalies = [], {}, []       # changed: findings to write now
         turned: list[dict] = []       # findings opened or closed by these windows
         judged: dict[str, float] = {}
-        for host, c, job in results:
+        for host, c, job, owner in results:
             st = self._state(host, c.gpu)
             st.verdict, st.confidence, st.flags = c.verdict, c.confidence, tuple(c.flags)
             st.last_window_end = max(st.last_window_end or c.end, c.end)
@@ -307,8 +314,8 @@ class Analyzer:
             judged[host] = max(judged.get(host, c.end), c.end)
             windows.append((host, c.gpu, c.start, c.end, c.verdict, c.confidence,
                             json.dumps(c.flags) if c.flags else "[]", c.summary))
-            for f in self.findings.observe(host, c, job):
-                if f["end"] is None and self._findings_stored.get(f["id"]) == (f["verdict"], f["decided_by"]):
+            for f in self.findings.observe(host, c, job, owner):
+                if f["end"] is None and self._findings_stored.get(f["id"]) == _stored(f):
                     self._findings_dirty[f["id"]] = f          # only extended: written with the snapshot
                     continue
                 changed[f["id"]] = f
@@ -342,7 +349,7 @@ class Analyzer:
             self._findings_dirty.pop(f["id"], None)
             self.findings.current(f)
             if f["end"] is None:
-                self._findings_stored[f["id"]] = (f["verdict"], f["decided_by"])
+                self._findings_stored[f["id"]] = _stored(f)
             else:
                 self._findings_stored.pop(f["id"], None)
         self.store.upsert_findings([finding_row(f) for f in findings])
@@ -617,17 +624,18 @@ class Analyzer:
         return None if row is None else self.live_finding(row)
 
     def top(self, start: float, end: float, host: str = "", by: str = "gpu", limit: int = 20) -> list[dict]:
-        """The GPUs (or jobs) bottlenecked longest over [start, end]
-        (Store.top_bottlenecked), what holds each now (its open finding, as
-        it is in memory) and, by GPU, whether it is stale (status' rule)."""
+        """The GPUs (or jobs, pods, Slurm jobs) bottlenecked longest over
+        [start, end] (Store.top_bottlenecked), what holds each now (its open
+        finding, as it is in memory) and, by GPU, whether it is stale
+        (status' rule)."""
         now = self._clock()
         rows = self.store.top_bottlenecked(start, end, limit, now=now, host=host, by=by)
         open_now: dict = {}                 # the tracker's open findings, as they are now: no store read
         for (h, g), f in list(self.findings.open.items()):
             if f["verdict"] != "idle" and (not host or h == host):
-                open_now.setdefault((h, g) if by == "gpu" else (h, f["job"]), f)
+                open_now.setdefault((h, g) if by == "gpu" else finding_group(f, by), f)
         for r in rows:
-            f = open_now.get((r["host"], r["gpu"]) if by == "gpu" else (r["host"], r["job"]))
+            f = open_now.get((r["host"], r["gpu"]) if by == "gpu" else r["group"])
             r["now"] = None if f is None else {k: f[k] for k in ("id", "verdict", "start", "confidence", "summary",
                                                                  "flags")}
             st = self.gpus.get((r["host"], r["gpu"])) if by == "gpu" else None

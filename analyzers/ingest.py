@@ -18,7 +18,11 @@ when too long or when they hold control or invisible characters: that is a
 bug of the agent, and truncating would hide it. A process's command line is
 the exception: it is whatever a user on the GPU host typed (/proc cmdline
 can be megabytes), so refusing it would let any user drop the host's
-batches. It is cleaned instead (see `clean_command`).
+batches. It is cleaned instead (see `clean_command`). Attribution labels
+(pod, Slurm job, user, ...) come from users' text too (environ, cgroup
+names), but the agent cuts and cleans them where it reads them
+(collectors/attribution.py): one that is too long or unprintable here is
+the agent's bug, and refused like its other strings.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from gpuscope.collectors import catalogue as cat
+from gpuscope.collectors.records import ATTRIBUTION_FIELDS, MAX_ATTRIBUTION_BYTES
 from gpuscope.security.redact import redact_command
 from gpuscope.v1 import samples_pb2 as pb
 
@@ -64,6 +69,9 @@ MAX_DETAIL_BYTES = 4096          # health detail, capture error: longer is refus
 MAX_PATH_BYTES = 4096            # Linux PATH_MAX
 MAX_COMMAND_BYTES = 4096         # a stored command line; longer ones are cut, ending in TRUNCATED
 MAX_JOB_BYTES = MAX_COMMAND_BYTES + 32   # "pid:N " and a command line
+# MAX_ATTRIBUTION_BYTES (256, collectors/records.py): each label of an attribution (a pod
+# name is at most 253, a namespace or container name 63, a container id 64 hex digits);
+# a batch holds at most MAX_PROCESSES attributions, one per distinct process and GPU
 TRUNCATED = " <truncated>"
 # Cleaning reads 1 KiB past the cut, so that a secret the cut would split is
 # still recognised whole (a URL password needs its '@').
@@ -96,12 +104,18 @@ class ProcessRows:
     used_memory_bytes: list[int | None]
     cpu_cores: list[float | None]
     command: list[str]                   # cleaned and redacted
+    attribution: list[int | None] = field(default_factory=list)   # per row: index into attributions
+    attributions: list[tuple[str | None, ...]] = field(default_factory=list)   # ATTRIBUTION_FIELDS, None: unknown
 
     @staticmethod
     def table(rows: list["ProcessRows"]) -> pa.Table:
         """The `processes` rows of several batches, in one table."""
         def joined(name: str) -> list:
             return [v for r in rows for v in getattr(r, name)]
+
+        def labels(k: int) -> list:
+            return [r.attributions[i][k] if i is not None else None for r in rows
+                    for i in (r.attribution or [None] * len(r.pid))]
         return pa.table({
             # typed: an untyped pa.array tries (and fails) to import dateutil, per call
             "host": pa.array([r.host for r in rows for _ in r.pid], pa.string()),
@@ -111,6 +125,7 @@ class ProcessRows:
             "used_memory_bytes": pa.array(joined("used_memory_bytes"), pa.int64()),
             "cpu_cores": pa.array(joined("cpu_cores"), pa.float64()),
             "command": pa.array(joined("command"), pa.string()),
+            **{name: pa.array(labels(k), pa.string()) for k, name in enumerate(ATTRIBUTION_FIELDS)},
         })
 
 
@@ -147,6 +162,7 @@ class DecodedBatch:
     dropped_samples: int = 0
     job: dict[int, str] = field(default_factory=dict)   # gpu -> job of its last sample
     min_unacked_seq: int = 0              # the writer closes the seq gaps below it (0: not said)
+    owner: dict[int, dict[str, str]] = field(default_factory=dict)   # gpu -> that job's attribution (known labels)
 
 
 # -- checks of one value -------------------------------------------------------------
@@ -244,14 +260,15 @@ def decode(batch: pb.SampleBatch, now: float | None = None) -> DecodedBatch:
         if unknown:
             raise BatchError(f"gpu_u32le: GPU {sorted(unknown)[0]} has samples but no entry in devices")
     names, values = _columns(batch, n)
+    attributions = _attributions(batch)
     procs = _process_columns(batch, n)
     _check_health(batch, known, now)
-    processes, job = _processes(batch.host, procs, t, gpu)
+    processes, job, owner = _processes(batch.host, procs, t, gpu, attributions)
     health = [(batch.host, h.gpu, h.t, _HEALTH_NAMES.get(h.kind, "unspecified"), h.detail,
                h.code if h.HasField("code") else None) for h in batch.health]
     return DecodedBatch(batch.host, batch.boot_id, batch.seq, n, t, gpu, names, values, processes,
                         [_facts(d) for d in batch.devices], health, batch.dropped_samples, job,
-                        batch.min_unacked_seq)
+                        batch.min_unacked_seq, owner)
 
 
 def _facts(d: pb.Device) -> "DeviceFacts":
@@ -272,6 +289,24 @@ def _check_header(batch: pb.SampleBatch) -> None:
     _count("devices", len(batch.devices), MAX_DEVICES)
     _count("processes", len(batch.processes), MAX_PROCESSES)
     _count("health", len(batch.health), MAX_HEALTH_EVENTS)
+    _count("attributions", len(batch.attributions), MAX_PROCESSES)
+
+
+def _attributions(batch: pb.SampleBatch) -> list[tuple[str | None, ...]]:
+    """The batch's attributions as tuples in ATTRIBUTION_FIELDS order (None:
+    not known), each label checked: a few per batch, one per process and GPU."""
+    out = []
+    for i, a in enumerate(batch.attributions):
+        labels = tuple(getattr(a, name) or None for name in ATTRIBUTION_FIELDS)
+        known = [v for v in labels if v is not None]
+        # one check of them all (a label of 64 characters or fewer is within 256 bytes); a
+        # failure goes label by label, which names the field
+        if known and not (4 * max(map(len, known)) <= MAX_ATTRIBUTION_BYTES and "".join(known).isprintable()):
+            for name, v in zip(ATTRIBUTION_FIELDS, labels):
+                if v is not None:
+                    _string(f"attributions[{i}].{name}", v, MAX_ATTRIBUTION_BYTES, _label_problem)
+        out.append(labels)
+    return out
 
 
 def _check_devices(batch: pb.SampleBatch) -> set[int]:
@@ -397,6 +432,9 @@ def _check_processes(batch: pb.SampleBatch, n: int) -> None:
             _bigint(f"{where}.used_memory_bytes", p.used_memory_bytes)
         if p.HasField("cpu_cores") and not (math.isfinite(p.cpu_cores) and p.cpu_cores >= 0):
             raise BatchError(f"{where}.cpu_cores: {p.cpu_cores!r} is not a CPU share (finite, >= 0)")
+        if p.HasField("attribution") and p.attribution >= len(batch.attributions):
+            raise BatchError(f"{where}.attribution: {p.attribution} >= {len(batch.attributions)} attributions "
+                             f"in the batch")
 
 
 def _check_health(batch: pb.SampleBatch, known: set[int], now: float) -> None:
@@ -429,47 +467,58 @@ def clean_command(raw: str) -> str:
 
 def _process_columns(batch: pb.SampleBatch, n: int) -> tuple[list, ...] | None:
     """The processes as columns (sample, pid, used_memory_bytes, cpu_cores,
-    command; None = not reported), read in one pass and checked as arrays:
-    a batch of 5 s of 8 GPUs carries 40 of them. A batch that fails the
-    check goes through _check_processes, which names the field."""
+    command, attribution; None = not reported), read in one pass and checked
+    as arrays: a batch of 5 s of 8 GPUs carries 40 of them. A batch that
+    fails the check goes through _check_processes, which names the field."""
     rows = batch.processes
     if not rows:
         return None
-    cols: tuple[list, ...] = ([], [], [], [], [])
-    sample, pid, mem, cpu, command = (c.append for c in cols)
+    cols: tuple[list, ...] = ([], [], [], [], [], [])
+    sample, pid, mem, cpu, command, owner = (c.append for c in cols)
     for p in rows:
         sample(p.sample)
         pid(p.pid)
         mem(p.used_memory_bytes if p.HasField("used_memory_bytes") else None)
         cpu(p.cpu_cores if p.HasField("cpu_cores") else None)
         command(p.command)
+        owner(p.attribution if p.HasField("attribution") else None)
     mems = [m for m in cols[2] if m is not None]
     cpus = np.array([c for c in cols[3] if c is not None], float)
+    owners = [a for a in cols[5] if a is not None]
     if (max(cols[0]) >= n or min(cols[1]) < 1 or max(cols[1]) > MAX_PID or (mems and max(mems) > BIGINT_MAX)
             or not np.all(np.isfinite(cpus) & (cpus >= 0))
+            or (owners and max(owners) >= len(batch.attributions))
             or sum(min(len(c), _CLEANED_CHARS) for c in set(cols[4])) > MAX_COMMAND_CHARS):
         _check_processes(batch, n)
     return cols
 
 
-def _processes(host: str, cols: tuple[list, ...] | None, t: np.ndarray,
-               gpu: np.ndarray) -> tuple[ProcessRows | None, dict[int, str]]:
+def _processes(host: str, cols: tuple[list, ...] | None, t: np.ndarray, gpu: np.ndarray,
+               attributions: list[tuple[str | None, ...]]
+               ) -> tuple[ProcessRows | None, dict[int, str], dict[int, dict[str, str]]]:
+    """The process rows, and for each GPU its job (the process holding the
+    most memory at the latest sample) and that job's attribution."""
     if cols is None:
-        return None, {}
-    sample, pid, mem, cpu, raw = cols
+        return None, {}, {}
+    sample, pid, mem, cpu, raw, owner = cols
     cleaned = {c: clean_command(c) for c in set(raw)}     # a process repeats in every sample
     commands = [cleaned[c] for c in raw]
     idx = np.array(sample, np.int64)
     g_rows, t_rows = gpu[idx].astype(np.int32), t[idx]
-    job: dict[int, tuple[float, int, str]] = {}
-    # the job of a GPU: its process holding the most memory, at the latest sample
-    for g, ts, m, p, command in zip(g_rows.tolist(), t_rows.tolist(), mem, pid, commands):
+    job: dict[int, tuple[float, int, str, int | None]] = {}
+    for g, ts, m, p, command, a in zip(g_rows.tolist(), t_rows.tolist(), mem, pid, commands, owner):
         m = m or 0
         cur = job.get(g)
         if cur is None or ts > cur[0] or (ts == cur[0] and m > cur[1]):
-            job[g] = (ts, m, f"pid:{p}" + (f" {command}" if command else ""))
-    rows = ProcessRows(host, g_rows, t_rows, pid, mem, cpu, commands)
-    return rows, {g: v[2] for g, v in job.items()}
+            job[g] = (ts, m, f"pid:{p}" + (f" {command}" if command else ""), a)
+    labels: dict[int, dict[str, str]] = {}               # one dict per attribution, shared by its GPUs
+    for _, _, _, a in job.values():
+        if a is not None and a not in labels:
+            labels[a] = {k: v for k, v in zip(ATTRIBUTION_FIELDS, attributions[a]) if v is not None}
+    rows = ProcessRows(host, g_rows, t_rows, pid, mem, cpu, commands,
+                       owner if attributions else [], attributions)
+    return (rows, {g: v[2] for g, v in job.items()},
+            {g: labels[v[3]] for g, v in job.items() if v[3] is not None})
 
 
 # -- captures ------------------------------------------------------------------------

@@ -25,6 +25,7 @@ class _Acc:
     t: list[np.ndarray] = field(default_factory=list)
     rows: list[tuple[tuple[str, ...], np.ndarray]] = field(default_factory=list)   # (metric names, matrix)
     job: str = ""
+    owner: dict[str, str] = field(default_factory=dict)    # the job's attribution
 
 
 class LiveWindows:
@@ -72,12 +73,13 @@ class LiveWindows:
             acc.t.append(t[lo:hi])
             acc.rows.append((names, matrix[lo:hi]))
             if g in b.job:
-                acc.job = b.job[g]
+                acc.job, acc.owner = b.job[g], b.owner.get(g, {})
         return newest
 
-    def close_pending(self) -> list[tuple[str, Classification, str]]:
+    def close_pending(self) -> list[tuple[str, Classification, str, dict[str, str]]]:
         """Judges every window completed since the last call: (host,
-        classification, job), in arrival order (time order per GPU)."""
+        classification, job, the job's attribution), in arrival order (time
+        order per GPU)."""
         closing, self._closing = self._closing, []
         if not closing:
             return []
@@ -93,9 +95,9 @@ class LiveWindows:
             return []
         rows = [i for i, _ in judged]
         verdicts = classify_many([w for _, w in judged], matrix[rows])
-        return [(closing[i][0][0], c, closing[i][1].job) for i, c in zip(rows, verdicts)]
+        return [(closing[i][0][0], c, closing[i][1].job, closing[i][1].owner) for i, c in zip(rows, verdicts)]
 
-    def sweep(self, now: float, grace_windows: float = 2.0) -> list[tuple[str, Classification, str]]:
+    def sweep(self, now: float, grace_windows: float = 2.0) -> list[tuple[str, Classification, str, dict[str, str]]]:
         """Close windows of GPUs that stopped sending (host down, GPU lost).
         Judged by when data last *arrived*, on the analyzer's clock, so an
         agent whose clock disagrees with ours, or a replay of old samples,

@@ -18,6 +18,7 @@ import grpc
 import structlog
 
 from gpuscope.collectors import catalogue as cat
+from gpuscope.collectors.records import ATTRIBUTION_FIELDS, MAX_ATTRIBUTION_BYTES
 from gpuscope.v1 import REJECTED_SEQ_KEY, analyzer_pb2 as apb, analyzer_pb2_grpc, samples_pb2 as pb
 
 from gpuscope.security.context import current_caller
@@ -27,7 +28,7 @@ from .analyzer import Analyzer
 from .report import MIN_PREFIX, AmbiguousId
 from .events import Watch
 from .ingest import BatchError, validate_capture_record
-from .store import AGGREGATES
+from .store import AGGREGATES, FINDING_GROUPS, PROCESS_GROUPS
 from .writer import COMMITTED, BatchRejected, StoreUnavailable
 
 
@@ -59,10 +60,18 @@ def capture_summary_pb(row: dict) -> apb.CaptureSummary:
                               summary_json=row["summary"] or "", finding_id=row["finding_id"] or "")
 
 
+def attribution_pb(labels: dict | None) -> pb.Attribution | None:
+    """A finding's attribution (its known labels) on the wire; None: none known."""
+    if not labels:
+        return None
+    return pb.Attribution(**{k: v for k, v in labels.items() if k in ATTRIBUTION_FIELDS and v})
+
+
 def finding_pb(f: dict) -> apb.Finding:
     ev = f["evidence"] or {}
     m = apb.Finding(id=f["id"], host=f["host"], gpu=f["gpu"], job=f["job"] or "", verdict=f["verdict"],
                     start=f["start"], confidence=f["confidence"], windows=f["windows"],
+                    attribution=attribution_pb(f.get("attribution")),
                     evidence=apb.Evidence(numbers={k: float(v) for k, v in ev.items()},
                                           flags=f["flags"] or [], summary=f["summary"] or "",
                                           alternatives=f["alternatives"] or [],
@@ -245,12 +254,18 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         if bad:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"flags: {bad[0]!r} is not a flag (power-capped, thermal-throttled, ...)")
+        for name in ("pod", "namespace", "slurm_job"):
+            value = getattr(request, name)
+            if len(value.encode()) > 2 * MAX_ATTRIBUTION_BYTES:       # namespace/pod: two labels
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"{name}: longer than {2 * MAX_ATTRIBUTION_BYTES} bytes; no job's is")
 
         def build() -> apb.FindingsResponse:
             rows = self.analyzer.list_findings(
                 host=request.host, gpu=request.gpu if request.HasField("gpu") else None,
                 verdicts=list(request.verdicts), start=start, end=end, open_only=request.open_only,
-                limit=_limit(request.limit, 1000), flags=list(request.flags))
+                limit=_limit(request.limit, 1000), flags=list(request.flags), pod=request.pod,
+                namespace=request.namespace, slurm_job=request.slurm_job)
             return apb.FindingsResponse(findings=[finding_pb(_for_caller(r)) for r in rows])
         return await self._query(build)
 
@@ -279,17 +294,26 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         if step <= 0 or (agg == "series" and (end - start) / step > MAX_POINTS):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"step_seconds: {step:g} gives more than {MAX_POINTS} points per GPU; use a larger step")
+        if request.group_by and request.group_by not in PROCESS_GROUPS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"group_by: {request.group_by!r}, expected {', '.join(PROCESS_GROUPS)} (or empty: "
+                                f"per GPU)")
         rate = metric.kind is cat.Kind.COUNTER and not request.raw
         rows = await self._query(self.analyzer.store.metric, metric.name, request.host,
-                                 request.gpu if request.HasField("gpu") else None, start, end, agg, step, rate)
+                                 request.gpu if request.HasField("gpu") else None, start, end, agg, step, rate,
+                                 request.group_by)
         out = apb.MetricResult(metric=metric.name, unit=RATE_UNITS.get(metric.unit, f"{metric.unit}/s") if rate
                                else metric.unit, aggregate=agg)
-        series: dict[tuple[str, int], apb.MetricSeries] = {}
+        series: dict[tuple, apb.MetricSeries] = {}
         for r in rows:
-            key = (r["host"], r["gpu"])
+            if request.group_by == "job":        # "host pid:N command": a reader sees the executable only
+                host_, _, job = r["group"].partition(" ")
+                r["group"] = f"{host_} {_for_caller({'job': job})['job']}"
+            key = (r["host"], r["gpu"], r.get("group"))
             s = series.get(key)
             if s is None:
-                s = series[key] = out.series.add(host=r["host"], gpu=r["gpu"])
+                s = series[key] = out.series.add(host=r["host"], gpu=r["gpu"], group=r.get("group") or "",
+                                                 gpus=r.get("gpus") or 0)
             s.samples += int(r["n"])
             if agg == "series":
                 s.points.add(t=r["bucket"], value=r["value"])
@@ -352,8 +376,9 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
     @_unavailable_as_status
     async def Top(self, request, context):
         by = request.by or "gpu"
-        if by not in ("gpu", "job"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"by: {by!r}, expected gpu or job")
+        if by != "gpu" and by not in FINDING_GROUPS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"by: {by!r}, expected gpu, {', '.join(FINDING_GROUPS)}")
         start, end = await _optional_range(request, context)
         end = time.time() if end is None else end
         start = end - 3600 if start is None else start
@@ -373,7 +398,8 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                          confidence=shown["confidence"] or 0.0, summary=shown["summary"] or "",
                          flags=shown["flags"] or [], finding_id=shown["id"] or "",
                          verdicts=[apb.VerdictSeconds(**v) for v in r.get("verdicts") or ()],
-                         stale=bool(r.get("stale")), last_seen_age_seconds=r.get("last_seen_age_s") or 0.0)
+                         stale=bool(r.get("stale")), last_seen_age_seconds=r.get("last_seen_age_s") or 0.0,
+                         attribution=attribution_pb(r.get("attribution")))
         return out
 
     @_unavailable_as_status

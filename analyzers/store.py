@@ -16,15 +16,40 @@ import duckdb
 import pyarrow as pa
 
 from gpuscope.collectors import catalogue as cat
+from gpuscope.collectors.records import ATTRIBUTION_FIELDS
 
 from .seqset import SeqSet
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Columns added after a table first shipped: files created earlier gain them on open.
 ADDED_COLUMNS = {"findings": ("counters_verdict", "trace_verdict", "captures",     # 2: captures refine findings
-                              "absorbed_until DOUBLE"),       # 5: the last window end the row's numbers hold
+                              "absorbed_until DOUBLE",        # 5: the last window end the row's numbers hold
+                              "attribution"),                 # 6: whose the job is (JSON of its known labels)
                  "captures": ("kind",),                                          # 3: capture kinds
-                 "agents": ("committed",)}                                       # 4: exact committed seqs
+                 "agents": ("committed",),                                       # 4: exact committed seqs
+                 "processes": ATTRIBUTION_FIELDS}                                # 6: whose each process is
+# What findings and queries group by, beside GPUs: the key's SQL over a findings row's
+# attribution JSON (NULL where the job's attribution does not say)
+_LABEL = "json_extract_string(attribution, '$.{}')"
+FINDING_GROUPS = {"job": "host || ': ' || job",          # a job is a host's, as pids are
+                  "pod": f"{_LABEL.format('namespace')} || '/' || {_LABEL.format('pod')}",
+                  "slurm-job": _LABEL.format("slurm_job")}
+
+
+def finding_group(f: dict, by: str) -> str | None:
+    """FINDING_GROUPS' key of a finding held in memory (an open one)."""
+    a = f.get("attribution") or {}
+    if by == "job":
+        return f"{f['host']}: {f['job']}" if f.get("job") is not None else None
+    if by == "pod":
+        return f"{a['namespace']}/{a['pod']}" if a.get("namespace") and a.get("pod") else None
+    return a.get("slurm_job")
+
+
+# ... and over a processes row, for metrics pooled by job (query --group-by)
+PROCESS_GROUPS = {"job": "host || ' pid:' || pid || coalesce(' ' || nullif(command, ''), '')",
+                  "pod": "namespace || '/' || pod",
+                  "slurm-job": "slurm_job"}
 AGGREGATES = {"mean": "avg({m})", "min": "min({m})", "max": "max({m})",
               "p50": "quantile_cont({m}, 0.5)", "p95": "quantile_cont({m}, 0.95)",
               "p99": "quantile_cont({m}, 0.99)", "last": "arg_max({m}, t)"}
@@ -35,7 +60,7 @@ HEALTH_COLUMNS = ("host", "gpu", "t", "kind", "detail", "code")
 WINDOW_COLUMNS = ("host", "gpu", "start", "end", "verdict", "confidence", "flags", "summary")
 FINDING_COLUMNS = ("id", "host", "gpu", "job", "verdict", "start", "end", "confidence",
                    "windows", "evidence", "flags", "summary", "alternatives", "decided_by",
-                   "counters_verdict", "trace_verdict", "captures", "absorbed_until")
+                   "counters_verdict", "trace_verdict", "captures", "absorbed_until", "attribution")
 VERDICT_PAIR_COLUMNS = ("capture_id", "t", "host", "gpu", "model", "counters_verdict", "counters_confidence",
                         "trace_verdict", "trace_confidence", "finding_id")
 ANOMALY_COLUMNS = ("id", "t", "host", "gpu", "job", "kind", "kinds", "reason", "details", "finding_id")
@@ -149,8 +174,8 @@ class Store:
                 "SELECT column_name FROM information_schema.columns WHERE table_name = ?", [table]).fetchall()}
             for col in cols:
                 name, _, kind = col.partition(" ")
-                if name not in have:
-                    con.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind or 'VARCHAR'}")
+                if name not in have:         # quoted: `user` and `namespace` are SQL words
+                    con.execute(f'ALTER TABLE {table} ADD COLUMN "{name}" {kind or "VARCHAR"}')
         con.execute("DELETE FROM metrics")
         con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?)",
                         [(m.name, m.unit, m.kind.value, m.help) for m in cat.METRICS])
@@ -320,16 +345,25 @@ class Store:
 
     def findings(self, host: str = "", gpu: int | None = None, verdicts: Iterable[str] = (),
                  start: float | None = None, end: float | None = None, open_only: bool = False,
-                 limit: int = 1000) -> list[dict]:
-        return finding_dicts(self.findings_table(host, gpu, verdicts, start, end, open_only, limit))
+                 limit: int = 1000, **owner: str) -> list[dict]:
+        return finding_dicts(self.findings_table(host, gpu, verdicts, start, end, open_only, limit, **owner))
 
     def findings_table(self, host: str = "", gpu: int | None = None, verdicts: Iterable[str] = (),
                        start: float | None = None, end: float | None = None, open_only: bool = False,
-                       limit: int = 1000, flags: Iterable[str] = ()) -> pa.Table:
+                       limit: int = 1000, flags: Iterable[str] = (), pod: str = "", namespace: str = "",
+                       slurm_job: str = "") -> pa.Table:
         """The matching rows as stored (JSON fields as text), newest first:
         DuckDB builds the table without the GIL, and `finding_dicts` turns it
-        into rows wherever the caller is (the gRPC process, not this one)."""
+        into rows wherever the caller is (the gRPC process, not this one).
+        pod: a pod's name, or namespace/name; namespace, slurm_job: the
+        job's, as its attribution says."""
         where, args = _where_host_gpu([], [], host, gpu)
+        if "/" in pod:
+            namespace, pod = pod.split("/", 1)
+        for label, value in (("pod", pod), ("namespace", namespace), ("slurm_job", slurm_job)):
+            if value:
+                where.append(f"{_LABEL.format(label)} = ?")
+                args.append(value)
         verdicts = list(verdicts)
         if verdicts:
             where.append(f"verdict IN ({', '.join('?' * len(verdicts))})")
@@ -355,63 +389,72 @@ class Store:
 
     def top_bottlenecked(self, start: float, end: float, limit: int = 10, now: float | None = None,
                          host: str = "", by: str = "gpu") -> list[dict]:
-        """GPUs (by="gpu") or jobs (by="job": a job is a host's, as pids
-        are) with the most seconds in a bottleneck (any verdict but idle)
-        over [start, end], most first. `main_verdict` is the verdict with
-        the most of those seconds (`verdicts` has each one's), and the job,
-        summary, confidence, flags and id are those of its longest finding."""
-        if by not in ("gpu", "job"):
-            raise ValueError(f"by: {by!r}, expected gpu or job")
+        """GPUs (by="gpu"), or jobs, pods or Slurm jobs (by="job", "pod",
+        "slurm-job": a job is a host's, as pids are; findings whose job's
+        attribution names no pod or Slurm job are left out of those) with the
+        most seconds in a bottleneck (any verdict but idle) over [start, end],
+        most first. `main_verdict` is the verdict with the most of those
+        seconds (`verdicts` has each one's); the job, attribution, summary,
+        confidence, flags and id are those of its longest finding, and
+        `group` the key grouped by."""
+        if by != "gpu" and by not in FINDING_GROUPS:
+            raise ValueError(f"by: {by!r}, expected gpu, {', '.join(FINDING_GROUPS)}")
         now = end if now is None else now
         where, args = ["verdict <> 'idle'", "start <= ?", 'coalesce("end", ?) >= ?'], [end, now, start]
         if host:
             where.append("host = ?")
             args.append(host)
-        keys = ("host", "gpu") if by == "gpu" else ("host", "job")
-        k = ", ".join(keys)
-        same = " AND ".join(f"f.{c} IS NOT DISTINCT FROM m.{c}" for c in keys)
+        keys = ", ".join(f"m.{c}" for c in (("host", "gpu") if by == "gpu" else ('"group"',)))
+        k = keys.replace("m.", "")
+        same = " AND ".join(f"f.{c} IS NOT DISTINCT FROM m.{c}" for c in k.split(", "))
         sql = f"""
-            WITH f AS (SELECT *, least(coalesce("end", ?), ?) - greatest(start, ?) AS overlap
-                       FROM findings WHERE {' AND '.join(where)}),
+            WITH f0 AS (SELECT *, least(coalesce("end", ?), ?) - greatest(start, ?) AS overlap,
+                               {"NULL" if by == "gpu" else FINDING_GROUPS[by]} AS "group"
+                        FROM findings WHERE {' AND '.join(where)}),
+            f AS (SELECT * FROM f0 {'' if by == 'gpu' else 'WHERE "group" IS NOT NULL'}),
             per AS (SELECT {k}, verdict, sum(overlap) AS secs FROM f GROUP BY {k}, verdict),
             m AS (SELECT {k}, sum(secs) AS bottleneck_seconds, arg_max(verdict, (secs, verdict)) AS main_verdict,
                          list({{'verdict': verdict, 'seconds': secs}} ORDER BY secs DESC, verdict) AS verdicts
                   FROM per GROUP BY {k})
             SELECT any_value(m.bottleneck_seconds) AS bottleneck_seconds, any_value(m.main_verdict) AS main_verdict,
-                   any_value(m.verdicts) AS verdicts, count(*) AS findings,
+                   any_value(m.verdicts) AS verdicts, any_value(f."group") AS "group", count(*) AS findings,
                    count(DISTINCT (f.host, f.gpu)) AS gpus,
                    -- one finding's fields, never a mix of several: the main verdict's longest
                    -- (ties broken by the latest start, then id)
                    arg_max({{'host': f.host, 'gpu': f.gpu, 'job': f.job, 'id': f.id, 'summary': f.summary,
-                             'confidence': f.confidence, 'flags': f.flags}},
+                             'confidence': f.confidence, 'flags': f.flags, 'attribution': f.attribution}},
                            (f.verdict = m.main_verdict, overlap, start, id)) AS longest
             FROM f JOIN m ON {same}
-            GROUP BY {', '.join('m.' + c for c in keys)}
-            ORDER BY bottleneck_seconds DESC, {', '.join('m.' + c for c in keys)} LIMIT ?"""
+            GROUP BY {keys} ORDER BY bottleneck_seconds DESC, {keys} LIMIT ?"""
         out = []
         for r in _dicts(self.reader().execute(sql, [now, end, start] + args + [limit])):
             longest = r["longest"]
             out.append(dict(host=longest["host"], gpu=longest["gpu"], bottleneck_seconds=r["bottleneck_seconds"],
                             main_verdict=r["main_verdict"], verdicts=r["verdicts"], findings=r["findings"],
                             gpus=r["gpus"], job=longest["job"], finding_id=longest["id"],
-                            summary=longest["summary"], confidence=longest["confidence"],
+                            summary=longest["summary"], confidence=longest["confidence"], group=r.get("group"),
+                            attribution=_json_dict(longest["attribution"]),
                             flags=json.loads(longest["flags"]) if longest["flags"] else []))
         return out
 
     def metric(self, metric: str, host: str, gpu: int | None, start: float, end: float,
-               aggregate: str, step: float, rate: bool = False) -> list[dict]:
+               aggregate: str, step: float, rate: bool = False, group_by: str = "") -> list[dict]:
         """A metric's series or aggregate per GPU; `rate`: a counter's
         increase per second between consecutive samples instead of its
         running total, each placed at the later sample (wraps and resets as
-        collectors/counters.py reads them)."""
+        collectors/counters.py reads them). group_by ("job", "pod",
+        "slurm-job"): per group instead, each row with its `group` and the
+        `gpus` it pooled (see `_grouped`)."""
         m = cat.BY_NAME.get(metric)
         if m is None:
             raise KeyError(metric)
+        if group_by and group_by not in PROCESS_GROUPS:
+            raise ValueError(f"group_by: {group_by!r}, expected {', '.join(PROCESS_GROUPS)}")
         col = f'"{metric}"'
         where, args = _where_host_gpu(["t BETWEEN ? AND ?", f"{col} IS NOT NULL"], [start, end], host, gpu)
         w = " AND ".join(where)
         source = f"SELECT host, gpu, t, {col} AS v, 1 AS n FROM samples WHERE {w}"
-        if self._rolled_up_before(start):
+        if self._rolled_up_before(start) and not group_by:     # rolled-up minutes keep no processes to group by
             # minutes rolled up count with their sample counts as weights; min,
             # max, quantiles and last of the old part are those of minute means
             source += f" UNION ALL SELECT host, gpu, t, {col} AS v, samples AS n FROM samples_1m WHERE {w}"
@@ -427,18 +470,49 @@ class Store:
             source = (f"SELECT host, gpu, t, ({grown}) / (t - pt) AS v, 1 AS n FROM (SELECT host, gpu, t, v, "
                       f"lag(v) OVER w AS pv, lag(t) OVER w AS pt FROM ({source}) "
                       f"WINDOW w AS (PARTITION BY host, gpu ORDER BY t)) WHERE t > pt AND ({grown}) IS NOT NULL")
-        if aggregate == "series":      # the step is a parameter: floats never become SQL text
+        if aggregate == "series":
             # a bitmask's bucket holds every bit set in it: a mean of bits names reasons that never were
             value = ("CAST(bit_or(CAST(v AS UBIGINT)) AS DOUBLE)" if m.unit == "bitmask" and not rate
                      else "sum(v * n) / sum(n)")
+        else:
+            value = "sum(v * n) / sum(n)" if aggregate == "mean" else AGGREGATES[aggregate].format(m="v")
+        if group_by:
+            return self._grouped(source, args, group_by, value, aggregate == "series", step, host, gpu, start, end)
+        if aggregate == "series":      # the step is a parameter: floats never become SQL text
             sql = (f"SELECT host, gpu, floor(t / ?) * ? AS bucket, {value} AS value, "
                    f"CAST(sum(n) AS BIGINT) AS n FROM ({source}) GROUP BY ALL ORDER BY host, gpu, bucket")
             args = [step, step] + args
         else:
-            value = "sum(v * n) / sum(n)" if aggregate == "mean" else AGGREGATES[aggregate].format(m="v")
             sql = (f"SELECT host, gpu, {value} AS value, CAST(sum(n) AS BIGINT) AS n "
                    f"FROM ({source}) GROUP BY ALL ORDER BY host, gpu")
         return _dicts(self.reader().execute(sql, args))
+
+    def _grouped(self, source: str, args: list, group_by: str, value: str, series: bool, step: float,
+                 host: str, gpu: int | None, start: float, end: float) -> list[dict]:
+        """A metric pooled by group: a sample belongs to the group of its
+        GPU's job at that sample (the process holding the most memory, as
+        ingest names a GPU's job), whose attribution may not name one (then
+        the sample is in no group). A job is a host's process (`host pid:N
+        command`); a pod or Slurm job may span GPUs and hosts, and its row's
+        host is the first of them."""
+        pw, pargs = _where_host_gpu(["t BETWEEN ? AND ?"], [start, end], host, gpu)
+        owners = (f"SELECT host, gpu, t, arg_max_null({PROCESS_GROUPS[group_by]}, "
+                  f"(coalesce(used_memory_bytes, 0), pid)) AS grp FROM processes WHERE {' AND '.join(pw)} "
+                  f"GROUP BY host, gpu, t")
+        joined = (f"SELECT s.host, s.gpu, s.t, s.v, s.n, o.grp FROM ({source}) s JOIN ({owners}) o "
+                  f"ON s.host = o.host AND s.gpu = o.gpu AND s.t = o.t WHERE o.grp IS NOT NULL")
+        pooled = "g AS (SELECT grp, min(host) AS host, count(DISTINCT (host, gpu)) AS gpus FROM j GROUP BY grp)"
+        if series:
+            sql = (f"WITH j AS ({joined}), {pooled} SELECT g.host, 0 AS gpu, j.grp AS \"group\", g.gpus, "
+                   f"floor(j.t / ?) * ? AS bucket, {value} AS value, CAST(sum(n) AS BIGINT) AS n "
+                   f"FROM j JOIN g ON j.grp = g.grp GROUP BY ALL ORDER BY \"group\", bucket")
+            params = args + pargs + [step, step]
+        else:
+            sql = (f"WITH j AS ({joined}) SELECT min(host) AS host, 0 AS gpu, grp AS \"group\", "
+                   f"count(DISTINCT (host, gpu)) AS gpus, {value} AS value, CAST(sum(n) AS BIGINT) AS n "
+                   f"FROM j GROUP BY grp ORDER BY \"group\"")
+            params = args + pargs
+        return _dicts(self.reader().execute(sql, params))
 
     def count(self, table: str) -> int:
         return int(self.reader().execute(f"SELECT count(*) FROM {table}").fetchone()[0])
@@ -660,7 +734,8 @@ def _dicts(cur: Any) -> list[dict]:
     return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
-_JSON_FIELDS = ("evidence", "flags", "alternatives", "captures")
+_JSON_FIELDS = ("evidence", "flags", "alternatives", "captures", "attribution")
+_DICT_FIELDS = ("evidence", "attribution")
 _EMPTY_JSON = ("[]", "{}")
 
 
@@ -687,18 +762,22 @@ def _finding_fields(rows: list[dict]) -> list[dict]:
         for k in _JSON_FIELDS:
             v = r.get(k)
             # most rows hold empty lists: skip the parser (a fleet-wide list is 1,000 rows x 4 fields)
-            r[k] = json.loads(v) if v and v not in _EMPTY_JSON else ([] if k != "evidence" and v != "{}" else {})
+            r[k] = json.loads(v) if v and v not in _EMPTY_JSON else ({} if k in _DICT_FIELDS else [])
         r["counters_verdict"] = r.get("counters_verdict") or r["verdict"]
     return rows
 
 
 def finding_row(f: dict) -> tuple:
     """The stored row; `absorbed_until` is the last window the numbers hold."""
-    return tuple(_json(f.get(k)) if k in _JSON_FIELDS else
+    return tuple(_json(f.get(k), k) if k in _JSON_FIELDS else
                  f.get("last_window_end") if k == "absorbed_until" else f.get(k) for k in FINDING_COLUMNS)
 
 
-def _json(v: Any) -> str:
+def _json(v: Any, key: str) -> str:
     if not v:              # most findings have no flags, alternatives or captures
-        return "{}" if isinstance(v, dict) else "[]"
+        return "{}" if key in _DICT_FIELDS else "[]"
     return json.dumps(v)
+
+
+def _json_dict(text: str | None) -> dict:
+    return json.loads(text) if text and text != "{}" else {}

@@ -586,9 +586,10 @@ def parse_source(spec: str, environ: dict | None = None) -> str | None:
     return f"{host}:{int(port)}"
 
 
-def start_dcgm(spec: str, environ: dict | None = None) -> DcgmCollector:
+def start_dcgm(spec: str, environ: dict | None = None, processes: NvmlCollector | None = None) -> DcgmCollector:
     """The collector `--source dcgm[:HOST[:PORT]]` asks for, started: raises
-    SourceUnavailable with what to do when it cannot start."""
-    collector = DcgmCollector(DcgmConfig(address=parse_source(spec, environ)))
+    SourceUnavailable with what to do when it cannot start. `processes`: the
+    NVML collector (GPM off) its processes come from."""
+    collector = DcgmCollector(DcgmConfig(address=parse_source(spec, environ)), processes=processes)
     collector.start()
     return collector

@@ -110,6 +110,25 @@ class JobDiscovery:
                 return Job(pid, f"127.0.0.1:{port}", list(gpus or []), command, "port")
         return None
 
+    def workload(self, pid: int) -> str:
+        """What the process runs, as far as /proc tells without a probe: a JAX
+        job that names its profiler port in its environment (`jax
+        127.0.0.1:9012`), a serving engine known by its own or a parent's
+        command line (`vllm`, `sglang`, `tensorrt-llm`), a JAX profiler a
+        probe already found on one of its ports; else "". Attribution asks
+        once per process, on the sampling thread: nothing here waits on a
+        network."""
+        port = self._env_port(pid)
+        if port is not None:
+            return f"jax 127.0.0.1:{port}"
+        for proc in self._lineage(pid):
+            command = self._command(proc)
+            engine = next((name for name, pattern in ENGINES if pattern.search(command)), None)
+            if engine is not None:
+                return engine
+        probed = sorted(port for (p, port), ok in list(self._verdicts.items()) if p == pid and ok)
+        return f"jax 127.0.0.1:{probed[0]}" if probed else ""
+
     def _serving_engine(self, pid: int, gpus: list[int] | None) -> Job | None:
         """The serving engine `pid` belongs to: itself or the nearest parent
         that listens on a configured --serving port or is a known engine."""

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import catalogue as cat
+from .attribution import Attributor
 from .procstat import ProcStat
 from .records import DeviceInfo, GpuSample, HealthKind, HealthRecord, ProcessRecord, Scrape
 
@@ -185,10 +186,13 @@ class NvmlCollector:
     """Samples every GPU of the host through NVML."""
 
     def __init__(self, config: NvmlConfig = NvmlConfig(), nvml: ModuleType | None = None,
-                 procstat: ProcStat | None = None, clock: Callable[[], float] = time.time):
+                 procstat: ProcStat | None = None, clock: Callable[[], float] = time.time,
+                 attribution: Attributor | None = None):
+        """attribution: whose each GPU process is (None: not asked)."""
         self.config = config
         self._nvml = nvml
         self._proc = procstat or ProcStat()
+        self._attribution = attribution
         self._clock = clock
         self._devices: list[_Device] = []
         self._events: Any = None
@@ -283,6 +287,8 @@ class NvmlCollector:
                     self._mark_lost(dev, t, str(exc), scrape)
         if self.config.processes:
             self._proc.forget_except(live_pids)
+            if self._attribution is not None:
+                self._attribution.forget_except(live_pids)
         return scrape
 
     def _sample(self, dev: _Device, t: float, scrape: Scrape, live_pids: set[int]) -> GpuSample:
@@ -318,7 +324,7 @@ class NvmlCollector:
         if self.config.processes:
             raw = call("processes", scrape, n.nvmlDeviceGetComputeRunningProcesses, h)
             if raw is not None:
-                procs = tuple(self._process(p, live_pids) for p in raw)
+                procs = tuple(self._process(p, dev, live_pids) for p in raw)
                 values["procs_count"] = float(len(procs))
                 cpus = [p.cpu_cores for p in procs if p.cpu_cores is not None]
                 if cpus:
@@ -344,14 +350,20 @@ class NvmlCollector:
                     dev.lost = True
                     continue
                 if raw is not None:
-                    out[dev.info.uuid] = tuple(self._process(p, live_pids) for p in raw)
+                    out[dev.info.uuid] = tuple(self._process(p, dev, live_pids) for p in raw)
         self._proc.forget_except(live_pids)
         return out
 
-    def _process(self, p: Any, live_pids: set[int]) -> ProcessRecord:
-        live_pids.add(p.pid)
-        return ProcessRecord(pid=p.pid, used_memory_bytes=p.usedGpuMemory,
-                             cpu_cores=self._proc.cpu_cores(p.pid), command=self._proc.command(p.pid))
+    def _process(self, p: Any, dev: _Device, live_pids: set[int]) -> ProcessRecord:
+        pid = p.pid
+        live_pids.add(pid)
+        cpu = self._proc.cpu_cores(pid)
+        attribution = None
+        if self._attribution is not None:
+            # the start time was read with the CPU: it tells a reused pid from the process it had
+            attribution = self._attribution.of(pid, self._proc.started(pid), dev.info.uuid, dev.index)
+        return ProcessRecord(pid=pid, used_memory_bytes=p.usedGpuMemory, cpu_cores=cpu,
+                             command=self._proc.command(pid), attribution=attribution)
 
     def _gpm(self, dev: _Device, values: dict[str, float], scrape: Scrape) -> None:
         n, pair, mg = self._nvml, dev.gpm_pair, dev.gpm_get

@@ -2,7 +2,7 @@
 what the analyzer receives, free of any wire or storage format."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 
 
@@ -15,11 +15,40 @@ class HealthKind(str, Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class Attribution:
+    """Whose a GPU process is (collectors/attribution.py reads it once per
+    process). Every field is a short label; "" is not known."""
+    user: str = ""                   # owner of the process: its name, or uid:N
+    container_id: str = ""           # from /proc/PID/cgroup
+    runtime: str = ""                # docker, containerd, cri-o, podman
+    pod: str = ""                    # from the kubelet (which pod holds the GPU)
+    namespace: str = ""
+    container: str = ""              # the container's name in its pod
+    pod_uid: str = ""                # from the cgroup, when the kubelet cannot name the pod
+    slurm_job: str = ""              # SLURM_JOB_ID, else the cgroup's job_N
+    slurm_step: str = ""             # SLURM_STEP_ID, else the cgroup's step_S
+    slurm_user: str = ""             # SLURM_JOB_USER
+    unit: str = ""                   # the systemd unit or scope
+    workload: str = ""               # what runs: "jax 127.0.0.1:9012", "vllm" (collectors/jobs.py)
+    cgroup: str = ""                 # the cgroup path, kept raw when its shape is not one we know
+
+
+ATTRIBUTION_FIELDS = tuple(f.name for f in fields(Attribution))
+# Each attribution label is at most this many bytes of UTF-8 and printable: the
+# agent cuts and cleans what it reads (environ and cgroups are users' text),
+# the analyzer refuses a batch that breaks it (a bug of the agent).
+MAX_ATTRIBUTION_BYTES = 256
+
+
+@dataclass(frozen=True, slots=True)
 class ProcessRecord:
     pid: int
     used_memory_bytes: int | None = None
     cpu_cores: float | None = None   # None: first sight, or /proc unreadable
     command: str = ""
+    # One object per process (and GPU) shared by every sample of it, so a
+    # sample carries a reference, not a copy of the labels. None: not read.
+    attribution: Attribution | None = None
 
 
 @dataclass(slots=True)

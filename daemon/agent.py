@@ -16,7 +16,7 @@ from typing import Callable, Protocol
 import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from gpuscope.collectors.records import DeviceInfo, GpuSample, HealthRecord, Scrape
+from gpuscope.collectors.records import Attribution, DeviceInfo, GpuSample, HealthRecord, ProcessRecord, Scrape
 from gpuscope.security.redact import redact_command
 
 from .captures import CaptureRecord, CaptureRunner
@@ -75,6 +75,7 @@ class Agent:
         self.captures: CaptureRunner | None = None
         self.discovery = None                       # collectors.jobs.JobDiscovery
         self.serving = None                         # collectors.serving_sampler.ServingSampler
+        self.attribution = None                     # collectors.attribution.Attributor (its status, its kubelet)
         self.capture_reporter: Callable[[CaptureRecord, bytes], None] | None = None
         self._burst_until = 0.0                          # sample at BURST_INTERVAL_S until then
 
@@ -86,6 +87,8 @@ class Agent:
         its own port only after its server has bound)."""
         self._uplink_factory = uplink_factory or self._uplink_factory
         self.collector.start()                      # fail fast: only here may we refuse to run
+        if self.attribution is not None:
+            self.attribution.start()                # its kubelet client: a thread that never fails start-up
         n = max(1, len(self.collector.devices()))
         per_tick = n * max(1, round(1.0 / self.config.interval_s))  # replay may emit several rows per tick
         self._ring = collections.deque(maxlen=min(MAX_RING_SAMPLES, int(self.config.ring_seconds * per_tick)))
@@ -170,20 +173,35 @@ class Agent:
             ring = [s for s in ring if s.gpu == gpu]
         return ring
 
-    def gpu_pids(self) -> dict[int, list[int]]:
-        """pid -> the GPUs it runs on, from the latest sample of each GPU that
-        listed processes. Derived from the ring when asked (captures are rare),
-        so the sampling hot path does no bookkeeping for it."""
+    def _latest_processes(self) -> list[tuple[int, ProcessRecord]]:
+        """(GPU, process) of the latest sample of each GPU that listed
+        processes. Derived from the ring when asked (captures and job lists
+        are rare), so the sampling hot path does no bookkeeping for it."""
         with self._ring_lock:
             ring = list(self._ring)
         seen: set[int] = set()
-        out: dict[int, list[int]] = {}
+        out = []
         for s in reversed(ring):
             if s.gpu in seen or not ("procs_count" in s.values or s.processes):
                 continue
             seen.add(s.gpu)
-            for p in s.processes:
-                out.setdefault(p.pid, []).append(s.gpu)
+            out.extend((s.gpu, p) for p in s.processes)
+        return out
+
+    def gpu_pids(self) -> dict[int, list[int]]:
+        """pid -> the GPUs it runs on, as the latest samples say."""
+        out: dict[int, list[int]] = {}
+        for gpu, p in self._latest_processes():
+            out.setdefault(p.pid, []).append(gpu)
+        return out
+
+    def owners(self) -> dict[int, Attribution]:
+        """pid -> whose it is, as the latest samples say (pods are per GPU:
+        a process on several has the first one's)."""
+        out: dict[int, Attribution] = {}
+        for _, p in self._latest_processes():
+            if p.attribution is not None:
+                out.setdefault(p.pid, p.attribution)
         return out
 
     def jobs(self) -> list:
@@ -309,7 +327,8 @@ class Agent:
         return dict(host=self.config.host, boot_id=self.boot_id, source=self.config.source,
                     interval_s=self.config.interval_s, ticks=self.ticks, samples=self.samples,
                     tick_overruns=self.overruns, errors=dict(self.errors), last_error=self.last_error,
-                    devices=self.devices(), uplink=up)
+                    devices=self.devices(), uplink=up,
+                    attribution=self.attribution.status() if self.attribution is not None else {})
 
     def stop(self) -> None:
         """Idempotent: a second stop does nothing."""
@@ -327,5 +346,7 @@ class Agent:
             PENDING_STOPS.shutdown()      # no engine keeps profiling because this agent went away
         if self.serving is not None:
             self.serving.close()
+        if self.attribution is not None:
+            self.attribution.close()
         self.collector.close()
         log.info("agent stopped", host=self.config.host, ticks=self.ticks)

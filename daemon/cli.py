@@ -13,6 +13,7 @@ import sys
 # grpc loads; GRPC_VERBOSITY in the environment still wins.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
+from gpuscope.collectors.kubelet import DEFAULT_SOCKET as KUBELET_SOCKET
 from gpuscope.collectors.nvml import SourceUnavailable
 from gpuscope.collectors.recording import RecordingError
 from gpuscope.collectors.xspace_reader import TraceError
@@ -75,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--serving-interval", type=number(1, 300, unit=" s", zero=True), default=5.0, metavar="S",
                         help="seconds between scrapes of each serving engine's /metrics, 1-300, 0 for never "
                              "(default 5: one analysis window)")
+        sp.add_argument("--kubelet-socket", default=KUBELET_SOCKET, metavar="PATH",
+                        help=f"the kubelet's pod-resources socket, which names the pod holding each GPU (default "
+                             f"{KUBELET_SOCKET}; absent is fine off Kubernetes; '' turns it off)")
+        sp.add_argument("--kubelet-refresh", type=number(1, 3600, unit=" s"), default=30.0, metavar="S",
+                        help="seconds between asks of the kubelet, 1-3600 (default 30)")
 
     def analyzer_args(sp):
         sp.add_argument("--db", default=default_db(), help=f"DuckDB file (default {default_db()})")
@@ -169,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--verdict", action="append", choices=VERDICTS, help="repeat for several")
     sp.add_argument("--flag", action="append", metavar="FLAG",
                     help="findings carrying this flag, e.g. power-capped, thermal-throttled (repeat: all of them)")
+    sp.add_argument("--pod", default="", metavar="POD", help="findings of jobs in this Kubernetes pod (NAME or "
+                                                              "NAMESPACE/NAME)")
+    sp.add_argument("--namespace", default="", metavar="NS", help="findings of jobs in this Kubernetes namespace")
+    sp.add_argument("--slurm-job", default="", metavar="JOBID", help="findings of this Slurm job's processes")
     sp.add_argument("--open", action="store_true", help="open findings only")
     sp.add_argument("--limit", type=positive_int, default=1000, metavar="N")
     sp.set_defaults(fn=cmd_findings)
@@ -180,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--start", type=float, default=None, help="Unix seconds")
     sp.add_argument("--end", type=float, default=None, help="Unix seconds (default now)")
     sp.add_argument("--host", default="", help="one host (default: the fleet)")
-    sp.add_argument("--by", choices=("gpu", "job"), default="gpu", help="rank GPUs (default) or jobs")
+    sp.add_argument("--by", choices=("gpu", "job", "pod", "slurm-job"), default="gpu",
+                    help="rank GPUs (default), jobs, Kubernetes pods or Slurm jobs")
     sp.add_argument("--limit", type=positive_int, default=20, metavar="N", help="at most N rows (default 20)")
     sp.add_argument("--watch", type=positive_float, nargs="?", const=5.0, default=None, metavar="S",
                     help="redraw every S seconds (default 5), like top")
@@ -195,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--raw", action="store_true",
                     help="a counter (_total) as its running total (default: its rate per second, as rate() in "
                          "Prometheus)")
+    sp.add_argument("--group-by", choices=("job", "pod", "slurm-job"), default=None,
+                    help="pool the samples of the GPUs each job, pod or Slurm job held (default: per GPU); raw "
+                         "samples only, not minutes rolled up by retention")
     sp.set_defaults(fn=cmd_query)
 
     sp = sub.add_parser("classify", help="classify a recording offline, window by window")

@@ -11,6 +11,7 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 
 from gpuscope.collectors import catalogue as cat
+from gpuscope.collectors.records import ATTRIBUTION_FIELDS
 from gpuscope.collectors.serving_profiler import expected_seconds
 from gpuscope.security.tls import INSECURE, ClientSecurity, explain_failure
 from gpuscope.v1 import agent_pb2, agent_pb2_grpc, analyzer_pb2 as apb, analyzer_pb2_grpc
@@ -77,8 +78,14 @@ def _call(server: str, fn, timeout: float = 10.0, security: ClientSecurity = INS
             raise _client_error(exc, server, security, wants) from None
 
 
+def attribution_dict(a) -> dict:
+    """An Attribution message as the labels it knows (none: {})."""
+    return {k: v for k in ATTRIBUTION_FIELDS if (v := getattr(a, k))}
+
+
 def finding_dict(f: apb.Finding) -> dict:
-    return dict(id=f.id, host=f.host, gpu=f.gpu, job=f.job, verdict=f.verdict, start=f.start,
+    return dict(id=f.id, host=f.host, gpu=f.gpu, job=f.job, attribution=attribution_dict(f.attribution),
+                verdict=f.verdict, start=f.start,
                 end=f.end if f.HasField("end") else None, confidence=round(f.confidence, 3),
                 windows=f.windows, evidence=dict(sorted(f.evidence.numbers.items())),
                 flags=list(f.evidence.flags), summary=f.evidence.summary,
@@ -127,7 +134,8 @@ def jobs(server: str, *, security: ClientSecurity = INSECURE) -> list[dict]:
     resp = _call(server, lambda ch, t: agent_pb2_grpc.AgentStub(ch).ListJobs(agent_pb2.ListJobsRequest(), timeout=t),
                  timeout=30, security=security, wants="agent")
     return [dict(pid=j.pid or None, address=j.address, gpus=list(j.gpus), command=j.command, found_by=j.found_by,
-                 kind=_JOB_KINDS.get(j.kind, j.kind or "jax"), trace_dir=j.trace_dir or None) for j in resp.jobs]
+                 kind=_JOB_KINDS.get(j.kind, j.kind or "jax"), trace_dir=j.trace_dir or None,
+                 attribution=attribution_dict(j.attribution)) for j in resp.jobs]
 
 
 _JOB_KINDS = {"torch-http": "serving"}
@@ -260,14 +268,17 @@ def top(server: str, start: float | None = None, end: float | None = None, host:
         share=x.share, findings=x.findings, gpus=x.gpus, now_verdict=x.now_verdict or None,
         now_since=x.now_since or None, confidence=x.confidence, summary=x.summary, flags=list(x.flags),
         finding_id=x.finding_id, verdicts=[dict(verdict=v.verdict, seconds=v.seconds) for v in x.verdicts],
-        stale=x.stale, last_seen_age_s=x.last_seen_age_seconds or None) for x in r.rows])
+        stale=x.stale, last_seen_age_s=x.last_seen_age_seconds or None,
+        attribution=attribution_dict(x.attribution)) for x in r.rows])
 
 
 def findings(server: str, host: str = "", gpu: int | None = None, verdicts: list[str] | None = None,
              start: float | None = None, end: float | None = None, open_only: bool = False,
-             limit: int = 1000, *, flags: list[str] | None = None, security: ClientSecurity = INSECURE) -> list[dict]:
+             limit: int = 1000, *, flags: list[str] | None = None, pod: str = "", namespace: str = "",
+             slurm_job: str = "", security: ClientSecurity = INSECURE) -> list[dict]:
+    """pod: a pod's name or namespace/name; namespace, slurm_job: the job's."""
     req = apb.FindingsRequest(host=host, verdicts=verdicts or [], open_only=open_only, limit=limit,
-                              flags=flags or [])
+                              flags=flags or [], pod=pod, namespace=namespace, slurm_job=slurm_job)
     if gpu is not None:
         req.gpu = gpu
     _in_range(req, start, end)
@@ -277,15 +288,17 @@ def findings(server: str, host: str = "", gpu: int | None = None, verdicts: list
 
 
 def query(server: str, metric: str, host: str, gpu: int | None, start: float, end: float,
-          aggregate: str, step: float, *, raw: bool = False, security: ClientSecurity = INSECURE) -> dict:
+          aggregate: str, step: float, *, raw: bool = False, group_by: str = "",
+          security: ClientSecurity = INSECURE) -> dict:
+    """group_by: "" (a series per GPU), job, pod or slurm-job (one per group, with its `group` and `gpus`)."""
     req = apb.MetricQuery(metric=metric, host=host, start=start, end=end, aggregate=aggregate, step_seconds=step,
-                          raw=raw)
+                          raw=raw, group_by=group_by)
     if gpu is not None:
         req.gpu = gpu
     r = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).QueryMetric(req, timeout=t), timeout=60,
               security=security)
-    return dict(metric=r.metric, unit=r.unit, aggregate=r.aggregate, rate=r.metric in cat.BY_NAME and r.unit != cat.BY_NAME[r.metric].unit, series=[
-        dict(host=s.host, gpu=s.gpu, samples=s.samples,
+    return dict(metric=r.metric, unit=r.unit, aggregate=r.aggregate, rate=r.metric in cat.BY_NAME and r.unit != cat.BY_NAME[r.metric].unit, group_by=group_by or None, series=[
+        dict(host=s.host, gpu=s.gpu, samples=s.samples, **({"group": s.group, "gpus": s.gpus} if group_by else {}),
              **({"points": [[p.t, p.value] for p in s.points]} if r.aggregate == "series"
                 else {"value": s.value if s.HasField("value") else None}))
         for s in r.series])

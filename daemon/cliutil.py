@@ -95,3 +95,30 @@ def default_db() -> str:
 def print_json(obj) -> None:
     json.dump(obj, sys.stdout, indent=1, default=str)
     sys.stdout.write("\n")
+
+
+def whose(a: dict | None) -> str:
+    """A job's attribution in words, most telling first: `pod ml/trainer-0
+    (container main), user alice`, `slurm job 81234 step 0, user alice`;
+    "" when nothing is known."""
+    a = a or {}
+    words = []
+    if a.get("pod"):
+        words.append(f"pod {a.get('namespace') or '?'}/{a['pod']}"
+                     + (f" (container {a['container']})" if a.get("container") else ""))
+    elif a.get("pod_uid"):
+        words.append(f"pod uid {a['pod_uid']}")
+    if a.get("slurm_job"):
+        words.append(f"slurm job {a['slurm_job']}" + (f" step {a['slurm_step']}" if a.get("slurm_step") else ""))
+    user = a.get("slurm_user") or a.get("user")
+    if user:
+        words.append(f"user {user}")
+    if a.get("container_id") and not a.get("pod"):
+        words.append(f"{a.get('runtime') or 'container'} {a['container_id'][:12]}")
+    if a.get("unit") and not (a.get("pod") or a.get("slurm_job") or a.get("container_id")):
+        words.append(f"unit {a['unit']}")
+    if a.get("workload"):
+        words.append(a["workload"])
+    if a.get("cgroup"):
+        words.append(f"cgroup {a['cgroup']}")
+    return ", ".join(words)

@@ -11,7 +11,7 @@ from gpuscope.collectors import catalogue as cat
 from gpuscope.collectors import human
 
 from . import clients
-from .cliutil import UsageError, age, print_json, seen
+from .cliutil import UsageError, age, print_json, seen, whose
 from .cmd_offline import print_summary
 from .security_flags import client_security
 
@@ -36,6 +36,9 @@ def _nothing(ns, what: str, default_range: str = "") -> str:
         asked.append("verdict " + " or ".join(ns.verdict))
     if getattr(ns, "flag", None):
         asked.append("flag " + " and ".join(ns.flag))
+    for flag, words in (("pod", "pod"), ("namespace", "namespace"), ("slurm_job", "Slurm job")):
+        if getattr(ns, flag, ""):
+            asked.append(f"{words} {getattr(ns, flag)}")
     line = f"no {what}" + (f" for {', '.join(asked)}" if asked else "")
     if getattr(ns, "since", None):
         line += f" in the last {_as_typed(ns.since)}"
@@ -81,6 +84,10 @@ def cmd_status(ns) -> int:
               f"dropped {s['dropped_samples']}, unacked {s['unacked_samples']}")
         for d in s.get("devices", []):
             print(f"  gpu{d.get('gpu', 0)} {d.get('name', '')} {'LOST' if d.get('lost') else ''}")
+        if s.get("attribution"):
+            print("  whose jobs (attribution sources):")
+            for source, state in sorted(s["attribution"].items()):
+                print(f"    {source:<10} {state}")
         return 0
     stale = f" ({s.get('hosts_stale', 0)} stale)" if s.get("hosts_stale") else ""
     print(f"analyzer {s['version']}: {human.many(s['hosts'], 'host')}{stale}, "
@@ -107,7 +114,8 @@ def cmd_status(ns) -> int:
 def cmd_findings(ns) -> int:
     start, end = _time_range(ns)
     rows = clients.findings(ns.server, ns.host or "", ns.gpu, ns.verdict, start, end, ns.open, ns.limit,
-                           flags=ns.flag, security=client_security(ns))
+                           flags=ns.flag, pod=ns.pod, namespace=ns.namespace, slurm_job=ns.slurm_job,
+                           security=client_security(ns))
     measured = _measured_precision(ns, rows)
     for f in rows:
         if f["counters_verdict"] in measured:
@@ -123,9 +131,10 @@ def cmd_findings(ns) -> int:
     for f in rows:
         trust = accuracy.trust_words(f["counters_verdict"], measured)
         flags = f" [{', '.join(x.replace('_', '-') for x in f['flags'])}]" if f["flags"] else ""
+        owner = whose(f.get("attribution"))
         print(f"{f['id']} {f['host']}/gpu{f['gpu']} {f['verdict']:<20} {_when(f['start'])} -> {_when(f['end'])} "
-              f"conf {f['confidence']:.2f}{trust}{flags}\n    job {f['job'] or '(no process seen)'}\n"
-              f"    {f['summary']}")
+              f"conf {f['confidence']:.2f}{trust}{flags}\n    job {f['job'] or '(no process seen)'}"
+              + (f" — {owner}" if owner else "") + f"\n    {f['summary']}")
     return 0
 
 
@@ -191,12 +200,14 @@ def render_top(r: dict, ns) -> str:
     span = r["end"] - r["start"]
     whole = f"last {_as_typed(round(span))}" if abs(r["end"] - time.time()) < 60 else \
         f"{_when(r['start'])} -> {_when(r['end'])}"
-    by_job = r["by"] == "job"
-    head = (f"most bottlenecked {'jobs' if by_job else 'GPUs'}{' of ' + ns.host if ns.host else ''}, {whole}: "
+    by = r["by"]
+    things = {"job": "jobs", "pod": "pods", "slurm-job": "Slurm jobs"}.get(by, "GPUs")
+    head = (f"most bottlenecked {things}{' of ' + ns.host if ns.host else ''}, {whole}: "
             f"TIME in any bottleneck (idle is none), VERDICT the one that held most of it")
     if not r["rows"]:
         return head + "\n" + _nothing(ns, "bottlenecks")
-    lines = [head, "", f"{'JOB' if by_job else 'GPU':<24} {'VERDICT':<20} {'TIME':>5} {'SHARE':>5}  {'ID':<8}  NOW"]
+    who = {"job": "JOB", "pod": "POD", "slurm-job": "SLURM JOB"}.get(by, "GPU")
+    lines = [head, "", f"{who:<24} {'VERDICT':<20} {'TIME':>5} {'SHARE':>5}  {'ID':<8}  NOW"]
     for x in r["rows"]:
         if x.get("stale"):
             now = f"stale, {seen(True, x.get('last_seen_age_s'))[6:]} silent"
@@ -204,14 +215,17 @@ def render_top(r: dict, ns) -> str:
             now = f"{x['now_verdict']} {age(time.time() - x['now_since'])}"
         else:
             now = "nothing open"
-        name = f"{x['host']}: {x['job'] or 'no process'}" if by_job else f"{x['host']}/gpu{x['gpu']}"
+        a = x.get("attribution") or {}
+        name = {"gpu": f"{x['host']}/gpu{x['gpu']}", "job": f"{x['host']}: {x['job'] or 'no process'}",
+                "pod": f"{a.get('namespace', '?')}/{a.get('pod', '?')}", "slurm-job": a.get("slurm_job", "-")}[by]
         lines.append(f"{_fit(name, 24):<24} {x['verdict']:<20} {age(x['bottleneck_seconds']):>5} "
                      f"{human.percent(x['share']):>5}  {x['finding_id'][:8]:<8}  {now}")
         split = ", ".join(f"{v['verdict']} {age(v['seconds'])}" for v in x.get("verdicts") or ()) \
             if len(x.get("verdicts") or ()) > 1 else ""
-        who = (f"{human.many(x['gpus'], 'GPU')} of {x['host']}" if by_job else
-               f"job {x['job']}" if x["job"] else "no process seen on it")
-        lines.append(f"    {who}" + (f"; {split}" if split else ""))
+        owner = whose(a) if by in ("gpu", "job") else ""
+        held = (f"job {x['job']}" if x["job"] else "no process seen on it") if by == "gpu" else \
+            f"{human.many(x['gpus'], 'GPU')}" + (f" of {x['host']}" if by == "job" else "")
+        lines.append(f"    {held}" + (f" — {owner}" if owner else "") + (f"; {split}" if split else ""))
         lines.append(f"    {x['summary']}" + (f" [{', '.join(f.replace('_', '-') for f in x['flags'])}]"
                                                if x["flags"] else ""))
     return "\n".join(lines)
@@ -239,20 +253,26 @@ def cmd_query(ns) -> int:
     end = end or time.time()
     start = start if start is not None else end - 3600
     r = clients.query(ns.server, ns.metric, ns.host or "", ns.gpu, start, end, ns.aggregate, ns.step or 0,
-                      raw=ns.raw, security=client_security(ns))
+                      raw=ns.raw, group_by=ns.group_by or "", security=client_security(ns))
     if ns.json:
         print_json(r)
         return 0
     if not r["series"]:
-        print(_nothing(ns, f"{ns.metric} samples", " in the last hour (--since for longer)"))
+        grouped = f" held by a {ns.group_by.replace('-', ' ')}" if ns.group_by else ""
+        print(_nothing(ns, f"{ns.metric} samples{grouped}", " in the last hour (--since for longer)"))
     for s in r["series"]:
+        if ns.group_by:
+            gpus = human.many(s["gpus"], "GPU")
+            where = {"job": f"job {s['group']}", "pod": f"pod {s['group']}",
+                     "slurm-job": f"slurm job {s['group']}"}[ns.group_by] + f" ({gpus})"
+        else:
+            where = f"{s['host']}/gpu{s['gpu']}"
         if r["aggregate"] == "series":
-            print(f"{s['host']}/gpu{s['gpu']} {r['metric']}{' per second' if r['rate'] else ''}, "
-                  f"{len(s['points'])} points:")
+            print(f"{where} {r['metric']}{' per second' if r['rate'] else ''}, {len(s['points'])} points:")
             for t, v in s["points"]:
                 print(f"  {_when(t)} {human.value(r['unit'], v)}")
         else:
-            print(f"{s['host']}/gpu{s['gpu']} {r['aggregate']}({r['metric']}) = {human.value(r['unit'], s['value'])} "
+            print(f"{where} {r['aggregate']}({r['metric']}) = {human.value(r['unit'], s['value'])} "
                   f"over {s['samples']:,} samples")
     return 0
 
@@ -324,6 +344,9 @@ def cmd_jobs(ns) -> int:
         where = j["command"] or (f"traces in {j['trace_dir']}" if j.get("trace_dir") else "-")
         print(f"{j.get('kind', 'jax'):<8} {j['pid'] or '-':>7}  {j['address']:<24} "
               f"{','.join(map(str, j['gpus'])) or '-':<8} {j['found_by'][:24]:<24} {where[:80]}")
+        owner = whose(j.get("attribution"))
+        if owner:
+            print(f"{'':<8} {'':>7}  whose: {owner}")
     return 0
 
 
@@ -334,8 +357,9 @@ def _event_line(e: dict) -> str:
     job = f" (job {r['job']})" if r.get("job") else ""
     if e["kind"] == "finding":
         state = "closed" if r.get("end") else "opened"
-        return (f"{when} finding  {where} {state} {r['verdict']} {r['id'][:8]} (conf {r['confidence']:.2f}){job}: "
-                f"{r['summary']}")
+        owner = whose(r.get("attribution"))
+        return (f"{when} finding  {where} {state} {r['verdict']} {r['id'][:8]} (conf {r['confidence']:.2f}){job}"
+                + (f" [{owner}]" if owner else "") + f": {r['summary']}")
     if e["kind"] == "anomaly":
         about = f" finding {r['finding_id'][:8]}" if r.get("finding_id") else ""
         return f"{when} anomaly  {where} {','.join(r['kinds'])}{about}{job}: {r['reason']}"
@@ -484,7 +508,9 @@ def render_report(rep: dict) -> str:
     lines = [f"finding {f['id']}: {f['host']}/gpu{f['gpu']} {v['decided']} (decided by {v['by']}; counters said "
              f"{v['counters']}, {trace})",
              f"  {_when(f['start'])} -> {_when(f['end'])}, {human.many(f['windows'], 'window')}, confidence "
-             f"{f['confidence']:.2f}, job {f['job'] or '-'}", f"  {f['summary']}"]
+             f"{f['confidence']:.2f}, job {f['job'] or '-'}" + (f" — {whose(f.get('attribution'))}"
+                                                                if whose(f.get("attribution")) else ""),
+             f"  {f['summary']}"]
     if f.get("flags"):
         lines.append(f"  flags: {', '.join(x.replace('_', '-') for x in f['flags'])}")
     lines += ["", f"counters (means; before/after = {c['context_seconds']:.0f} s around the episode):",

@@ -25,6 +25,27 @@ from .sources import make_source
 from .uplink import Uplink, UplinkConfig
 
 
+def make_attribution(ns):
+    """Whose each GPU process is: /proc, the kubelet's pod-resources socket
+    (--kubelet-socket; its absence is a status, not an error), and the
+    workload as job discovery reads it from /proc without probing."""
+    from gpuscope.collectors.attribution import Attributor
+    from gpuscope.collectors.jobs import JobDiscovery
+    from gpuscope.collectors.kubelet import KubeletConfig, PodResources
+
+    pods = None
+    if ns.kubelet_socket:
+        pods = PodResources(KubeletConfig(socket=ns.kubelet_socket, refresh_s=ns.kubelet_refresh))
+    return Attributor(pods=pods, workload=JobDiscovery(lambda _address: False).workload)
+
+
+def _attributed(agent: Agent, attribution, source: str) -> None:
+    """The agent reports (and starts, and stops) attribution when its
+    processes come from NVML (NVML itself, or beside DCGM)."""
+    if source == "nvml" or source == "dcgm" or source.startswith("dcgm:"):
+        agent.attribution = attribution
+
+
 def _setup_captures(agent: Agent, ns, analyzer_target: str | None, links, serving=None) -> None:
     """Deep captures: runner under --capture-dir, job discovery, and reports
     to the analyzer (which summarizes, stores and links them). `serving`:
@@ -308,7 +329,8 @@ def cmd_up(ns) -> int:
     Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
     log_path = _logs_beside_the_view(ns)
     # the source first: a wrong --source is the user's to fix whatever holds the port
-    collector, source = make_source(ns.source, ns.speed, allow_fallback=True)
+    attribution = make_attribution(ns)
+    collector, source = make_source(ns.source, ns.speed, allow_fallback=True, attribution=attribution)
     _paced_for(ns, source)
     serving = parse_serving(ns.serving or [])
     check_serving(*serving, [d.gpu for d in collector.devices()])      # before any file
@@ -323,6 +345,7 @@ def cmd_up(ns) -> int:
     agent_cfg = AgentConfig(host=ns.host, source=source, interval_s=ns.interval,
                               serving_interval_s=ns.serving_interval)
     agent = Agent(agent_cfg, collector)
+    _attributed(agent, attribution, source)
     servicer = AnalyzerServicer(analyzer)
     server, port, health = build_server(ns.listen, [
         (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, servicer, "gpuscope.v1.Analyzer"),
@@ -394,13 +417,16 @@ def cmd_agent(ns) -> int:
     if ns.analyzer:
         parse_hostport(ns.analyzer, "--analyzer")
     # only when asked for: an agent on a GPU host must not quietly replay a recording
+    attribution = make_attribution(ns)
     # the default (None) picks the best GPU source; only an explicit `auto` may end with the recording
-    collector, source = make_source(ns.source, ns.speed, allow_fallback=ns.source == "auto")
+    collector, source = make_source(ns.source, ns.speed, allow_fallback=ns.source == "auto",
+                                    attribution=attribution)
     links = agent_security(ns)
     security = _server_security(ns, "agent", ns.listen)
     factory = _uplink_factory(ns, ns.analyzer, links) if ns.analyzer else None
     agent = Agent(AgentConfig(host=ns.host, source=source, interval_s=ns.interval,
                               serving_interval_s=ns.serving_interval), collector, factory)
+    _attributed(agent, attribution, source)
     _setup_captures(agent, ns, ns.analyzer or None, links)
     server, port, health = build_server(ns.listen, [
         (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent, ns.analyzer or ""), "gpuscope.v1.Agent")],

@@ -9,7 +9,7 @@ import numpy as np
 from gpuscope.security.redact import redact_command
 
 from gpuscope.collectors import catalogue as cat
-from gpuscope.collectors.records import DeviceInfo, GpuSample, HealthKind, HealthRecord
+from gpuscope.collectors.records import ATTRIBUTION_FIELDS, Attribution, DeviceInfo, GpuSample, HealthKind, HealthRecord
 from gpuscope.v1 import samples_pb2 as pb
 
 _HEALTH = {
@@ -58,12 +58,25 @@ def encode_batch(host: str, boot_id: str, seq: int, samples: Sequence[GpuSample]
             vals[missing] = 0.0
         col.f64le = vals.tobytes()
     redacted: dict[str, str] = {}        # a process repeats in every sample: redact each line once
+    # ...and so does its attribution, one object shared by its samples: each is sent once a
+    # batch, found by identity (no hashing of its labels per sample), equal ones merged
+    by_id: dict[int, int] = {}
+    by_value: dict[Attribution, int] = {}
     for i, s in enumerate(samples):
         for p in s.processes:
             command = redacted.get(p.command)
             if command is None:
                 command = redacted[p.command] = redact_command(p.command)
-            ps = batch.processes.add(sample=i, pid=p.pid, command=command)
+            a, index = p.attribution, None
+            if a is not None:
+                index = by_id.get(id(a))
+                if index is None:
+                    index = by_value.get(a)
+                    if index is None:
+                        index = by_value[a] = len(batch.attributions)
+                        batch.attributions.append(attribution_pb(a))
+                    by_id[id(a)] = index
+            ps = batch.processes.add(sample=i, pid=p.pid, command=command, attribution=index)
             if p.used_memory_bytes is not None:
                 ps.used_memory_bytes = int(p.used_memory_bytes)
             if p.cpu_cores is not None:
@@ -74,6 +87,10 @@ def encode_batch(host: str, boot_id: str, seq: int, samples: Sequence[GpuSample]
         if h.code is not None:
             e.code = h.code
     return batch
+
+
+def attribution_pb(a: Attribution) -> pb.Attribution:
+    return pb.Attribution(**{f: v for f in ATTRIBUTION_FIELDS if (v := getattr(a, f))})
 
 
 def capture_pb(rec) -> pb.CaptureRecord:

@@ -12,7 +12,7 @@ from gpuscope.security.context import current_caller
 from gpuscope.security.redact import command_label
 
 from .agent import Agent, TargetNotAllowed
-from .convert import capture_pb, device_pb, encode_batch
+from .convert import attribution_pb, capture_pb, device_pb, encode_batch
 
 DEFAULT_CAPTURE_MS = 2000
 
@@ -44,7 +44,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             uplink_connected=up.get("connected", False), analyzer=self.analyzer_target,
             devices=[device_pb(d) for d in s["devices"]], cpu_seconds=ru.ru_utime + ru.ru_stime,
             tick_overruns=s["tick_overruns"], last_error=up.get("last_error") or s["last_error"],
-            source_errors=s["errors"])
+            source_errors=s["errors"], attribution=s["attribution"])
 
     def RecentSamples(self, request, context):
         samples = self.agent.recent(request.seconds, request.gpu if request.HasField("gpu") else None)
@@ -81,6 +81,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         return apb.ListCapturesReply(captures=replies)
 
     def ListJobs(self, request, context):
+        owners = self.agent.owners()
         return apb.ListJobsReply(jobs=[apb.Job(pid=j.pid or 0, address=j.address, gpus=j.gpus, command=j.command,
-                                               found_by=j.found_by, kind=j.kind, trace_dir=j.trace_dir)
+                                               found_by=j.found_by, kind=j.kind, trace_dir=j.trace_dir,
+                                               attribution=attribution_pb(owners[j.pid]) if j.pid in owners else None)
                                        for j in self.agent.jobs()])

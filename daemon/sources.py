@@ -37,33 +37,36 @@ EXPORTER_PROBE_S = 1.0           # an exporter on this node answers at once; aut
 KINDS = "nvml, dcgm[:HOST[:PORT]], dcgm-exporter:URL, replay:FILE or auto"
 
 
-def make_source(spec: str | None, speed: float, allow_fallback: bool, environ=None):
+def make_source(spec: str | None, speed: float, allow_fallback: bool, environ=None, attribution=None):
     """Returns (collector, description). `spec` None is `auto` without the
-    recording; `allow_fallback`: `auto` may end with the recording."""
+    recording; `allow_fallback`: `auto` may end with the recording.
+    `attribution` (an Attributor) names whose each GPU process is, where the
+    processes come from NVML (NVML, or DCGM beside it)."""
     env = os.environ if environ is None else environ
     if spec is None or spec == "auto":
-        return choose(speed, recording=allow_fallback, environ=env)
+        return choose(speed, recording=allow_fallback, environ=env, attribution=attribution)
     if spec.startswith("replay:"):
         return replay(spec.removeprefix("replay:"), speed)
     if spec.startswith(dcgm_exporter.PREFIX):
         return _exporter(spec.removeprefix(dcgm_exporter.PREFIX))
     if spec == "dcgm" or spec.startswith("dcgm:"):
-        return _dcgm(spec, env)
+        return _dcgm(spec, env, attribution)
     if spec == "nvml":
-        return _nvml()
+        return _nvml(attribution)
     raise UsageError(f"--source: {spec!r}, expected {KINDS}")
 
 
-def choose(speed: float, recording: bool, environ, openers: list[tuple[str, Callable]] | None = None):
+def choose(speed: float, recording: bool, environ, openers: list[tuple[str, Callable]] | None = None,
+           attribution=None):
     """The first source of `auto`'s order that starts; the log says which,
     and why each one before it did not."""
     exporter = environ.get(ENV_EXPORTER) or LOCAL_EXPORTER
     tried: list[str] = []
     for name, open_ in openers or [
             (f"DCGM (host engine at {environ.get('DCGM_HOSTENGINE') or LOCAL_HOSTENGINE})",
-             lambda: _dcgm(f"dcgm:{environ.get('DCGM_HOSTENGINE') or LOCAL_HOSTENGINE}", environ)),
+             lambda: _dcgm(f"dcgm:{environ.get('DCGM_HOSTENGINE') or LOCAL_HOSTENGINE}", environ, attribution)),
             (f"dcgm-exporter at {exporter}", lambda: _exporter(exporter, EXPORTER_PROBE_S)),
-            ("NVML", _nvml)]:
+            ("NVML", lambda: _nvml(attribution))]:
         try:
             collector, description = open_()
         except (SourceUnavailable, UsageError) as exc:
@@ -89,9 +92,10 @@ def _seen(collector) -> str:
     return "; ".join(f"GPU{'s' if len(g) > 1 else ''} {','.join(map(str, g))}: {s}" for s, g in by.items())
 
 
-def _dcgm(spec: str, environ):
+def _dcgm(spec: str, environ, attribution=None):
     from gpuscope.collectors.dcgm import start_dcgm
-    return Started(start_dcgm(spec, environ)), spec
+    processes = NvmlCollector(NvmlConfig(gpm=False, processes=True), attribution=attribution)
+    return Started(start_dcgm(spec, environ, processes=processes)), spec
 
 
 def _exporter(address: str, timeout_s: float | None = None):
@@ -103,8 +107,8 @@ def _exporter(address: str, timeout_s: float | None = None):
     return Started(collector), dcgm_exporter.PREFIX + collector.url
 
 
-def _nvml():
-    collector = NvmlCollector(NvmlConfig())
+def _nvml(attribution=None):
+    collector = NvmlCollector(NvmlConfig(), attribution=attribution)
     collector.start()
     return Started(collector), "nvml"
 

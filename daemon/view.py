@@ -21,7 +21,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .cliutil import age, seen
+from .cliutil import age, seen, whose
 from gpuscope.collectors.human import many
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -85,7 +85,8 @@ def screen(status: dict, open_findings: list[dict], header: str, now: float | No
     for f in open_findings[:8]:
         parts.append(Text(f"  {f['host']}/gpu{f['gpu']} {f['verdict']} for {age(now - f['start'])} "
                           f"(conf {f['confidence']:.2f}{trust(f.get('counters_verdict') or f['verdict'])}) "
-                          f"{f['job'][:40]}"))
+                          f"{f['job'][:40]}" + (f" — {whose(f.get('attribution'))}" if whose(f.get("attribution"))
+                                                  else "")))
         parts.append(Text(f"      {f['summary']}"))
     decisions = ", ".join(f"{k} {v}" for k, v in sorted(status.get("decisions", {}).items())) or "none"
     stored = status.get("samples_stored")

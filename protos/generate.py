@@ -1,4 +1,4 @@
-"""Regenerate the Python code for protos/gpuscope/v1/*.proto.
+"""Regenerate the Python code for the .proto files under protos/gpuscope/.
 
     python protos/generate.py            # rewrite the generated files
     python protos/generate.py --check    # exit 1 if they are stale (CI)
@@ -12,7 +12,9 @@ import tempfile
 from grpc_tools import protoc
 
 ROOT = pathlib.Path(__file__).resolve().parent
-PACKAGES = ("v1", "xla")   # gpuscope.v1: our wire; gpuscope.xla: copies of the XLA profiler's
+# gpuscope.v1: our wire; gpuscope.xla: copies of the XLA profiler's;
+# gpuscope.k8s.podresources.v1: the kubelet's pod-resources API as published
+PACKAGES = ("v1", "xla", "k8s/podresources/v1")
 PROTOS = sorted(p for pkg in PACKAGES for p in (ROOT / "gpuscope" / pkg).glob("*.proto"))
 
 

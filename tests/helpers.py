@@ -45,12 +45,25 @@ class AnalyzerServer:
 
 
 def fake_agent(fake_nvml, target: str, host: str = "host-a", interval_s: float = 0.1,
-               buffer_samples: int = 50_000) -> Agent:
+               buffer_samples: int = 50_000, proc_root=None, kubelet_socket: str | None = None) -> Agent:
+    """proc_root: a fake /proc for the GPU processes' CPU, command and
+    attribution; kubelet_socket: a pod-resources server to ask (every 0.2 s)."""
     def uplink(boot_id, devices):
         return Uplink(UplinkConfig(target=target, flush_interval_s=0.1, buffer_samples=buffer_samples,
                                    backoff_initial_s=0.1, backoff_max_s=0.5), host, boot_id, devices)
+    attribution = procstat = None
+    if proc_root is not None:
+        from gpuscope.collectors.attribution import Attributor
+        from gpuscope.collectors.jobs import JobDiscovery
+        from gpuscope.collectors.kubelet import KubeletConfig, PodResources
+        from gpuscope.collectors.procstat import ProcStat
+        procstat = ProcStat(proc_root)
+        pods = PodResources(KubeletConfig(socket=kubelet_socket, refresh_s=0.2)) if kubelet_socket else None
+        attribution = Attributor(proc_root, pods=pods,
+                                 workload=JobDiscovery(lambda _address: False, proc_root=proc_root).workload)
     agent = Agent(AgentConfig(host=host, source="nvml", interval_s=interval_s, slow_interval_s=1.0),
-                  NvmlCollector(nvml=fake_nvml), uplink)
+                  NvmlCollector(nvml=fake_nvml, procstat=procstat, attribution=attribution), uplink)
+    agent.attribution = attribution
     agent.start()
     return agent
 

@@ -33,7 +33,7 @@ def replay_findings(rec: Recording, window_s: float, batch_s: float = 1.0, host:
         seq += 1
         batch = encode_batch(host, "replay", seq, samples, devices)
         live.add(decode(batch, now=float(rec.t[idx[-1]])))       # judged at the recording's own time
-        for h, c, job in live.close_pending():
-            for f in tracker.observe(h, c, job):
+        for h, c, job, owner in live.close_pending():
+            for f in tracker.observe(h, c, job, owner):
                 events.append(dict(f, seen_at=float(rec.t[idx[-1]])))
     return events

@@ -2,7 +2,8 @@
 libraries only; analyzers <- protos, collectors' shared records, DuckDB;
 never the other way. Only collectors/nvml.py imports pynvml. The XLA
 profiler client is a collector that speaks gRPC to the job (a client, never
-a server) and parses the vendor's wire schemas (gpuscope.xla)."""
+a server) and parses the vendor's wire schemas (gpuscope.xla); so is the
+kubelet's pod-resources client (gpuscope.k8s)."""
 import ast
 from pathlib import Path
 
@@ -13,6 +14,9 @@ FORBIDDEN = {
     "analyzers": ("gpuscope.daemon", "pynvml"),
     "daemon": ("pynvml", "duckdb", "gpuscope.analyzers"),
 }
+
+# collectors that are clients of a vendor's gRPC service
+GRPC_CLIENTS = ("xla_profiler.py", "kubelet.py")
 
 
 def _imports(path: Path):
@@ -30,7 +34,7 @@ def test_packages_respect_their_boundaries():
             for mod in _imports(path):
                 command_line = path.name == "cli.py" or path.name.startswith("cmd_")   # the composition root
                 allowed = ((package == "daemon" and command_line and mod.startswith("gpuscope.analyzers"))
-                           or (package == "collectors" and path.name == "xla_profiler.py" and mod == "grpc"))
+                           or (package == "collectors" and path.name in GRPC_CLIENTS and mod == "grpc"))
                 if mod.startswith(forbidden) and not allowed:
                     bad.append(f"{path.relative_to(ROOT)} imports {mod}")
     assert not bad, bad

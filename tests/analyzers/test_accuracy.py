@@ -28,8 +28,8 @@ def test_captures_record_what_counters_and_trace_said_and_accuracy_counts_them(f
     try:
         a = srv.analyzer
         a._names[("h1", 0)] = a._names[("h1", 1)] = "NVIDIA H200"
-        windows = [("h1", _window(0, "host-bound"), "pid:1 a"), ("h1", _window(1, "compute-bound"), "pid:2 b"),
-                   ("h2", _window(0, "compute-bound"), "pid:3 c")]
+        windows = [("h1", _window(0, "host-bound"), "pid:1 a", {}), ("h1", _window(1, "compute-bound"), "pid:2 b", {}),
+                   ("h2", _window(0, "compute-bound"), "pid:3 c", {})]
         a.writer.call(lambda st: a._record(windows)).result()
         captures = [("c1", "h1", 0, "launch_bound"),     # counters host-bound, trace launch-bound: same family
                     ("c2", "h1", 1, "matmul_bf16"),      # compute-bound both
@@ -73,7 +73,7 @@ def test_findings_show_the_measured_precision_of_their_counters_verdict(fixture_
     srv = AnalyzerServer(tmp_path / "prec.duckdb")
     try:
         a = srv.analyzer
-        a.writer.call(lambda st: a._record([("h1", _window(0, "compute-bound"), "pid:1 a")])).result()
+        a.writer.call(lambda st: a._record([("h1", _window(0, "compute-bound"), "pid:1 a", {})])).result()
         for i in range(MIN_PAIRS):          # ten traces of compute-bound GPUs, eight of them agree
             a.store.upsert_verdict_pair(dict(capture_id=f"p{i}", t=100.0 + i, host="h1", gpu=0, model="NVIDIA H200",
                                              counters_verdict="compute-bound", counters_confidence=0.9,

@@ -95,6 +95,18 @@ def test_alertmanager_gets_firing_resends_and_resolved(receiver):
         a.stop()
 
 
+def test_a_findings_alert_carries_its_pod_and_slurm_job_for_routing():
+    from gpuscope.analyzers.alerts import alert_of
+    e = finding()
+    e["record"]["attribution"] = dict(namespace="ml", pod="trainer-0", container="main", user="alice",
+                                      slurm_job="81234")
+    a = alert_of(e, "warning")
+    assert {k: a.labels[k] for k in ("namespace", "pod", "slurm_job")} == dict(namespace="ml", pod="trainer-0",
+                                                                              slurm_job="81234")
+    assert "user" not in a.labels and "container" not in a.body and a.body["pod"] == "trainer-0"
+    assert alert_of(finding(), "warning").labels["pod"] == ""      # sent without it: empty labels are left out
+
+
 def test_generic_json_is_retried_until_delivered_and_rate_limited():
     r = Receiver_(fail=2)
     slept = []

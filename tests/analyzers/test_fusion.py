@@ -21,7 +21,7 @@ def test_trace_refines_a_starved_finding(fixture_dir, tmp_path):
         window = Classification(gpu=0, start=100.0, end=105.0, verdict="host-bound", confidence=0.7,
                                 summary="GPU starved by the host", evidence={"host_cpu_cores": 1.8},
                                 alternatives=("launch-bound",))
-        a.writer.call(lambda st: a._record([("h1", window, "pid:461 python workload.py")])).result()
+        a.writer.call(lambda st: a._record([("h1", window, "pid:461 python workload.py", {})])).result()
         rec = pb.CaptureRecord(id="cap1", host="h1", target="127.0.0.1:9012", pid=461, gpus=[0], start=103.0,
                                end=103.5, duration_ms=500, status="ok", trigger="on-call")
         row = a.report_capture(rec, _launch_trace())
@@ -33,7 +33,7 @@ def test_trace_refines_a_starved_finding(fixture_dir, tmp_path):
         # the episode keeps following the counters: another host-bound window extends it
         nxt = Classification(gpu=0, start=105.0, end=110.0, verdict="host-bound", confidence=0.7, summary="s",
                              evidence={"host_cpu_cores": 1.7})
-        a.writer.call(lambda st: a._record([("h1", nxt, "pid:461")])).result()
+        a.writer.call(lambda st: a._record([("h1", nxt, "pid:461", {})])).result()
         f = a.list_findings(host="h1")[0]
         assert f["windows"] == 2 and f["verdict"] == "launch-bound" and f["end"] is None
         stored = a.store.captures("h1")[0]

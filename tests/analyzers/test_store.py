@@ -29,14 +29,14 @@ def test_open_findings_survive_an_analyzer_restart(tmp_path):
     srv = AnalyzerServer(tmp_path / "f.duckdb")
     c = Classification(gpu=0, start=100.0, end=105.0, verdict="memory-bound", confidence=0.9, summary="s",
                        evidence={"dram_bw_util_ratio": 0.8})
-    srv.analyzer.writer.call(lambda store: srv.analyzer._record([("h", c, "pid:1")])).result()
+    srv.analyzer.writer.call(lambda store: srv.analyzer._record([("h", c, "pid:1", {})])).result()
     srv.stop()
     srv = AnalyzerServer(tmp_path / "f.duckdb")
     try:
         assert [f["verdict"] for f in srv.analyzer.findings.open.values()] == ["memory-bound"]
         c2 = Classification(gpu=0, start=105.0, end=110.0, verdict="memory-bound", confidence=0.7, summary="s",
                             evidence={"dram_bw_util_ratio": 0.6})
-        srv.analyzer.writer.call(lambda store: srv.analyzer._record([("h", c2, "pid:1")])).result()
+        srv.analyzer.writer.call(lambda store: srv.analyzer._record([("h", c2, "pid:1", {})])).result()
         f = srv.analyzer.list_findings(host="h")[0]
         assert f["windows"] == 2 and f["end"] is None and abs(f["evidence"]["dram_bw_util_ratio"] - 0.7) < 1e-9
     finally:
@@ -123,3 +123,101 @@ def test_top_keeps_each_hosts_jobs_apart_and_names_the_verdict_that_held_longest
             ("a", 1, 120.0), ("b", 1, 20.0), ("c", 1, 10.0)]
     finally:
         s.close()
+
+
+def _finding_row(fid, host, gpu, job, attribution, start=100.0, end=160.0, verdict="memory-bound"):
+    from gpuscope.analyzers.store import finding_row
+    return finding_row(dict(id=fid, host=host, gpu=gpu, job=job, verdict=verdict, start=start, end=end,
+                            confidence=0.9, windows=12, evidence={}, flags=[], summary="s", alternatives=[],
+                            decided_by="counters", counters_verdict=verdict, captures=[],
+                            attribution=attribution))
+
+
+def test_findings_by_pod_namespace_and_slurm_job_and_top_by_them(tmp_path):
+    from gpuscope.analyzers.store import finding_dicts
+    s = Store(StoreConfig(str(tmp_path / "o.duckdb")))
+    try:
+        pod = dict(user="alice", namespace="ml", pod="trainer-0", container="main")
+        s.upsert_findings([_finding_row("a", "h1", 0, "pid:1 python train.py", pod),
+                           _finding_row("b", "h1", 1, "pid:1 python train.py", pod, end=130.0),
+                           _finding_row("c", "h2", 0, "pid:7 python sim.py", dict(slurm_job="81234", user="bob")),
+                           _finding_row("d", "h3", 0, "pid:8 python sim.py", dict(slurm_job="81234", user="bob")),
+                           _finding_row("e", "h4", 0, "pid:9 x", {})])
+        ids = lambda **q: sorted(f["id"] for f in finding_dicts(s.findings_table(**q)))  # noqa: E731
+        assert ids(pod="trainer-0") == ids(pod="ml/trainer-0") == ids(namespace="ml") == ["a", "b"]
+        assert ids(pod="other/trainer-0") == [] and ids(slurm_job="81234") == ["c", "d"]
+        assert ids(slurm_job="8123") == []                             # whole ids, never a prefix
+        assert finding_dicts(s.findings_table(pod="trainer-0"))[0]["attribution"] == pod
+        assert finding_dicts(s.findings_table(host="h4"))[0]["attribution"] == {}
+        pods = s.top_bottlenecked(0, 1000, by="pod")
+        assert [(r["group"], r["bottleneck_seconds"], r["gpus"]) for r in pods] == [("ml/trainer-0", 90.0, 2)]
+        assert pods[0]["attribution"] == pod and pods[0]["finding_id"] == "a"
+        slurm = s.top_bottlenecked(0, 1000, by="slurm-job")
+        assert [(r["group"], r["bottleneck_seconds"], r["gpus"]) for r in slurm] == [("81234", 120.0, 2)]
+    finally:
+        s.close()
+
+
+def test_a_metric_pooled_by_job_pod_and_slurm_job(tmp_path):
+    """A sample belongs to its GPU's job at that sample (the process with
+    the most memory); pods and Slurm jobs pool GPUs, across hosts too."""
+    import pyarrow as pa
+    import numpy as np
+    from gpuscope.analyzers.ingest import ProcessRows
+    from gpuscope.collectors.records import ATTRIBUTION_FIELDS
+    s = Store(StoreConfig(str(tmp_path / "g.duckdb")))
+    try:
+        t = [100.0, 101.0, 102.0, 103.0]
+        rows = []
+        for host, gpu, util in (("h1", 0, 0.2), ("h1", 1, 0.4), ("h2", 0, 0.9)):
+            s.append("samples", pa.table({"host": [host] * 4, "gpu": [gpu] * 4, "t": t, "util_gpu_ratio": [util] * 4}))
+        labels = [tuple(dict(namespace="ml", pod="trainer-0", container="main").get(k) for k in ATTRIBUTION_FIELDS),
+                  tuple(dict(slurm_job="81234").get(k) for k in ATTRIBUTION_FIELDS)]
+        # h1/gpu0 and h1/gpu1: the pod's trainer (pid 10, 4 GiB) beside a small helper without attribution;
+        # h2/gpu0: a Slurm job's process, attributed only at the last two samples
+        def procs(host, gpu, pid, mem, owner, helper=False):
+            n = 4
+            r = ProcessRows(host, np.array([gpu] * n, np.int32), np.array(t), [pid] * n, [mem] * n, [None] * n,
+                            ["python train.py"] * n, owner, labels)
+            rows.append(r)
+            if helper:
+                rows.append(ProcessRows(host, np.array([gpu] * n, np.int32), np.array(t), [99] * n, [1] * n,
+                                        [None] * n, ["helper"] * n, [], labels))
+        procs("h1", 0, 10, 4 << 30, [0] * 4, helper=True)
+        procs("h1", 1, 10, 4 << 30, [0] * 4)
+        procs("h2", 0, 20, 1 << 30, [None, None, 1, 1])
+        s.append("processes", ProcessRows.table(rows))
+        by_pod = s.metric("util_gpu_ratio", "", None, 0, 200, "mean", 1.0, group_by="pod")
+        assert [(r["group"], r["gpus"], round(r["value"], 6), r["n"]) for r in by_pod] == [("ml/trainer-0", 2, 0.3, 8)]
+        by_slurm = s.metric("util_gpu_ratio", "", None, 0, 200, "series", 1.0, group_by="slurm-job")
+        assert [(r["group"], r["host"], r["bucket"], r["value"]) for r in by_slurm] == [
+            ("81234", "h2", 102.0, 0.9), ("81234", "h2", 103.0, 0.9)]
+        by_job = s.metric("util_gpu_ratio", "", None, 0, 200, "mean", 1.0, group_by="job")
+        assert [(r["group"], r["gpus"]) for r in by_job] == [("h1 pid:10 python train.py", 2),
+                                                             ("h2 pid:20 python train.py", 1)]
+        assert s.metric("util_gpu_ratio", "h1", 1, 0, 200, "mean", 1.0, group_by="pod")[0]["gpus"] == 1
+    finally:
+        s.close()
+
+
+def test_a_job_taking_over_an_open_finding_is_written_at_once(tmp_path):
+    """Open findings that only grow are written with the 30 s snapshot; one
+    whose job (and so its pod or Slurm job) changed is asked for by them."""
+    from gpuscope.analyzers.classify import Classification
+    from gpuscope.analyzers.store import finding_dicts
+    srv = AnalyzerServer(tmp_path / "j.duckdb")
+    try:
+        a = srv.analyzer
+
+        def window(i, job, owner):
+            c = Classification(gpu=0, start=100.0 + 5 * i, end=105.0 + 5 * i, verdict="memory-bound",
+                               confidence=0.9, summary="s", evidence={"dram_bw_util_ratio": 0.8})
+            a.writer.call(lambda store: a._record([("h", c, job, owner)])).result()
+        window(0, "pid:1 a", dict(namespace="ml", pod="p1"))
+        window(1, "pid:1 a", dict(namespace="ml", pod="p1"))
+        window(2, "pid:2 b", dict(namespace="ml", pod="p2"))
+        stored = finding_dicts(a.store.findings_table(pod="ml/p2"))
+        assert [(f["job"], f["attribution"]["pod"], f["end"]) for f in stored] == [("pid:2 b", "p2", None)]
+        assert not finding_dicts(a.store.findings_table(pod="p1"))
+    finally:
+        srv.stop()

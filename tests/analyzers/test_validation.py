@@ -12,7 +12,8 @@ import pytest
 from gpuscope.analyzers import ingest
 from gpuscope.analyzers.analyzer import Analyzer, AnalyzerConfig
 from gpuscope.analyzers.ingest import BatchError, clean_command, decode, validate_capture_record
-from gpuscope.collectors.records import DeviceInfo, GpuSample, HealthKind, HealthRecord, ProcessRecord
+from gpuscope.collectors.records import (ATTRIBUTION_FIELDS, MAX_ATTRIBUTION_BYTES, Attribution, DeviceInfo,
+                                        GpuSample, HealthKind, HealthRecord, ProcessRecord)
 from gpuscope.daemon.convert import encode_batch
 from gpuscope.v1 import samples_pb2 as pb
 
@@ -22,12 +23,15 @@ DAY = 86_400.0
 _hosts = itertools.count()
 
 
+OWNER = Attribution(user="alice", pod="trainer-0", namespace="ml", container="main", slurm_job="81234")
+
+
 def make_batch(host="h1", boot="boot", seq=1, n=4, t0=None, command="python train.py",
-               device: dict | None = None, health_t=None) -> pb.SampleBatch:
-    """A valid batch as the agent builds it: 2 GPUs, a process, a health event."""
+               device: dict | None = None, health_t=None, owner: Attribution | None = OWNER) -> pb.SampleBatch:
+    """A valid batch as the agent builds it: 2 GPUs, a process and whose it is, a health event."""
     t0 = time.time() - 10 if t0 is None else t0
     samples = [GpuSample(i % 2, t0 + i, {"util_gpu_ratio": 0.5, "power_watts": 300.0},
-                         (ProcessRecord(4242, 1 << 30, 1.5, command),)) for i in range(n)]
+                         (ProcessRecord(4242, 1 << 30, 1.5, command, owner),)) for i in range(n)]
     facts = dict(uuid="GPU-0", name="NVIDIA H200", architecture="hopper", memory_total_bytes=150 << 30,
                  power_limit_watts=700.0, pcie_generation=5, pcie_width=16) | (device or {})
     devices = [DeviceInfo(gpu=0, **facts), DeviceInfo(gpu=1)]
@@ -114,6 +118,13 @@ BAD = [
     ("processes[0].cpu_cores", -1.0, "-1.0"),
     ("processes[].command", lambda b: b.processes.extend(pb.ProcessSample(sample=0, pid=7, command=f"{i} " + "x" * 5000)
                                                          for i in range(300)), r"\d+ characters of distinct"),
+    ("processes[3].attribution", 1, r"1 >= 1 attributions in the batch"),
+    ("attributions", lambda b: b.attributions.extend([pb.Attribution()] * ingest.MAX_PROCESSES),
+     "131073 entries, at most 131072"),
+    ("attributions[0].pod", "p" * (MAX_ATTRIBUTION_BYTES + 1), "longer than 256 bytes"),
+    ("attributions[0].user", "é" * 129, "longer than 256 bytes"),
+    ("attributions[0].slurm_job", "1\x1b[2J", r"'1\\x1b\[2J' holds a control"),
+    ("attributions[0].cgroup", "/a\nb", "'/a\\\\nb' holds"),
     ("health", lambda b: b.health.extend([pb.HealthEvent(gpu=0, t=NOW)] * ingest.MAX_HEALTH_EVENTS),
      "10001 entries, at most 10000"),
     ("health[0].gpu", 7, "GPU 7 has no entry"),
@@ -260,6 +271,8 @@ def _edge_batch() -> pb.SampleBatch:
     b.devices[1].gpu = ingest.MAX_GPU_INDEX
     b.gpu_u32le = np.array([0, ingest.MAX_GPU_INDEX] * 2, "<u4").tobytes()
     b.processes[1].pid = ingest.MAX_PID
+    for name in ATTRIBUTION_FIELDS:                # every label at its longest, in 2-byte characters
+        setattr(b.attributions[0], name, "ü" * (MAX_ATTRIBUTION_BYTES // 2))
     b.processes[1].used_memory_bytes = BIG - 1
     b.health[0].code = BIG - 1
     b.health[0].detail = "line one\n\t" + "d" * (4096 - 10)
@@ -282,6 +295,41 @@ def test_the_largest_good_values_are_stored(analyzer):
     procs = _one(analyzer, "SELECT max(pid), max(used_memory_bytes), max(strlen(command)), "
                            "bool_or(contains(command, 'SECRET')) FROM processes WHERE host = ?", b.host)
     assert procs == [(ingest.MAX_PID, BIG - 1, ingest.MAX_COMMAND_BYTES, False)]
+    cols = ", ".join(f'max(strlen("{k}"))' for k in ATTRIBUTION_FIELDS)
+    assert _one(analyzer, f"SELECT {cols} FROM processes WHERE host = ?", b.host) == [
+        (MAX_ATTRIBUTION_BYTES,) * len(ATTRIBUTION_FIELDS)]
+
+
+def test_attributions_travel_once_a_batch_and_land_with_their_processes(analyzer):
+    """A process repeats in every sample, its attribution once per batch;
+    a process without one (exited before it was read) stores NULLs; the
+    GPU's job carries its attribution."""
+    t0 = time.time() - 10
+    other = Attribution(user="bob", slurm_job="7", slurm_step="0")
+    samples = [GpuSample(g, t0 + i, {"util_gpu_ratio": 0.5},
+                         (ProcessRecord(10 + g, (2 << 30) if g else 1 << 30, None, "python train.py",
+                                        OWNER if g == 0 else other),
+                          ProcessRecord(99, 1 << 20, None, "python eval.py", None)))
+               for i in range(3) for g in (0, 1)]
+    b = encode_batch(f"owners-{next(_hosts)}", "boot", 1, samples, [DeviceInfo(gpu=0), DeviceInfo(gpu=1)])
+    assert len(b.attributions) == 2 and len(b.processes) == 12
+    assert [p.attribution if p.HasField("attribution") else None for p in b.processes[:4]] == [0, None, 1, None]
+    d = decode(b)
+    assert d.job == {0: "pid:10 python train.py", 1: "pid:11 python train.py"}
+    assert d.owner[0] == dict(user="alice", pod="trainer-0", namespace="ml", container="main", slurm_job="81234")
+    assert d.owner[1] == dict(user="bob", slurm_job="7", slurm_step="0")
+    assert analyzer.submit(b).result(timeout=30) == "committed"
+    rows = _one(analyzer, 'SELECT DISTINCT pid, "user", namespace, pod, slurm_job, slurm_step FROM processes '
+                          "WHERE host = ? ORDER BY pid", b.host)
+    assert rows == [(10, "alice", "ml", "trainer-0", "81234", None), (11, "bob", None, None, "7", "0"),
+                    (99, None, None, None, None, None)]
+
+
+def test_an_older_agents_batch_without_attributions_still_lands(analyzer):
+    b = make_batch(host=f"old-{next(_hosts)}", owner=None)
+    assert not b.attributions and decode(b).owner == {}
+    assert analyzer.submit(b).result(timeout=30) == "committed"
+    assert _one(analyzer, 'SELECT count(*), count("user") FROM processes WHERE host = ?', b.host) == [(4, 0)]
 
 
 def test_a_refused_batch_writes_nothing_and_the_next_good_one_lands(analyzer):

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from gpuscope.v1 import samples_pb2 as gpuscope_dot_v1_dot_samples__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17gpuscope/v1/agent.proto\x12\x0bgpuscope.v1\x1a\x19gpuscope/v1/samples.proto\"f\n\x0e\x43\x61ptureRequest\x12\x15\n\x0bjax_address\x18\x01 \x01(\tH\x00\x12\r\n\x03pid\x18\x02 \x01(\rH\x00\x12\x13\n\x0b\x64uration_ms\x18\x03 \x01(\r\x12\x0f\n\x07trigger\x18\x04 \x01(\tB\x08\n\x06target\"J\n\x0c\x43\x61ptureReply\x12*\n\x06record\x18\x01 \x01(\x0b\x32\x1a.gpuscope.v1.CaptureRecord\x12\x0e\n\x06xspace\x18\x02 \x01(\x0c\"\x15\n\x13ListCapturesRequest\"A\n\x11ListCapturesReply\x12,\n\x08\x63\x61ptures\x18\x01 \x03(\x0b\x32\x1a.gpuscope.v1.CaptureRecord\"\x11\n\x0fListJobsRequest\"u\n\x03Job\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x03 \x03(\r\x12\x0f\n\x07\x63ommand\x18\x04 \x01(\t\x12\x10\n\x08\x66ound_by\x18\x05 \x01(\t\x12\x0c\n\x04kind\x18\x06 \x01(\t\x12\x11\n\ttrace_dir\x18\x07 \x01(\t\"/\n\rListJobsReply\x12\x1e\n\x04jobs\x18\x01 \x03(\x0b\x32\x10.gpuscope.v1.Job\"\x14\n\x12\x41gentStatusRequest\"\xf9\x03\n\x0b\x41gentStatus\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x18\n\x10interval_seconds\x18\x04 \x01(\x01\x12\r\n\x05ticks\x18\x05 \x01(\x04\x12\x0f\n\x07samples\x18\x06 \x01(\x04\x12\x17\n\x0f\x64ropped_samples\x18\x07 \x01(\x04\x12\x14\n\x0c\x62\x61tches_sent\x18\x08 \x01(\x04\x12\x15\n\rbatches_acked\x18\t \x01(\x04\x12\x18\n\x10\x62\x61tches_rejected\x18\n \x01(\x04\x12\x17\n\x0funacked_samples\x18\x0b \x01(\r\x12\x18\n\x10uplink_connected\x18\x0c \x01(\x08\x12\x10\n\x08\x61nalyzer\x18\r \x01(\t\x12$\n\x07\x64\x65vices\x18\x0e \x03(\x0b\x32\x13.gpuscope.v1.Device\x12\x13\n\x0b\x63pu_seconds\x18\x0f \x01(\x01\x12\x15\n\rtick_overruns\x18\x10 \x01(\x04\x12\x12\n\nlast_error\x18\x11 \x01(\t\x12\x41\n\rsource_errors\x18\x12 \x03(\x0b\x32*.gpuscope.v1.AgentStatus.SourceErrorsEntry\x1a\x33\n\x11SourceErrorsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"A\n\x14RecentSamplesRequest\x12\x0f\n\x07seconds\x18\x01 \x01(\x01\x12\x10\n\x03gpu\x18\x02 \x01(\rH\x00\x88\x01\x01\x42\x06\n\x04_gpu2\xf8\x02\n\x05\x41gent\x12\x46\n\tGetStatus\x12\x1f.gpuscope.v1.AgentStatusRequest\x1a\x18.gpuscope.v1.AgentStatus\x12L\n\rRecentSamples\x12!.gpuscope.v1.RecentSamplesRequest\x1a\x18.gpuscope.v1.SampleBatch\x12\x41\n\x07\x43\x61pture\x12\x1b.gpuscope.v1.CaptureRequest\x1a\x19.gpuscope.v1.CaptureReply\x12P\n\x0cListCaptures\x12 .gpuscope.v1.ListCapturesRequest\x1a\x1e.gpuscope.v1.ListCapturesReply\x12\x44\n\x08ListJobs\x12\x1c.gpuscope.v1.ListJobsRequest\x1a\x1a.gpuscope.v1.ListJobsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17gpuscope/v1/agent.proto\x12\x0bgpuscope.v1\x1a\x19gpuscope/v1/samples.proto\"f\n\x0e\x43\x61ptureRequest\x12\x15\n\x0bjax_address\x18\x01 \x01(\tH\x00\x12\r\n\x03pid\x18\x02 \x01(\rH\x00\x12\x13\n\x0b\x64uration_ms\x18\x03 \x01(\r\x12\x0f\n\x07trigger\x18\x04 \x01(\tB\x08\n\x06target\"J\n\x0c\x43\x61ptureReply\x12*\n\x06record\x18\x01 \x01(\x0b\x32\x1a.gpuscope.v1.CaptureRecord\x12\x0e\n\x06xspace\x18\x02 \x01(\x0c\"\x15\n\x13ListCapturesRequest\"A\n\x11ListCapturesReply\x12,\n\x08\x63\x61ptures\x18\x01 \x03(\x0b\x32\x1a.gpuscope.v1.CaptureRecord\"\x11\n\x0fListJobsRequest\"\xa4\x01\n\x03Job\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x03 \x03(\r\x12\x0f\n\x07\x63ommand\x18\x04 \x01(\t\x12\x10\n\x08\x66ound_by\x18\x05 \x01(\t\x12\x0c\n\x04kind\x18\x06 \x01(\t\x12\x11\n\ttrace_dir\x18\x07 \x01(\t\x12-\n\x0b\x61ttribution\x18\x08 \x01(\x0b\x32\x18.gpuscope.v1.Attribution\"/\n\rListJobsReply\x12\x1e\n\x04jobs\x18\x01 \x03(\x0b\x32\x10.gpuscope.v1.Job\"\x14\n\x12\x41gentStatusRequest\"\xed\x04\n\x0b\x41gentStatus\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x18\n\x10interval_seconds\x18\x04 \x01(\x01\x12\r\n\x05ticks\x18\x05 \x01(\x04\x12\x0f\n\x07samples\x18\x06 \x01(\x04\x12\x17\n\x0f\x64ropped_samples\x18\x07 \x01(\x04\x12\x14\n\x0c\x62\x61tches_sent\x18\x08 \x01(\x04\x12\x15\n\rbatches_acked\x18\t \x01(\x04\x12\x18\n\x10\x62\x61tches_rejected\x18\n \x01(\x04\x12\x17\n\x0funacked_samples\x18\x0b \x01(\r\x12\x18\n\x10uplink_connected\x18\x0c \x01(\x08\x12\x10\n\x08\x61nalyzer\x18\r \x01(\t\x12$\n\x07\x64\x65vices\x18\x0e \x03(\x0b\x32\x13.gpuscope.v1.Device\x12\x13\n\x0b\x63pu_seconds\x18\x0f \x01(\x01\x12\x15\n\rtick_overruns\x18\x10 \x01(\x04\x12\x12\n\nlast_error\x18\x11 \x01(\t\x12\x41\n\rsource_errors\x18\x12 \x03(\x0b\x32*.gpuscope.v1.AgentStatus.SourceErrorsEntry\x12>\n\x0b\x61ttribution\x18\x13 \x03(\x0b\x32).gpuscope.v1.AgentStatus.AttributionEntry\x1a\x33\n\x11SourceErrorsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x32\n\x10\x41ttributionEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"A\n\x14RecentSamplesRequest\x12\x0f\n\x07seconds\x18\x01 \x01(\x01\x12\x10\n\x03gpu\x18\x02 \x01(\rH\x00\x88\x01\x01\x42\x06\n\x04_gpu2\xf8\x02\n\x05\x41gent\x12\x46\n\tGetStatus\x12\x1f.gpuscope.v1.AgentStatusRequest\x1a\x18.gpuscope.v1.AgentStatus\x12L\n\rRecentSamples\x12!.gpuscope.v1.RecentSamplesRequest\x1a\x18.gpuscope.v1.SampleBatch\x12\x41\n\x07\x43\x61pture\x12\x1b.gpuscope.v1.CaptureRequest\x1a\x19.gpuscope.v1.CaptureReply\x12P\n\x0cListCaptures\x12 .gpuscope.v1.ListCapturesRequest\x1a\x1e.gpuscope.v1.ListCapturesReply\x12\x44\n\x08ListJobs\x12\x1c.gpuscope.v1.ListJobsRequest\x1a\x1a.gpuscope.v1.ListJobsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,6 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_AGENTSTATUS_SOURCEERRORSENTRY']._loaded_options = None
   _globals['_AGENTSTATUS_SOURCEERRORSENTRY']._serialized_options = b'8\001'
+  _globals['_AGENTSTATUS_ATTRIBUTIONENTRY']._loaded_options = None
+  _globals['_AGENTSTATUS_ATTRIBUTIONENTRY']._serialized_options = b'8\001'
   _globals['_CAPTUREREQUEST']._serialized_start=67
   _globals['_CAPTUREREQUEST']._serialized_end=169
   _globals['_CAPTUREREPLY']._serialized_start=171
@@ -44,18 +46,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTCAPTURESREPLY']._serialized_end=335
   _globals['_LISTJOBSREQUEST']._serialized_start=337
   _globals['_LISTJOBSREQUEST']._serialized_end=354
-  _globals['_JOB']._serialized_start=356
-  _globals['_JOB']._serialized_end=473
-  _globals['_LISTJOBSREPLY']._serialized_start=475
-  _globals['_LISTJOBSREPLY']._serialized_end=522
-  _globals['_AGENTSTATUSREQUEST']._serialized_start=524
-  _globals['_AGENTSTATUSREQUEST']._serialized_end=544
-  _globals['_AGENTSTATUS']._serialized_start=547
-  _globals['_AGENTSTATUS']._serialized_end=1052
-  _globals['_AGENTSTATUS_SOURCEERRORSENTRY']._serialized_start=1001
-  _globals['_AGENTSTATUS_SOURCEERRORSENTRY']._serialized_end=1052
-  _globals['_RECENTSAMPLESREQUEST']._serialized_start=1054
-  _globals['_RECENTSAMPLESREQUEST']._serialized_end=1119
-  _globals['_AGENT']._serialized_start=1122
-  _globals['_AGENT']._serialized_end=1498
+  _globals['_JOB']._serialized_start=357
+  _globals['_JOB']._serialized_end=521
+  _globals['_LISTJOBSREPLY']._serialized_start=523
+  _globals['_LISTJOBSREPLY']._serialized_end=570
+  _globals['_AGENTSTATUSREQUEST']._serialized_start=572
+  _globals['_AGENTSTATUSREQUEST']._serialized_end=592
+  _globals['_AGENTSTATUS']._serialized_start=595
+  _globals['_AGENTSTATUS']._serialized_end=1216
+  _globals['_AGENTSTATUS_SOURCEERRORSENTRY']._serialized_start=1113
+  _globals['_AGENTSTATUS_SOURCEERRORSENTRY']._serialized_end=1164
+  _globals['_AGENTSTATUS_ATTRIBUTIONENTRY']._serialized_start=1166
+  _globals['_AGENTSTATUS_ATTRIBUTIONENTRY']._serialized_end=1216
+  _globals['_RECENTSAMPLESREQUEST']._serialized_start=1218
+  _globals['_RECENTSAMPLESREQUEST']._serialized_end=1283
+  _globals['_AGENT']._serialized_start=1286
+  _globals['_AGENT']._serialized_end=1662
 # @@protoc_insertion_point(module_scope)

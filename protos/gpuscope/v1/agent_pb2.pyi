@@ -42,7 +42,7 @@ class ListJobsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("pid", "address", "gpus", "command", "found_by", "kind", "trace_dir")
+    __slots__ = ("pid", "address", "gpus", "command", "found_by", "kind", "trace_dir", "attribution")
     PID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,7 @@ class Job(_message.Message):
     FOUND_BY_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     TRACE_DIR_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     pid: int
     address: str
     gpus: _containers.RepeatedScalarFieldContainer[int]
@@ -57,7 +58,8 @@ class Job(_message.Message):
     found_by: str
     kind: str
     trace_dir: str
-    def __init__(self, pid: _Optional[int] = ..., address: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., command: _Optional[str] = ..., found_by: _Optional[str] = ..., kind: _Optional[str] = ..., trace_dir: _Optional[str] = ...) -> None: ...
+    attribution: _samples_pb2.Attribution
+    def __init__(self, pid: _Optional[int] = ..., address: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., command: _Optional[str] = ..., found_by: _Optional[str] = ..., kind: _Optional[str] = ..., trace_dir: _Optional[str] = ..., attribution: _Optional[_Union[_samples_pb2.Attribution, _Mapping]] = ...) -> None: ...
 
 class ListJobsReply(_message.Message):
     __slots__ = ("jobs",)
@@ -70,7 +72,7 @@ class AgentStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class AgentStatus(_message.Message):
-    __slots__ = ("host", "boot_id", "source", "interval_seconds", "ticks", "samples", "dropped_samples", "batches_sent", "batches_acked", "batches_rejected", "unacked_samples", "uplink_connected", "analyzer", "devices", "cpu_seconds", "tick_overruns", "last_error", "source_errors")
+    __slots__ = ("host", "boot_id", "source", "interval_seconds", "ticks", "samples", "dropped_samples", "batches_sent", "batches_acked", "batches_rejected", "unacked_samples", "uplink_connected", "analyzer", "devices", "cpu_seconds", "tick_overruns", "last_error", "source_errors", "attribution")
     class SourceErrorsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +80,13 @@ class AgentStatus(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class AttributionEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     HOST_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +105,7 @@ class AgentStatus(_message.Message):
     TICK_OVERRUNS_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     SOURCE_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     host: str
     boot_id: str
     source: str
@@ -114,7 +124,8 @@ class AgentStatus(_message.Message):
     tick_overruns: int
     last_error: str
     source_errors: _containers.ScalarMap[str, int]
-    def __init__(self, host: _Optional[str] = ..., boot_id: _Optional[str] = ..., source: _Optional[str] = ..., interval_seconds: _Optional[float] = ..., ticks: _Optional[int] = ..., samples: _Optional[int] = ..., dropped_samples: _Optional[int] = ..., batches_sent: _Optional[int] = ..., batches_acked: _Optional[int] = ..., batches_rejected: _Optional[int] = ..., unacked_samples: _Optional[int] = ..., uplink_connected: _Optional[bool] = ..., analyzer: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[_samples_pb2.Device, _Mapping]]] = ..., cpu_seconds: _Optional[float] = ..., tick_overruns: _Optional[int] = ..., last_error: _Optional[str] = ..., source_errors: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    attribution: _containers.ScalarMap[str, str]
+    def __init__(self, host: _Optional[str] = ..., boot_id: _Optional[str] = ..., source: _Optional[str] = ..., interval_seconds: _Optional[float] = ..., ticks: _Optional[int] = ..., samples: _Optional[int] = ..., dropped_samples: _Optional[int] = ..., batches_sent: _Optional[int] = ..., batches_acked: _Optional[int] = ..., batches_rejected: _Optional[int] = ..., unacked_samples: _Optional[int] = ..., uplink_connected: _Optional[bool] = ..., analyzer: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[_samples_pb2.Device, _Mapping]]] = ..., cpu_seconds: _Optional[float] = ..., tick_overruns: _Optional[int] = ..., last_error: _Optional[str] = ..., source_errors: _Optional[_Mapping[str, int]] = ..., attribution: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class RecentSamplesRequest(_message.Message):
     __slots__ = ("seconds", "gpu")

@@ -74,7 +74,7 @@ class TopRequest(_message.Message):
     def __init__(self, start: _Optional[float] = ..., end: _Optional[float] = ..., host: _Optional[str] = ..., by: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class TopRow(_message.Message):
-    __slots__ = ("host", "gpu", "job", "verdict", "bottleneck_seconds", "share", "findings", "gpus", "now_verdict", "now_since", "confidence", "summary", "flags", "finding_id", "verdicts", "stale", "last_seen_age_seconds")
+    __slots__ = ("host", "gpu", "job", "verdict", "bottleneck_seconds", "share", "findings", "gpus", "now_verdict", "now_since", "confidence", "summary", "flags", "finding_id", "attribution", "verdicts", "stale", "last_seen_age_seconds")
     HOST_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,7 @@ class TopRow(_message.Message):
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
     FINDING_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     VERDICTS_FIELD_NUMBER: _ClassVar[int]
     STALE_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -106,10 +107,11 @@ class TopRow(_message.Message):
     summary: str
     flags: _containers.RepeatedScalarFieldContainer[str]
     finding_id: str
+    attribution: _samples_pb2.Attribution
     verdicts: _containers.RepeatedCompositeFieldContainer[VerdictSeconds]
     stale: bool
     last_seen_age_seconds: float
-    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., job: _Optional[str] = ..., verdict: _Optional[str] = ..., bottleneck_seconds: _Optional[float] = ..., share: _Optional[float] = ..., findings: _Optional[int] = ..., gpus: _Optional[int] = ..., now_verdict: _Optional[str] = ..., now_since: _Optional[float] = ..., confidence: _Optional[float] = ..., summary: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., finding_id: _Optional[str] = ..., verdicts: _Optional[_Iterable[_Union[VerdictSeconds, _Mapping]]] = ..., stale: _Optional[bool] = ..., last_seen_age_seconds: _Optional[float] = ...) -> None: ...
+    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., job: _Optional[str] = ..., verdict: _Optional[str] = ..., bottleneck_seconds: _Optional[float] = ..., share: _Optional[float] = ..., findings: _Optional[int] = ..., gpus: _Optional[int] = ..., now_verdict: _Optional[str] = ..., now_since: _Optional[float] = ..., confidence: _Optional[float] = ..., summary: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., finding_id: _Optional[str] = ..., attribution: _Optional[_Union[_samples_pb2.Attribution, _Mapping]] = ..., verdicts: _Optional[_Iterable[_Union[VerdictSeconds, _Mapping]]] = ..., stale: _Optional[bool] = ..., last_seen_age_seconds: _Optional[float] = ...) -> None: ...
 
 class VerdictSeconds(_message.Message):
     __slots__ = ("verdict", "seconds")
@@ -255,7 +257,7 @@ class Evidence(_message.Message):
     def __init__(self, numbers: _Optional[_Mapping[str, float]] = ..., flags: _Optional[_Iterable[str]] = ..., summary: _Optional[str] = ..., alternatives: _Optional[_Iterable[str]] = ..., decided_by: _Optional[str] = ..., counters_verdict: _Optional[str] = ..., trace_verdict: _Optional[str] = ..., captures: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Finding(_message.Message):
-    __slots__ = ("id", "host", "gpu", "job", "verdict", "start", "end", "confidence", "evidence", "windows")
+    __slots__ = ("id", "host", "gpu", "job", "verdict", "start", "end", "confidence", "evidence", "windows", "attribution")
     ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
@@ -266,6 +268,7 @@ class Finding(_message.Message):
     CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     id: str
     host: str
     gpu: int
@@ -276,7 +279,8 @@ class Finding(_message.Message):
     confidence: float
     evidence: Evidence
     windows: int
-    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., gpu: _Optional[int] = ..., job: _Optional[str] = ..., verdict: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., confidence: _Optional[float] = ..., evidence: _Optional[_Union[Evidence, _Mapping]] = ..., windows: _Optional[int] = ...) -> None: ...
+    attribution: _samples_pb2.Attribution
+    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., gpu: _Optional[int] = ..., job: _Optional[str] = ..., verdict: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., confidence: _Optional[float] = ..., evidence: _Optional[_Union[Evidence, _Mapping]] = ..., windows: _Optional[int] = ..., attribution: _Optional[_Union[_samples_pb2.Attribution, _Mapping]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ("host", "gpu_limit")
@@ -366,7 +370,7 @@ class AnalyzerStatus(_message.Message):
     def __init__(self, version: _Optional[str] = ..., started: _Optional[float] = ..., batches_committed: _Optional[int] = ..., batches_duplicate: _Optional[int] = ..., batches_rejected: _Optional[int] = ..., samples_committed: _Optional[int] = ..., hosts: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ..., findings_open: _Optional[int] = ..., db_path: _Optional[str] = ..., window_seconds: _Optional[float] = ..., anomalies: _Optional[int] = ..., decisions: _Optional[_Mapping[str, int]] = ..., captures_in_flight: _Optional[int] = ..., agents_connected: _Optional[int] = ..., gpus_stale: _Optional[int] = ..., hosts_stale: _Optional[int] = ..., analysis_lag_seconds: _Optional[float] = ..., samples_stored: _Optional[int] = ..., gpus_total: _Optional[int] = ..., gpus_matching: _Optional[int] = ...) -> None: ...
 
 class FindingsRequest(_message.Message):
-    __slots__ = ("host", "gpu", "verdicts", "start", "end", "open_only", "limit", "flags")
+    __slots__ = ("host", "gpu", "verdicts", "start", "end", "open_only", "limit", "flags", "pod", "namespace", "slurm_job")
     HOST_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     VERDICTS_FIELD_NUMBER: _ClassVar[int]
@@ -375,6 +379,9 @@ class FindingsRequest(_message.Message):
     OPEN_ONLY_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    SLURM_JOB_FIELD_NUMBER: _ClassVar[int]
     host: str
     gpu: int
     verdicts: _containers.RepeatedScalarFieldContainer[str]
@@ -383,7 +390,10 @@ class FindingsRequest(_message.Message):
     open_only: bool
     limit: int
     flags: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., verdicts: _Optional[_Iterable[str]] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., open_only: _Optional[bool] = ..., limit: _Optional[int] = ..., flags: _Optional[_Iterable[str]] = ...) -> None: ...
+    pod: str
+    namespace: str
+    slurm_job: str
+    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., verdicts: _Optional[_Iterable[str]] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., open_only: _Optional[bool] = ..., limit: _Optional[int] = ..., flags: _Optional[_Iterable[str]] = ..., pod: _Optional[str] = ..., namespace: _Optional[str] = ..., slurm_job: _Optional[str] = ...) -> None: ...
 
 class FindingsResponse(_message.Message):
     __slots__ = ("findings",)
@@ -392,7 +402,7 @@ class FindingsResponse(_message.Message):
     def __init__(self, findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ...) -> None: ...
 
 class MetricQuery(_message.Message):
-    __slots__ = ("metric", "host", "gpu", "start", "end", "aggregate", "step_seconds", "raw")
+    __slots__ = ("metric", "host", "gpu", "start", "end", "aggregate", "step_seconds", "raw", "group_by")
     METRIC_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
@@ -401,6 +411,7 @@ class MetricQuery(_message.Message):
     AGGREGATE_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RAW_FIELD_NUMBER: _ClassVar[int]
+    GROUP_BY_FIELD_NUMBER: _ClassVar[int]
     metric: str
     host: str
     gpu: int
@@ -409,7 +420,8 @@ class MetricQuery(_message.Message):
     aggregate: str
     step_seconds: float
     raw: bool
-    def __init__(self, metric: _Optional[str] = ..., host: _Optional[str] = ..., gpu: _Optional[int] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., aggregate: _Optional[str] = ..., step_seconds: _Optional[float] = ..., raw: _Optional[bool] = ...) -> None: ...
+    group_by: str
+    def __init__(self, metric: _Optional[str] = ..., host: _Optional[str] = ..., gpu: _Optional[int] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., aggregate: _Optional[str] = ..., step_seconds: _Optional[float] = ..., raw: _Optional[bool] = ..., group_by: _Optional[str] = ...) -> None: ...
 
 class MetricPoint(_message.Message):
     __slots__ = ("t", "value")
@@ -420,18 +432,22 @@ class MetricPoint(_message.Message):
     def __init__(self, t: _Optional[float] = ..., value: _Optional[float] = ...) -> None: ...
 
 class MetricSeries(_message.Message):
-    __slots__ = ("host", "gpu", "points", "value", "samples")
+    __slots__ = ("host", "gpu", "points", "value", "samples", "group", "gpus")
     HOST_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     POINTS_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
     host: str
     gpu: int
     points: _containers.RepeatedCompositeFieldContainer[MetricPoint]
     value: float
     samples: int
-    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., points: _Optional[_Iterable[_Union[MetricPoint, _Mapping]]] = ..., value: _Optional[float] = ..., samples: _Optional[int] = ...) -> None: ...
+    group: str
+    gpus: int
+    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., points: _Optional[_Iterable[_Union[MetricPoint, _Mapping]]] = ..., value: _Optional[float] = ..., samples: _Optional[int] = ..., group: _Optional[str] = ..., gpus: _Optional[int] = ...) -> None: ...
 
 class MetricResult(_message.Message):
     __slots__ = ("metric", "unit", "aggregate", "series")

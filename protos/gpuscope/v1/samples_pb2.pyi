@@ -57,18 +57,50 @@ class Column(_message.Message):
     def __init__(self, metric: _Optional[str] = ..., f64le: _Optional[bytes] = ..., valid: _Optional[bytes] = ...) -> None: ...
 
 class ProcessSample(_message.Message):
-    __slots__ = ("sample", "pid", "used_memory_bytes", "cpu_cores", "command")
+    __slots__ = ("sample", "pid", "used_memory_bytes", "cpu_cores", "command", "attribution")
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     USED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     CPU_CORES_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     sample: int
     pid: int
     used_memory_bytes: int
     cpu_cores: float
     command: str
-    def __init__(self, sample: _Optional[int] = ..., pid: _Optional[int] = ..., used_memory_bytes: _Optional[int] = ..., cpu_cores: _Optional[float] = ..., command: _Optional[str] = ...) -> None: ...
+    attribution: int
+    def __init__(self, sample: _Optional[int] = ..., pid: _Optional[int] = ..., used_memory_bytes: _Optional[int] = ..., cpu_cores: _Optional[float] = ..., command: _Optional[str] = ..., attribution: _Optional[int] = ...) -> None: ...
+
+class Attribution(_message.Message):
+    __slots__ = ("user", "container_id", "runtime", "pod", "namespace", "container", "pod_uid", "slurm_job", "slurm_step", "slurm_user", "unit", "workload", "cgroup")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_FIELD_NUMBER: _ClassVar[int]
+    POD_UID_FIELD_NUMBER: _ClassVar[int]
+    SLURM_JOB_FIELD_NUMBER: _ClassVar[int]
+    SLURM_STEP_FIELD_NUMBER: _ClassVar[int]
+    SLURM_USER_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    CGROUP_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    container_id: str
+    runtime: str
+    pod: str
+    namespace: str
+    container: str
+    pod_uid: str
+    slurm_job: str
+    slurm_step: str
+    slurm_user: str
+    unit: str
+    workload: str
+    cgroup: str
+    def __init__(self, user: _Optional[str] = ..., container_id: _Optional[str] = ..., runtime: _Optional[str] = ..., pod: _Optional[str] = ..., namespace: _Optional[str] = ..., container: _Optional[str] = ..., pod_uid: _Optional[str] = ..., slurm_job: _Optional[str] = ..., slurm_step: _Optional[str] = ..., slurm_user: _Optional[str] = ..., unit: _Optional[str] = ..., workload: _Optional[str] = ..., cgroup: _Optional[str] = ...) -> None: ...
 
 class HealthEvent(_message.Message):
     __slots__ = ("gpu", "t", "kind", "detail", "code")
@@ -85,7 +117,7 @@ class HealthEvent(_message.Message):
     def __init__(self, gpu: _Optional[int] = ..., t: _Optional[float] = ..., kind: _Optional[_Union[HealthKind, str]] = ..., detail: _Optional[str] = ..., code: _Optional[int] = ...) -> None: ...
 
 class SampleBatch(_message.Message):
-    __slots__ = ("host", "boot_id", "seq", "count", "t_f64le", "gpu_u32le", "columns", "processes", "devices", "health", "dropped_samples", "min_unacked_seq")
+    __slots__ = ("host", "boot_id", "seq", "count", "t_f64le", "gpu_u32le", "columns", "processes", "devices", "health", "dropped_samples", "min_unacked_seq", "attributions")
     HOST_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +130,7 @@ class SampleBatch(_message.Message):
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     DROPPED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     MIN_UNACKED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
     host: str
     boot_id: str
     seq: int
@@ -110,7 +143,8 @@ class SampleBatch(_message.Message):
     health: _containers.RepeatedCompositeFieldContainer[HealthEvent]
     dropped_samples: int
     min_unacked_seq: int
-    def __init__(self, host: _Optional[str] = ..., boot_id: _Optional[str] = ..., seq: _Optional[int] = ..., count: _Optional[int] = ..., t_f64le: _Optional[bytes] = ..., gpu_u32le: _Optional[bytes] = ..., columns: _Optional[_Iterable[_Union[Column, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[ProcessSample, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., health: _Optional[_Iterable[_Union[HealthEvent, _Mapping]]] = ..., dropped_samples: _Optional[int] = ..., min_unacked_seq: _Optional[int] = ...) -> None: ...
+    attributions: _containers.RepeatedCompositeFieldContainer[Attribution]
+    def __init__(self, host: _Optional[str] = ..., boot_id: _Optional[str] = ..., seq: _Optional[int] = ..., count: _Optional[int] = ..., t_f64le: _Optional[bytes] = ..., gpu_u32le: _Optional[bytes] = ..., columns: _Optional[_Iterable[_Union[Column, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[ProcessSample, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., health: _Optional[_Iterable[_Union[HealthEvent, _Mapping]]] = ..., dropped_samples: _Optional[int] = ..., min_unacked_seq: _Optional[int] = ..., attributions: _Optional[_Iterable[_Union[Attribution, _Mapping]]] = ...) -> None: ...
 
 class BatchAck(_message.Message):
     __slots__ = ("seq", "status", "error")

@@ -1,0 +1,1 @@
+"""Kubernetes wire schemas gpuscope speaks, as Kubernetes publishes them."""

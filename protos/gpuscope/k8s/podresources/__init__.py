@@ -1,0 +1,1 @@
+"""The kubelet's pod-resources API (see v1/api.proto)."""
