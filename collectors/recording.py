@@ -88,6 +88,9 @@ def read_recording(path: str | Path) -> Recording:
         text = _text(path)
     except FileNotFoundError:
         raise RecordingError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise RecordingError(f"{path}: is a directory: classify reads one recording file, as does replay "
+                             "(docs/recordings.md)") from None
     except OSError as exc:
         raise RecordingError(f"{path}: {exc}") from exc
     kind = dcgm_exporter_saved.sniff(text)

@@ -91,3 +91,13 @@ def test_windows_without_an_activity_reading_are_said_not_dropped(tmp_path):
     data = json.loads(subprocess.run(cli + ["--json"], capture_output=True, text=True, timeout=60).stdout)
     assert [w["start"] - t0 for w in data["unjudged"]] == [5.0] and len(data["windows"]) == 2
     assert data["ignored_columns"] == ["pstate"]
+
+
+def test_classify_of_a_directory_says_it_reads_one_file(tmp_path):
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "gpuscope.daemon.cli", "classify", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "Errno" not in out.stderr
+    assert f"{tmp_path}: is a directory: classify reads one recording file" in out.stderr
+    assert "(docs/recordings.md)" in out.stderr
