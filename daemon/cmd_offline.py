@@ -19,6 +19,8 @@ def cmd_classify(ns) -> int:
     from gpuscope.analyzers.offline import classify_recording
 
     rec = read_recording(ns.file)
+    for warning in rec.warnings:
+        print(f"gpuscope classify: {warning}", file=sys.stderr)
     skipped: list[tuple[int, float, float]] = []
     try:
         results = classify_recording(rec, ns.window, skipped)

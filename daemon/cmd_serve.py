@@ -47,6 +47,8 @@ def _replay(path: str, speed: float):
     if speed <= 0:
         raise UsageError(f"--speed: must be > 0, got {speed}")
     rec = read_recording(path)
+    for warning in rec.warnings:
+        logs.say(warning, "warning")
     return ReplayCollector(rec, speed=speed, loop=True), f"replay:{path}"
 
 
