@@ -281,3 +281,33 @@ def test_an_error_names_where_a_setting_came_from(tmp_path):
         in r.stderr and "--tls-dir" not in r.stderr, r.stderr
     r = run("findings", "--insecure", env={"GPUSCOPE_SERVER": f"127.0.0.1:{free_port()}"})
     assert r.returncode == 1 and "(the address came from $GPUSCOPE_SERVER)" in r.stderr, r.stderr
+
+
+def test_trace_summarize_counts_profiling_sessions_and_reads_each_once(fixture_dir, tmp_path):
+    """Found in a trial: six JAX profiles were `18 traces`, and --all
+    summarized each session three times, disagreeing (memory-bound 0.95 from
+    the XSpace, 0.67 from the JSON)."""
+    traces = fixture_dir / "traces"
+    trace = lambda *a: run("trace", "summarize", *a, timeout=300)
+    r = trace(str(traces), "--json")
+    assert r.returncode == 0, r.stderr
+    found = json.loads(r.stdout)["traces_found"]
+    assert len(found) == 6 and all(f.endswith("vm.xplane.pb") for f in found)
+    assert f"{traces} holds 6 traces" in r.stderr and "XSpace" in r.stderr
+    hbm = traces / "hbm_stream"
+    r = trace(str(hbm), "--all", "--json")
+    each = json.loads(r.stdout)["traces"]
+    assert r.returncode == 0 and len(each) == 1 and each[0]["source"].endswith("vm.xplane.pb"), r.stderr
+    assert (each[0]["verdict"], round(each[0]["confidence"], 2)) == ("memory-bound", 0.95)
+    r = trace(str(hbm))
+    assert "vm.trace.json.gz" in r.stderr and "perfetto_trace.json.gz" in r.stderr     # said, not read
+    assert r.stdout.startswith(str(next(hbm.rglob("vm.xplane.pb"))))
+
+
+def test_trace_summarize_of_a_recording_says_it_is_not_a_trace(fixture_dir, tmp_path):
+    (tmp_path / "weird.json").write_text('{"model": "llama"}')
+    r = run("trace", "summarize", str(tmp_path))
+    assert r.returncode != 0 and "no .xplane.pb or trace JSON below it" in r.stderr, r.stderr
+    r = run("trace", "summarize", str(SAMPLES))
+    assert r.returncode != 0 and "not an XSpace" not in r.stderr
+    assert f"{SAMPLES}: not a trace" in r.stderr and "gpuscope classify reads recordings" in r.stderr
