@@ -13,7 +13,6 @@ has no metric for are listed as ignored. A file without a header
 """
 from __future__ import annotations
 
-import csv
 import math
 import re
 import time
