@@ -136,7 +136,8 @@ def test_logs_appended_with_a_repeated_header_read_through(tmp_path):
 
 def test_a_header_of_other_fields_mid_file_is_an_error_naming_the_line(tmp_path):
     rows = [HEADER, _row(0), "timestamp, index, power.draw [W]", "2026/11/30 12:00:05.000, 0, 1 W"]
-    with pytest.raises(RecordingError, match=r"other.csv:3: a header with other fields than line 1.s \(without utilization.gpu, "):
+    with pytest.raises(RecordingError,
+                       match=r"other.csv:3: a header with other fields than line 1.s \(without utilization.gpu, "):
         read_recording(_log(tmp_path, rows, "other.csv"))
 
 
