@@ -13,7 +13,6 @@ has no metric for are listed as ignored. A file without a header
 """
 from __future__ import annotations
 
-import csv
 import math
 import re
 import time
@@ -45,45 +44,112 @@ def looks_like(header: list[str]) -> bool:
     return "timestamp" in names and bool(names & (set(FIELDS) | {"index", "uuid", "pci.bus_id"}))
 
 
-def read(path: Path, header: list[str], rows, error):
+def read(path: Path, header: list[str], rows, error, warn=lambda message: None):
     """(t, gpu, {metric: values}, ignored columns) from the rows after the
-    header; `error(message)` raises the caller's error."""
-    fields = []
-    for i, h in enumerate(header):
-        m = _HEAD.match(h)
-        if m is None:
-            error(f"{path}: column {i + 1} {h!r} is not an nvidia-smi field name")
-        fields.append((m.group(1), m.group(2)))
-    names = [f for f, _ in fields]
-    ti = names.index("timestamp")
-    gi = names.index("index") if "index" in names else None
-    ui = next((names.index(k) for k in ("uuid", "pci.bus_id") if k in names), None)
-    columns, ignored = [], []
-    for i, (name, unit) in enumerate(fields):
-        metric = FIELDS.get(name)
-        if metric is not None and metric not in (cat.BY_NAME[FIELDS[n]].name for n, _ in fields[:i] if n in FIELDS):
-            columns.append((i, cat.BY_NAME[metric], unit))
-        elif i not in (ti, gi, ui):
-            ignored.append(name)
-    t, gpu, out = [], [], {m.name: [] for _, m, _ in columns}
+    header; `error(message)` raises the caller's error, `warn(message)`
+    tells of the last line dropped."""
+    layout = _Layout(path, header, 1, error)
+    t, gpu, out = [], [], {m.name: [] for _, m, _ in layout.columns}
     ids: dict[str, int] = {}
-    for line, row in enumerate(rows, start=2):
-        if not row or (len(row) == 1 and not row[0].strip()):
-            continue
+    lines = _lines(rows)
+    ahead = next(lines, None)
+    while ahead is not None:
+        (line, row), ahead = ahead, next(lines, None)
         where = f"{path}:{line}"
-        if len(row) != len(header):
-            error(f"{where}: {len(row)} cells where the header has {len(header)} (truncated or garbled row)")
-        t.append(_time(row[ti], where, error))
-        if gi is not None:
-            cell = row[gi].strip()
-            if not cell.isdecimal():
-                error(f"{where}, column index: {cell!r} is not a GPU index")
-            gpu.append(int(cell))
-        elif ui is not None:
-            gpu.append(ids.setdefault(row[ui].strip(), len(ids)))
-        for i, m, unit in columns:
-            out[m.name].append(_value(row[i], unit, m, f"{where}, column {fields[i][0]}", error))
-    return t, gpu, out, ignored
+        if _is_header(row):
+            # `nvidia-smi ... >> gpus.csv` run again writes its header again: the same fields read on
+            # (in the new header's units: one run may have had nounits); other fields are another log
+            again = _Layout(path, [c.strip() for c in row], line, error)
+            if sorted(again.names) != sorted(layout.names):
+                error(f"{where}: a header with other fields than line 1's ({_difference(layout, again)}): two "
+                      f"different logs appended into one file? Split it where the header changes")
+            layout = again
+            continue
+        # Only the last line may be cut short (nvidia-smi -l killed mid-write): it is dropped and said,
+        # unless it is the only one. Anywhere else a bad line is an error.
+        last = ahead is None and bool(t)
+        try:
+            sample = _sample(row, layout, where, _cut if last else error, ids)
+        except _Cut as exc:
+            warn(f"{exc}: the last line, cut short (nvidia-smi stopped mid-write?), was dropped")
+            break
+        t.append(sample[0])
+        if sample[1] is not None:
+            gpu.append(sample[1])
+        for name, v in sample[2]:
+            out[name].append(v)
+    return t, gpu, out, layout.ignored
+
+
+def _lines(rows):
+    """(line number, row) of the rows that are not blank; the header is line 1."""
+    for line, row in enumerate(rows, start=2):
+        if row and not (len(row) == 1 and not row[0].strip()):
+            yield line, row
+
+
+def _sample(row: list[str], layout: "_Layout", where: str, error, ids: dict) -> tuple:
+    """(time, GPU or None, [(metric, value)]) of one row."""
+    if len(row) != len(layout.names):
+        error(f"{where}: {len(row)} cells where the header has {len(layout.names)} (truncated or garbled row)")
+    ts = _time(row[layout.ti], where, error)
+    gpu = None
+    if layout.gi is not None:
+        cell = row[layout.gi].strip()
+        if not cell.isdecimal():
+            error(f"{where}, column index: {cell!r} is not a GPU index")
+        gpu = int(cell)
+    elif layout.ui is not None:
+        gpu = ids.setdefault(row[layout.ui].strip(), len(ids))
+    values = [(m.name, _value(row[i], unit, m, f"{where}, column {layout.names[i]}", error))
+              for i, m, unit in layout.columns]
+    return ts, gpu, values
+
+
+class _Cut(Exception):
+    pass
+
+
+def _cut(message: str):
+    raise _Cut(message)
+
+
+class _Layout:
+    """What a header says: which column is the time, the GPU, and each metric (in which unit)."""
+
+    def __init__(self, path: Path, header: list[str], line: int, error):
+        fields = []
+        for i, h in enumerate(header):
+            m = _HEAD.match(h)
+            if m is None:
+                error(f"{path}:{line}: column {i + 1} {h!r} is not an nvidia-smi field name")
+            fields.append((m.group(1), m.group(2)))
+        self.names = [f for f, _ in fields]
+        self.ti = self.names.index("timestamp")
+        self.gi = self.names.index("index") if "index" in self.names else None
+        self.ui = next((self.names.index(k) for k in ("uuid", "pci.bus_id") if k in self.names), None)
+        self.columns, self.ignored = [], []
+        taken = set()
+        for i, (name, unit) in enumerate(fields):
+            metric = FIELDS.get(name)
+            if metric is not None and metric not in taken:       # the first of two fields for one metric
+                taken.add(metric)
+                self.columns.append((i, cat.BY_NAME[metric], unit))
+            elif i not in (self.ti, self.gi, self.ui):
+                self.ignored.append(name)
+
+
+def _is_header(row: list[str]) -> bool:
+    """A row of field names with `timestamp` among them (a data row has a time there)."""
+    cells = [c.strip() for c in row]
+    return "timestamp" in cells and all(_HEAD.match(c) for c in cells)
+
+
+def _difference(first: _Layout, again: _Layout) -> str:
+    added = [n for n in again.names if n not in first.names]
+    gone = [n for n in first.names if n not in again.names]
+    return "; ".join(p for p in (f"added {', '.join(added)}" if added else "",
+                                 f"without {', '.join(gone)}" if gone else "") if p)
 
 
 def _time(cell: str, where: str, error) -> float:

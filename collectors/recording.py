@@ -42,6 +42,7 @@ class Recording:
     metrics: dict[str, np.ndarray]     # catalogue name -> float64, NaN = missing
     processes: list[tuple[ProcessRecord, ...]] = field(default_factory=list)
     ignored_columns: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)   # what was read past (a cut last line), for the user
 
     def __len__(self) -> int:
         return len(self.t)
@@ -88,6 +89,9 @@ def read_recording(path: str | Path) -> Recording:
         text = _text(path)
     except FileNotFoundError:
         raise RecordingError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise RecordingError(f"{path}: is a directory: classify reads one recording file, as does replay "
+                             "(docs/recordings.md)") from None
     except OSError as exc:
         raise RecordingError(f"{path}: {exc}") from exc
     kind = dcgm_exporter_saved.sniff(text)
@@ -168,11 +172,14 @@ def read_recording(path: str | Path) -> Recording:
 def _nvidia_smi(path: Path, header: list[str], reader) -> Recording:
     def error(message: str):
         raise RecordingError(message)
+    warnings: list[str] = []
     try:
-        t, gpu, cols, ignored = nvidia_smi_csv.read(path, header, reader, error)
+        t, gpu, cols, ignored = nvidia_smi_csv.read(path, header, reader, error, warnings.append)
     except csv.Error as exc:
         raise RecordingError(f"{path}: {exc}") from exc
-    return _recording(path, t, gpu, cols, [], ignored)
+    rec = _recording(path, t, gpu, cols, [], ignored)
+    rec.warnings = warnings
+    return rec
 
 
 def _dcgm_exporter(path: Path, text: str, kind: str) -> Recording:

@@ -99,14 +99,20 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--no-rollup", action="store_true", help="delete old samples without keeping per-minute means")
         g = sp.add_argument_group("alerts", "findings and anomalies posted as they happen (docs/operations.md, Alerts)")
         g.add_argument("--alertmanager", action="append", metavar="URL", default=[],
-                       help="an Alertmanager to post to (its base URL, e.g. http://alertmanager:9093) (repeat)")
+                       help="an Alertmanager to post to: its base URL (http://alertmanager:9093) or its "
+                            "endpoint (.../api/v2/alerts), either works (repeat)")
         g.add_argument("--alert-webhook", action="append", metavar="URL", default=[],
                        help="a URL that gets one JSON object per alert by POST (repeat)")
         g.add_argument("--alert-severity", choices=("info", "warning", "critical"), default="warning",
-                       help="the least severity sent (default warning: findings opened and closed, anomalies "
-                            "but bottleneck changes; critical: lost GPUs, XID and ECC errors)")
+                       help="the least severity sent (default warning: memory-, launch-, host- and "
+                            "communication-bound findings that last --alert-after, and anomalies; info adds "
+                            "compute-bound and idle findings and bottleneck changes; critical: lost GPUs, XID "
+                            "and ECC errors)")
+        g.add_argument("--alert-after", type=positive_duration, default=120.0, metavar="DURATION",
+                       help="a finding alerts once it has lasted this long; shorter episodes are never sent "
+                            "(default 2m)")
         g.add_argument("--alert-rate", type=positive_int, default=60, metavar="N",
-                       help="posts per receiver per minute; more are dropped and counted (default 60)")
+                       help="new alerts per receiver per minute; more are dropped and counted (default 60)")
 
     sp = sub.add_parser("up", help="agent + analyzer in one process, with a live view")
     sp.add_argument("--listen", default="127.0.0.1:9400", help="gRPC address (default 127.0.0.1:9400)")

@@ -19,6 +19,8 @@ def cmd_classify(ns) -> int:
     from gpuscope.analyzers.offline import classify_recording
 
     rec = read_recording(ns.file)
+    for warning in rec.warnings:
+        print(f"gpuscope classify: {warning}", file=sys.stderr)
     skipped: list[tuple[int, float, float]] = []
     try:
         results = classify_recording(rec, ns.window, skipped)
@@ -56,42 +58,65 @@ _CAUSE_WORDS = dict(dispatch="dispatching", host_work="other host work", host_tr
 
 def cmd_trace_summarize(ns) -> int:
     from gpuscope.analyzers.trace_analysis import summarize
-    from gpuscope.collectors.trace_files import load_trace, traces_at
+    from gpuscope.collectors.trace_files import XSPACE, load_trace, profiles_at
 
-    found = traces_at(ns.path)
+    found = profiles_at(ns.path)
     if ns.all:
-        return _summarize_each(found, ns.json)
+        return _summarize_each(ns.path, found, ns.json)
+    first = found[0]
     if len(found) > 1:          # never silent about the others (a vLLM trace dir holds every session's)
-        print(f"gpuscope trace summarize: {ns.path} holds {len(found)} traces; summarizing {found[0]}, the "
-              f"newest session's {'XSpace' if found[0].name.endswith('.xplane.pb') else 'largest'} "
-              f"(name a file to read another, or --all; --json lists them)", file=sys.stderr)
-    summary = summarize(load_trace(found[0]))
+        print(f"gpuscope trace summarize: {ns.path} holds {_traces(found)}; summarizing {first.path}, the "
+              f"newest session's {'XSpace' if first.path.name.endswith(XSPACE) else 'largest'}"
+              f"{_not_read(first)} (name a file to read another, or --all; --json lists them)", file=sys.stderr)
+    elif first.same:
+        print(f"gpuscope trace summarize: summarizing {first.path}{_not_read(first)}", file=sys.stderr)
+    summary = summarize(load_trace(first.path))
     if len(found) > 1 and summary["verdict"] is None and not summary.get("host_steps"):
         # a serving engine's newest session may hold only its API server's trace (the worker died)
-        print(f"gpuscope trace summarize: {found[0].name} holds no GPU activity and no engine steps (an API "
+        print(f"gpuscope trace summarize: {first.path.name} holds no GPU activity and no engine steps (an API "
               f"server's trace, or a session whose worker wrote nothing?); --all reads every trace", file=sys.stderr)
     if ns.json:
-        print_json({**summary, "traces_found": [str(f) for f in found]})
+        print_json({**summary, "traces_found": [str(p.path) for p in found],
+                    "not_read": [str(f) for f in first.same]})
         return 0
     print_summary(summary)
     return 0
 
 
-def _summarize_each(found, as_json: bool) -> int:
-    """--all: every trace, in the order `traces_at` gives (newest session
-    first); one that cannot be read is said and the others still are."""
+def _traces(found) -> str:
+    """`6 traces`, and when a profiler wrote several files a trace, that they count once."""
+    files = sum(1 + len(p.same) for p in found)
+    return many(len(found), "trace") + (f" (one a profiling session and host; {files} files)"
+                                        if files > len(found) else "")
+
+
+def _not_read(profile) -> str:
+    """What the profiler also wrote for this session and host, said as not read."""
+    if not profile.same:
+        return ""
+    return f" (its {' and '.join(f.name for f in profile.same)} hold the same session in less detail: not read)"
+
+
+def _summarize_each(path, found, as_json: bool) -> int:
+    """--all: every trace (a session and host) once, from its best file, in
+    the order `profiles_at` gives (newest session first); one that cannot be
+    read is said and the others still are."""
     from gpuscope.analyzers.trace_analysis import summarize
     from gpuscope.collectors.trace_files import load_trace
 
+    if any(p.same for p in found):
+        print(f"gpuscope trace summarize: {path} holds {_traces(found)}; each is read once, from its XSpace "
+              f"where it has one", file=sys.stderr)
     out, failed = [], 0
-    for i, path in enumerate(found):
+    for profile in found:
         try:
-            summary = summarize(load_trace(path))
+            summary = summarize(load_trace(profile.path))
         except TraceError as exc:
             failed += 1
-            out.append({"source": str(path), "error": str(exc)})
+            also = f" (the same session is in {', '.join(str(f) for f in profile.same)})" if profile.same else ""
+            out.append({"source": str(profile.path), "error": str(exc) + also})
             if not as_json:
-                print(f"{path}: cannot be read: {exc}\n")
+                print(f"{profile.path}: cannot be read: {exc}{also}\n")
             continue
         out.append(summary)
         if not as_json:

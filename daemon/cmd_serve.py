@@ -17,7 +17,7 @@ from gpuscope.v1 import agent_pb2_grpc, analyzer_pb2_grpc
 from . import clients, logs
 from .agent import Agent, AgentConfig
 from .cliutil import UsageError, default_db
-from .exporter import AgentCollector, FleetCollector, registry, serve as serve_metrics
+from .exporter import AgentCollector, AlertCollector, FleetCollector, registry, serve as serve_metrics
 from .security_flags import agent_security, default_tls_dir, server_tls_dir, server_tls_files, server_tokens
 from .serve import build_server, ensure_free, parse_hostport, shutdown
 from .service import AgentServicer
@@ -174,12 +174,14 @@ def _alert_config(ns):
                 receivers.append(parse_receiver(url, fmt))
             except ValueError as exc:
                 raise UsageError(f"{flag} {exc}") from None
-    return AlertConfig(tuple(receivers), min_severity=ns.alert_severity, per_minute=ns.alert_rate) \
-        if receivers else None
+    return AlertConfig(tuple(receivers), min_severity=ns.alert_severity, per_minute=ns.alert_rate,
+                       alert_after_s=ns.alert_after) if receivers else None
 
 
 def _alerter(config, analyzer):
-    """Subscribed to the analyzer's events and started; None without receivers."""
+    """Subscribed to the analyzer's events and started, each receiver said
+    (a receiver mistyped is found at start, not at the first incident);
+    None without receivers."""
     from gpuscope.analyzers.alerts import Alerter
 
     if config is None:
@@ -187,7 +189,15 @@ def _alerter(config, analyzer):
     alerter = Alerter(config)
     analyzer.events.subscribe(alerter.watch())
     alerter.start()
+    for r in config.receivers:
+        logs.say(f"alerts ({r.format}) to {r.shown}: {config.min_severity} and above, findings once they last "
+                 f"{config.alert_after_s:g} s (docs/operations.md, Alerts)")
     return alerter
+
+
+def _alert_metrics(alerter) -> list:
+    """The alert receivers' delivery counters for /metrics, when there are receivers."""
+    return [AlertCollector(alerter.counters)] if alerter is not None else []
 
 
 def _start_commands(agent: Agent, target: str, host: str, links):
@@ -356,7 +366,8 @@ def cmd_up(ns) -> int:
     _setup_captures(agent, ns, target, links, serving)
     agent.start(_uplink_factory(ns, target, links))
     listener = _start_commands(agent, target, ns.host, links)
-    metrics = _metrics(ns, "analyzer", AgentCollector(agent), FleetCollector(analyzer.status))
+    metrics = _metrics(ns, "analyzer", AgentCollector(agent), FleetCollector(analyzer.status),
+                       *_alert_metrics(alerter))
     view = LiveView()
     header = (f"gpuscope up: {source} ({ns.speed:g}x)  listening on {ns.listen.rpartition(':')[0]}:{port}  "
               f"db {ns.db}")
@@ -475,13 +486,15 @@ def cmd_analyzer(ns) -> int:
         raise
     if ns.engine == "thread":
         analyzer.start()
+    alerter = _alerter(alerts, analyzer)
     try:
-        metrics = _metrics(ns, "analyzer", FleetCollector(analyzer.status))
+        metrics = _metrics(ns, "analyzer", FleetCollector(analyzer.status), *_alert_metrics(alerter))
     except BaseException:
         shutdown(server, grace_s=0)
         analyzer.close()
+        if alerter is not None:
+            alerter.stop(timeout_s=0)
         raise
-    alerter = _alerter(alerts, analyzer)
     server.start()
     oncall = f", on-call (tokens) on {ns.oncall_listen.rpartition(':')[0]}:{server.extra_ports[0]}" \
         if server.extra_ports else ""

@@ -142,6 +142,31 @@ class FleetCollector:
         yield g
 
 
+class AlertCollector:
+    """The alert hooks' delivery, per receiver (its URL without credentials):
+    alerts sent, failed posts tried again, alerts dropped by reason, alerts
+    waiting. `counters`: the Alerter's, a list of one dict per receiver."""
+
+    def __init__(self, counters: Callable[[], list[dict]]):
+        self._counters = counters
+
+    def collect(self) -> Iterable:
+        sent = CounterMetricFamily(PREFIX + "alerts_sent", "alerts delivered to the receiver", labels=["receiver"])
+        retried = CounterMetricFamily(PREFIX + "alerts_retried", "posts to the receiver that failed and are tried "
+                                      "again", labels=["receiver"])
+        dropped = CounterMetricFamily(PREFIX + "alerts_dropped", "alerts never delivered, by reason (rate-limit, "
+                                      "queue-full, expired, refused, shutdown)", labels=["receiver", "reason"])
+        pending = GaugeMetricFamily(PREFIX + "alerts_pending", "alerts waiting to be delivered (kept while the "
+                                    "receiver does not answer)", labels=["receiver"])
+        for c in self._counters():
+            sent.add_metric([c["receiver"]], c["sent"])
+            retried.add_metric([c["receiver"]], c["retried"])
+            for reason, n in sorted(c["dropped"].items()):
+                dropped.add_metric([c["receiver"], reason], n)
+            pending.add_metric([c["receiver"]], c["pending"])
+        yield from (sent, retried, dropped, pending)
+
+
 def registry(*collectors) -> CollectorRegistry:
     r = CollectorRegistry(auto_describe=False)
     for c in collectors:

@@ -116,7 +116,10 @@ def _nvml(attribution=None):
 def replay(path: str, speed: float):
     if speed <= 0:
         raise UsageError(f"--speed: must be > 0, got {speed}")
-    return ReplayCollector(read_recording(path), speed=speed, loop=True), f"replay:{path}"
+    rec = read_recording(path)
+    for warning in rec.warnings:
+        logs.say(warning, "warning")
+    return ReplayCollector(rec, speed=speed, loop=True), f"replay:{path}"
 
 
 class Started:

@@ -20,11 +20,17 @@ name and no password (`https://ghp_x@github.com`) is left as it is: the
 name alone is usually a login (`git@`), and guessing which are tokens would
 be wrong both ways.
 
+A URL that is logged (an alert receiver's) is shown by `redact_url`, which
+is stricter: webhooks carry their key in the user info, the query or a
+path segment (Slack's `/services/T../B../<key>`), so all user info, every
+query value and every long path segment of letters and digits go.
+
 Pure functions, standard library only, so both halves may import this.
 """
 from __future__ import annotations
 
 import re
+import urllib.parse
 
 REDACTED = "<redacted>"
 
@@ -79,3 +85,22 @@ def redact_command(cmdline: str) -> str:
     for pattern in _PATTERNS:
         cmdline = pattern.sub(lambda m: m.group(1) + REDACTED, cmdline)
     return cmdline
+
+
+# A path segment as long as a key: 16 characters with a digit (GUIDs, most keys), or any 20 (Slack's
+# 24-letter key may hold no digit). The words of an API's path (`api`, `v2`, `alerts`, `hooks`) are short;
+# a long one redacted costs less than a key logged.
+_KEY_SEGMENT = re.compile(r"(?=.*\d).{16,}|.{20,}")
+
+
+def redact_url(url: str) -> str:
+    """A URL fit for a log: where it goes (scheme, host, port, the path's
+    words), without user info, query values, a fragment or key-like path
+    segments."""
+    u = urllib.parse.urlsplit(url)
+    host = u.netloc.rpartition("@")[2]
+    netloc = f"{REDACTED}@{host}" if "@" in u.netloc else host
+    path = "/".join(REDACTED if _KEY_SEGMENT.fullmatch(seg) else seg for seg in u.path.split("/"))
+    query = "&".join(f"{name}={REDACTED}" if sep else name
+                     for name, sep, _ in (item.partition("=") for item in u.query.split("&") if item))
+    return urllib.parse.urlunsplit((u.scheme, netloc, path, query, ""))

@@ -2,6 +2,7 @@
 and from the trace JSON, and bad files get errors that say what is wrong."""
 import gzip
 import json
+import os
 import subprocess
 import sys
 import time
@@ -148,3 +149,51 @@ def test_cli_prints_json_with_verdict_on_top(fixture_dir):
                         str(FIXTURE / "traces" / "pcie_h2d_d2h"), "--json"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["verdict"] == "communication-bound"
+
+
+def test_a_profiling_session_is_one_trace_per_host_read_from_its_xspace(fixture_dir, tmp_path):
+    """Found in a trial: six JAX profiles were `18 traces` (the XSpace, the
+    trace JSON and the perfetto trace of each session counted apart)."""
+    from gpuscope.collectors.trace_files import profiles_at, traces_at
+    found = profiles_at(FIXTURE / "traces")
+    assert len(found) == 6 and all(p.path.name == "vm.xplane.pb" for p in found)
+    assert found[0].path.parent.name == "2026_11_29_22_01_18"                            # the newest session first
+    assert sorted(f.name for f in found[0].same) == ["perfetto_trace.json.gz", "vm.trace.json.gz"]
+    assert traces_at(FIXTURE / "traces") == [p.path for p in found]
+    # several hosts in one run directory: one trace each; the perfetto trace cannot be told whose
+    src = (_run_dir("matmul_bf16") / "vm.xplane.pb").read_bytes()
+    run = tmp_path / "plugins" / "profile" / "2026_02_01_00_00_00"
+    run.mkdir(parents=True)
+    for host in ("h1", "h2"):
+        (run / f"{host}.xplane.pb").write_bytes(src)
+        (run / f"{host}.trace.json.gz").write_bytes(gzip.compress(b'{"traceEvents": []}'))
+    (run / "perfetto_trace.json.gz").write_bytes(gzip.compress(b'{"traceEvents": []}'))
+    names = sorted(p.path.name for p in profiles_at(tmp_path))
+    assert names == ["h1.xplane.pb", "h2.xplane.pb", "perfetto_trace.json.gz"]
+
+
+def test_only_files_that_look_like_traces_are_counted(tmp_path):
+    """Found in a trial: `in/ holds 2 traces; summarizing in/weird.json`,
+    then an error: any .json counted as a trace."""
+    from gpuscope.collectors.trace_files import traces_at
+    (tmp_path / "weird.json").write_text('{"model": "llama", "layers": 32}')
+    (tmp_path / "config.json.gz").write_bytes(gzip.compress(b'{"a": 1}'))
+    (tmp_path / "notes.txt").write_text("hello")
+    os.mkfifo(tmp_path / "pipe.json")                            # never opened: it would block
+    with pytest.raises(TraceError, match="no .xplane.pb or trace JSON below it"):
+        traces_at(tmp_path)
+    (tmp_path / "exported.json").write_text(' {"traceEvents": [], "displayTimeUnit": "ns"}')
+    (tmp_path / "array.json.gz").write_bytes(gzip.compress(b'[{"ph": "X"}]'))
+    (tmp_path / "rank0.1.pt.trace.json").write_text('{"schemaVersion": 1}')
+    assert sorted(p.name for p in traces_at(tmp_path)) == ["array.json.gz", "exported.json", "rank0.1.pt.trace.json"]
+
+
+def test_a_recording_given_as_a_trace_is_told_apart(fixture_dir, tmp_path):
+    from gpuscope.collectors.trace_files import traces_at
+    for path in (FIXTURE / "samples.csv", FIXTURE / "nvidia_smi.csv"):
+        with pytest.raises(TraceError, match=r"not a trace: .*\(gpuscope classify reads recordings"):
+            load_trace(path)
+    renamed = tmp_path / "gpus.log"
+    renamed.write_bytes((FIXTURE / "nvidia_smi.csv").read_bytes()[:4000])
+    with pytest.raises(TraceError, match="not a trace"):
+        traces_at(renamed)

@@ -91,3 +91,72 @@ def test_windows_without_an_activity_reading_are_said_not_dropped(tmp_path):
     data = json.loads(subprocess.run(cli + ["--json"], capture_output=True, text=True, timeout=60).stdout)
     assert [w["start"] - t0 for w in data["unjudged"]] == [5.0] and len(data["windows"]) == 2
     assert data["ignored_columns"] == ["pstate"]
+
+
+def _log(tmp_path, lines, name="gpus.csv", end="\n"):
+    p = tmp_path / name
+    p.write_text("\n".join(lines) + end)
+    return p
+
+
+def _row(i, gpu=0):
+    t0 = time.mktime(time.strptime("2026/11/30 12:00:00", "%Y/%m/%d %H:%M:%S"))
+    ts = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(t0 + i)) + ".100"
+    return f"{ts}, {gpu}, 96 %, 30 %, 690.5 W, 1980 MHz, 80000 MiB, 62, 0x0000000000000000, P0"
+
+
+def test_a_truncated_last_line_is_dropped_with_a_warning_that_names_it(tmp_path):
+    """Found in a trial: `nvidia-smi -l` killed mid-write left a short last
+    line and the whole log was refused (`trunc.csv:122: 3 cells where the
+    header has 6`)."""
+    rows = [HEADER] + [_row(i) for i in range(5)]
+    p = _log(tmp_path, rows + [_row(5)[:30]], "trunc.csv", end="")
+    r = read_recording(p)
+    assert len(r) == 5
+    assert len(r.warnings) == 1 and f"{p}:7" in r.warnings[0] and "dropped" in r.warnings[0]
+    assert read_recording(_log(tmp_path, rows, "whole.csv")).warnings == []
+
+
+def test_a_truncated_line_in_the_middle_is_still_an_error(tmp_path):
+    rows = [HEADER, _row(0), _row(1)[:30], _row(2)]
+    with pytest.raises(RecordingError, match=r"mid.csv:3: 3 cells where the header has 10"):
+        read_recording(_log(tmp_path, rows, "mid.csv"))
+
+
+def test_logs_appended_with_a_repeated_header_read_through(tmp_path):
+    """`nvidia-smi ... >> gpus.csv` run twice writes the header twice."""
+    nounits = HEADER.replace(" [%]", "").replace(" [W]", "").replace(" [MHz]", "").replace(" [MiB]", "")
+    rows = [HEADER, _row(0), _row(1), HEADER, _row(2), nounits,
+            _row(3).replace(" %", "").replace(" W", "").replace(" MHz", "").replace(" MiB", "")]
+    r = read_recording(_log(tmp_path, rows))
+    assert len(r) == 4 and r.warnings == []
+    assert r.metrics["util_gpu_ratio"] == pytest.approx([0.96] * 4)
+    assert r.metrics["mem_used_bytes"] == pytest.approx([80000 * 2**20] * 4)
+
+
+def test_a_header_of_other_fields_mid_file_is_an_error_naming_the_line(tmp_path):
+    rows = [HEADER, _row(0), "timestamp, index, power.draw [W]", "2026/11/30 12:00:05.000, 0, 1 W"]
+    with pytest.raises(RecordingError,
+                       match=r"other.csv:3: a header with other fields than line 1.s \(without utilization.gpu, "):
+        read_recording(_log(tmp_path, rows, "other.csv"))
+
+
+def test_classify_says_the_dropped_line_on_stderr(tmp_path):
+    import subprocess
+    import sys
+    rows = [HEADER] + [_row(i) for i in range(20)]
+    p = _log(tmp_path, rows + [_row(20)[:30]], "trunc.csv", end="")
+    out = subprocess.run([sys.executable, "-m", "gpuscope.daemon.cli", "classify", str(p)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert f"{p}:22" in out.stderr and "compute-bound" in out.stdout
+
+
+def test_classify_of_a_directory_says_it_reads_one_file(tmp_path):
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "gpuscope.daemon.cli", "classify", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "Errno" not in out.stderr
+    assert f"{tmp_path}: is a directory: classify reads one recording file" in out.stderr
+    assert "(docs/recordings.md)" in out.stderr

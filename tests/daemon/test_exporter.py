@@ -103,3 +103,46 @@ def test_beyond_loopback_only_tls_with_a_client_certificate(tmp_path, agent):
             serve(f"127.0.0.1:{busy.server_port}", registry(AgentCollector(agent)))
     finally:
         busy.shutdown()
+
+
+def test_an_analyzer_says_its_alert_receivers_and_counts_their_deliveries(tmp_path):
+    """Found in a trial: nothing at start-up said which receivers were
+    configured, and nothing counted what reached them."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from tests.analyzers.test_alerts import Receiver_
+    am = Receiver_()
+    port, metrics = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "gpuscope.daemon.cli", "analyzer", "--insecure",
+                             "--db", str(tmp_path / "a.duckdb"), "--listen", f"127.0.0.1:{port}",
+                             "--metrics-listen", f"127.0.0.1:{metrics}",
+                             "--alertmanager", am.url.replace("//", "//admin:hunter2@") + "/api/v2/alerts",
+                             "--alert-webhook", f"http://127.0.0.1:{free_port()}/hook?token=abc"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        def scrape():
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
+            except OSError:
+                return None
+        text = wait_for(scrape, timeout=60)
+        fams = _families(text)
+        where = am.url.replace("//", "//<redacted>@") + "/api/v2/alerts"
+        sent = {s.labels["receiver"]: s.value for s in fams["gpuscope_alerts_sent"].samples}
+        assert len(sent) == 2 and sent[where] == 0
+        assert [r for r in sent if r != where][0].endswith("/hook?token=<redacted>")
+        assert {s.name for s in fams["gpuscope_alerts_retried"].samples} == {"gpuscope_alerts_retried_total"}
+        assert {s.labels["reason"] for s in fams["gpuscope_alerts_dropped"].samples} >= {"expired", "rate-limit"}
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        am.close()
+    assert proc.returncode == 0, err[-2000:]
+    assert f"alerts (alertmanager) to {where}: warning and above" in err
+    assert "alerts (json) to http://127.0.0.1:" in err and "hook?token=<redacted>" in err
+    assert "hunter2" not in err and "token=abc" not in err

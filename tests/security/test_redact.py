@@ -99,3 +99,24 @@ def test_secrets_never_leave_the_agent():
     p = ProcessRecord(pid=7, command="python3 train.py --hf-token=hf_SECRET --lr 3e-4")
     b = encode_batch("h", "b", 1, [GpuSample(0, time.time(), {"power_watts": 1.0}, [p])], [DeviceInfo(gpu=0)])
     assert [x.command for x in b.processes] == ["python3 train.py --hf-token=<redacted> --lr 3e-4"]
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("http://alertmanager:9093/api/v2/alerts", "http://alertmanager:9093/api/v2/alerts"),
+    ("https://user:hunter2@am.example:9093/api/v2/alerts", "https://<redacted>@am.example:9093/api/v2/alerts"),
+    ("https://ghp_abc123@hooks.example/gpus", "https://<redacted>@hooks.example/gpus"),
+    ("https://hooks.slack.com/services/T0AAAA1/B0BBBB2/Xk4rT9qLmN2vB7wP1sZ8yH3c",
+     "https://hooks.slack.com/services/T0AAAA1/B0BBBB2/<redacted>"),
+    ("https://chat.googleapis.com/v1/spaces/AAA/messages?key=AIzaSy123&token=abc%3D",
+     "https://chat.googleapis.com/v1/spaces/AAA/messages?key=<redacted>&token=<redacted>"),
+    ("https://outlook.office.com/webhook/0f8fad5b-d9cb-469f-a165-70867728950e@x/IncomingWebhook/x#frag",
+     "https://outlook.office.com/webhook/<redacted>/IncomingWebhook/x"),
+    ("https://hooks.slack.com/services/T0AAAA1/B0BBBB2/XkrTqLmNvBwPsZyHcQdRfGtJ",
+     "https://hooks.slack.com/services/T0AAAA1/B0BBBB2/<redacted>"),
+    ("http://[::1]:8080/hook", "http://[::1]:8080/hook"),
+])
+def test_urls_shown_without_their_secrets(url, shown):
+    """Webhook URLs carry their credential in the user info, the query or a
+    path segment (Slack, Teams): what is logged keeps where, not the key."""
+    from gpuscope.security.redact import redact_url
+    assert redact_url(url) == shown
