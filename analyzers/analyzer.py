@@ -106,6 +106,7 @@ class Analyzer:
         self.live = LiveWindows(self.window_s)
         self.gpus: dict[tuple[str, int], GpuState] = {}
         self._names: dict[tuple[str, int], str] = {}
+        self._sources: dict[tuple[str, int], str] = {}     # where each GPU's samples come from
         self._lost: set[tuple[str, int]] = set()
         self._dirty: set[tuple[str, int]] = set()      # GPUs whose state changed since the last snapshot
         self._status_dirty: set[tuple[str, int]] = set()   # ... since the last _publish_status
@@ -164,6 +165,7 @@ class Analyzer:
             d = devices.get(key)
             if d is not None:
                 self._names[key] = d["name"]
+                self._sources[key] = d.get("source") or ""
                 if d["lost"]:
                     self._lost.add(key)
             st = self._state(*key)
@@ -269,9 +271,11 @@ class Analyzer:
         for b in batches:
             for d in b.devices:
                 key = (b.host, d.gpu)
-                if self._names.get(key) != d.name or (d.lost and key not in self._lost):
+                if self._names.get(key) != d.name or self._sources.get(key) != d.source or \
+                        (d.lost and key not in self._lost):
                     self._status_dirty.add(key)
                 self._names[key] = d.name
+                self._sources[key] = d.source
                 if d.lost:
                     self._lost.add(key)
             newest_of = self.live.add(b, now)
@@ -314,7 +318,7 @@ class Analyzer:
             judged[host] = max(judged.get(host, c.end), c.end)
             windows.append((host, c.gpu, c.start, c.end, c.verdict, c.confidence,
                             json.dumps(c.flags) if c.flags else "[]", c.summary))
-            for f in self.findings.observe(host, c, job, owner):
+            for f in self.findings.observe(host, c, job, owner, self._sources.get((host, c.gpu), "")):
                 if f["end"] is None and self._findings_stored.get(f["id"]) == _stored(f):
                     self._findings_dirty[f["id"]] = f          # only extended: written with the snapshot
                     continue
@@ -567,7 +571,8 @@ class Analyzer:
         st = self.gpus[key]
         f = self.findings.open.get(key)
         return GpuRow(st.host, st.gpu, self._names.get(key, ""), st.verdict, st.confidence, st.flags,
-                      st.last_sample, st.last_arrival, f["id"] if f else None, key in self._lost)
+                      st.last_sample, st.last_arrival, f["id"] if f else None, key in self._lost,
+                      self._sources.get(key, ""))
 
     def _totals(self) -> dict:
         w = self.writer

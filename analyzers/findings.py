@@ -70,12 +70,15 @@ class FindingsTracker:
             if serving:
                 self._serving[f["id"]] = serving
 
-    def observe(self, host: str, c: Classification, job: str, owner: dict[str, str] | None = None) -> list[dict]:
+    def observe(self, host: str, c: Classification, job: str, owner: dict[str, str] | None = None,
+                source: str = "") -> list[dict]:
         """Returns the findings that changed (closed, opened or extended).
         A transitional window (rules/transitional.py) changes none: the
         windows on either side of the change say what each regime is.
         `owner`: the job's attribution (pod, Slurm job, user...), which a
-        finding carries as `attribution` and follows with its job."""
+        finding carries as `attribution` and follows with its job. `source`:
+        where the GPU's counters come from ("dcgm (profiling)"), the
+        newest window's."""
         if TRANSITIONAL in c.flags:
             return []
         key = (host, c.gpu)
@@ -106,7 +109,8 @@ class FindingsTracker:
             # the windows' mean confidence, times the share that voted for the verdict: an episode split
             # between launch- and host-bound is not 1.00 sure of either (found in a trial)
             cur.update(windows=n, confidence=round(summed / n * votes[majority] / n, 3),
-                       counters_verdict=majority, last_window_end=max(c.end, self.last_end(cur)))
+                       counters_verdict=majority, last_window_end=max(c.end, self.last_end(cur)),
+                       source=source or cur.get("source") or "")
             if job:                        # a window without processes keeps the job it had
                 cur["job"], cur["attribution"] = job, owner or {}
             if c.flags and not set(c.flags) <= set(cur["flags"]):
@@ -134,7 +138,8 @@ class FindingsTracker:
                      start=c.start, end=None, confidence=c.confidence, windows=1,
                      evidence=dict(c.evidence), flags=list(c.flags), summary=c.summary,
                      alternatives=list(c.alternatives), decided_by="counters", counters_verdict=c.verdict,
-                     trace_verdict=None, captures=[], last_window_end=c.end, attribution=owner or {})
+                     trace_verdict=None, captures=[], last_window_end=c.end, attribution=owner or {},
+                     source=source)
             self.open[key] = f
             self._first_summary[f["id"]], serving = _split_serving(c.summary)
             if serving:

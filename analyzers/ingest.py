@@ -64,7 +64,7 @@ MAX_CAPTURE_DURATION_MS = 3_600_000  # an hour; the agent caps traces at 60 s. F
 # -- strings (UTF-8 bytes) -----------------------------------------------------------
 MAX_HOST_BYTES = 253             # a DNS name; printable, no blanks
 MAX_TOKEN_LEN = 64               # boot_id, capture id: [A-Za-z0-9_-] (the agent sends 16 or 12 hex digits)
-MAX_LABEL_BYTES = 256            # device uuid/name/architecture; capture target, status, trigger, kind
+MAX_LABEL_BYTES = 256            # device uuid/name/architecture/source; capture target, status, trigger, kind
 MAX_DETAIL_BYTES = 4096          # health detail, capture error: longer is refused, not cut (see module doc)
 MAX_PATH_BYTES = 4096            # Linux PATH_MAX
 MAX_COMMAND_BYTES = 4096         # a stored command line; longer ones are cut, ending in TRUNCATED
@@ -144,6 +144,7 @@ class DeviceFacts(NamedTuple):
     pcie_width: int | None
     gpm_supported: bool
     lost: bool
+    source: str = ""                 # where its samples come from (an older agent sends none)
 
 
 @dataclass
@@ -274,7 +275,7 @@ def decode(batch: pb.SampleBatch, now: float | None = None) -> DecodedBatch:
 def _facts(d: pb.Device) -> "DeviceFacts":
     opt = lambda f: getattr(d, f) if d.HasField(f) else None  # noqa: E731
     return DeviceFacts(d.gpu, d.uuid, d.name, d.architecture, opt("memory_total_bytes"), opt("power_limit_watts"),
-                       opt("pcie_generation"), opt("pcie_width"), d.gpm_supported, d.lost)
+                       opt("pcie_generation"), opt("pcie_width"), d.gpm_supported, d.lost, d.source)
 
 
 def _check_header(batch: pb.SampleBatch) -> None:
@@ -318,7 +319,7 @@ def _check_devices(batch: pb.SampleBatch) -> set[int]:
         if d.gpu in known:
             raise BatchError(f"{where}.gpu: GPU {d.gpu} is listed twice")
         known.add(d.gpu)
-        for name in ("uuid", "name", "architecture"):
+        for name in ("uuid", "name", "architecture", "source"):
             _string(f"{where}.{name}", getattr(d, name), MAX_LABEL_BYTES, _label_problem)
         if d.HasField("memory_total_bytes"):
             _bigint(f"{where}.memory_total_bytes", d.memory_total_bytes)

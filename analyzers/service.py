@@ -78,7 +78,7 @@ def finding_pb(f: dict) -> apb.Finding:
                                           decided_by=f["decided_by"] or "",
                                           counters_verdict=f.get("counters_verdict") or f["verdict"],
                                           trace_verdict=f.get("trace_verdict") or "",
-                                          captures=f.get("captures") or []))
+                                          captures=f.get("captures") or [], source=f.get("source") or ""))
     if f["end"] is not None:
         m.end = f["end"]
     return m
@@ -241,7 +241,8 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         for g in s["gpus"]:
             m = out.gpus.add(host=g["host"], gpu=g["gpu"], name=g["name"] or "", verdict=g["verdict"],
                              confidence=g["confidence"], last_sample=g["last_sample"], flags=g["flags"],
-                             lost=g["lost"], stale=g["stale"], last_seen_age_seconds=g["last_seen_age_s"] or 0.0)
+                             lost=g["lost"], stale=g["stale"], last_seen_age_seconds=g["last_seen_age_s"] or 0.0,
+                             source=g.get("source") or "")
             if g["open_finding"]:
                 m.open_finding = g["open_finding"]
         return out

@@ -30,6 +30,7 @@ class GpuRow(NamedTuple):
     last_arrival: float           # the analyzer's clock; 0: never heard from
     open_finding: str | None
     lost: bool
+    source: str = ""              # where its samples come from (the agent's words)
 
 
 def summarize(arrivals: Iterable[tuple[Key, float]], row_of: Callable[[Key], GpuRow], totals: dict,
@@ -60,7 +61,7 @@ def summarize(arrivals: Iterable[tuple[Key, float]], row_of: Callable[[Key], Gpu
         age = now - r.last_arrival if r.last_arrival else None
         gpus.append(dict(host=r.host, gpu=r.gpu, name=r.name, verdict=r.verdict, confidence=r.confidence,
                          flags=list(r.flags), last_sample=r.last_sample, open_finding=r.open_finding, lost=r.lost,
-                         stale=age is None or age > stale_after_s, last_seen_age_s=age))
+                         stale=age is None or age > stale_after_s, last_seen_age_s=age, source=r.source))
     return dict(totals, hosts=len(host_fresh), hosts_stale=sum(1 for fresh in host_fresh.values() if not fresh),
                 gpus=gpus, gpus_total=total, gpus_matching=matching, gpus_stale=stale_n)
 

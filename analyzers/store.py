@@ -20,14 +20,16 @@ from gpuscope.collectors.records import ATTRIBUTION_FIELDS
 
 from .seqset import SeqSet
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # Columns added after a table first shipped: files created earlier gain them on open.
 ADDED_COLUMNS = {"findings": ("counters_verdict", "trace_verdict", "captures",     # 2: captures refine findings
                               "absorbed_until DOUBLE",        # 5: the last window end the row's numbers hold
-                              "attribution"),                 # 6: whose the job is (JSON of its known labels)
+                              "attribution",                  # 6: whose the job is (JSON of its known labels)
+                              "source"),                      # 7: where the counters that decided came from
                  "captures": ("kind",),                                          # 3: capture kinds
                  "agents": ("committed",),                                       # 4: exact committed seqs
-                 "processes": ATTRIBUTION_FIELDS}                                # 6: whose each process is
+                 "processes": ATTRIBUTION_FIELDS,                                # 6: whose each process is
+                 "devices": ("source",)}                                         # 7: where its samples come from
 # What findings and queries group by, beside GPUs: the key's SQL over a findings row's
 # attribution JSON (NULL where the job's attribution does not say)
 _LABEL = "json_extract_string(attribution, '$.{}')"
@@ -55,12 +57,12 @@ AGGREGATES = {"mean": "avg({m})", "min": "min({m})", "max": "max({m})",
               "p99": "quantile_cont({m}, 0.99)", "last": "arg_max({m}, t)"}
 AGENT_COLUMNS = ("host", "boot_id", "max_seq", "last_seen", "dropped_samples", "committed")
 DEVICE_COLUMNS = ("host", "gpu", "uuid", "name", "architecture", "memory_total_bytes", "power_limit_watts",
-                  "pcie_generation", "pcie_width", "gpm_supported", "lost", "last_seen")
+                  "pcie_generation", "pcie_width", "gpm_supported", "lost", "source", "last_seen")
 HEALTH_COLUMNS = ("host", "gpu", "t", "kind", "detail", "code")
 WINDOW_COLUMNS = ("host", "gpu", "start", "end", "verdict", "confidence", "flags", "summary")
 FINDING_COLUMNS = ("id", "host", "gpu", "job", "verdict", "start", "end", "confidence",
                    "windows", "evidence", "flags", "summary", "alternatives", "decided_by",
-                   "counters_verdict", "trace_verdict", "captures", "absorbed_until", "attribution")
+                   "counters_verdict", "trace_verdict", "captures", "absorbed_until", "attribution", "source")
 VERDICT_PAIR_COLUMNS = ("capture_id", "t", "host", "gpu", "model", "counters_verdict", "counters_confidence",
                         "trace_verdict", "trace_confidence", "finding_id")
 ANOMALY_COLUMNS = ("id", "t", "host", "gpu", "job", "kind", "kinds", "reason", "details", "finding_id")

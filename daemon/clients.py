@@ -91,7 +91,7 @@ def finding_dict(f: apb.Finding) -> dict:
                 flags=list(f.evidence.flags), summary=f.evidence.summary,
                 alternatives=list(f.evidence.alternatives), decided_by=f.evidence.decided_by,
                 counters_verdict=f.evidence.counters_verdict or f.verdict, trace_verdict=f.evidence.trace_verdict or None,
-                captures=list(f.evidence.captures))
+                captures=list(f.evidence.captures), source=f.evidence.source or None)
 
 
 def _record_dict(r) -> dict:

@@ -83,7 +83,8 @@ def cmd_status(ns) -> int:
               f"{'connected' if s['uplink_connected'] else 'DISCONNECTED'} to {s['analyzer']}, "
               f"dropped {s['dropped_samples']}, unacked {s['unacked_samples']}")
         for d in s.get("devices", []):
-            print(f"  gpu{d.get('gpu', 0)} {d.get('name', '')} {'LOST' if d.get('lost') else ''}")
+            print(f"  gpu{d.get('gpu', 0)} {d.get('name', '')}{' LOST' if d.get('lost') else ''}"
+                  + (f" — source: {d['source']}" if d.get("source") else ""))
         if s.get("attribution"):
             print("  whose jobs (attribution sources):")
             for source, state in sorted(s["attribution"].items()):
@@ -97,12 +98,13 @@ def cmd_status(ns) -> int:
           f"{human.many(s['agents_connected'], 'agent')} on the command stream, analysis lag "
           f"{s.get('analysis_lag_seconds', 0):.0f} s, db {s['db_path']}")
     if s.get("gpus"):
-        print(f"  {'HOST/GPU':<20} {'VERDICT':<20} {'CONF':>4} {'SEEN':<12} FLAGS")
+        print(f"  {'HOST/GPU':<20} {'VERDICT':<20} {'CONF':>4} {'SEEN':<12} {'FLAGS':<18} SOURCE")
     for g in s.get("gpus", []):
         last = seen(g.get("stale", False), g.get("last_seen_age_seconds"))
         where = f"{g['host']}/gpu{g.get('gpu', 0)}"
         print(f"  {where:<20} {g.get('verdict') or '-':<20} {g.get('confidence', 0):>4.2f} "
-              f"{last:<12} {','.join(g.get('flags', []))}{' LOST' if g.get('lost') else ''}")
+              f"{last:<12} {','.join(g.get('flags', [])) + (' LOST' if g.get('lost') else ''):<18} "
+              f"{g.get('source') or '-'}")
     shown, matching = len(s.get("gpus", [])), int(s.get("gpus_matching") or 0)
     if ns.host and not matching:
         print(f"  no GPUs of host {ns.host!r} (hosts are named as their agents send them)")
@@ -134,7 +136,8 @@ def cmd_findings(ns) -> int:
         owner = whose(f.get("attribution"))
         print(f"{f['id']} {f['host']}/gpu{f['gpu']} {f['verdict']:<20} {_when(f['start'])} -> {_when(f['end'])} "
               f"conf {f['confidence']:.2f}{trust}{flags}\n    job {f['job'] or '(no process seen)'}"
-              + (f" — {owner}" if owner else "") + f"\n    {f['summary']}")
+              + (f" — {owner}" if owner else "") + (f"; counters from {f['source']}" if f.get("source") else "")
+              + f"\n    {f['summary']}")
     return 0
 
 
@@ -505,7 +508,8 @@ def _said(metric: str, v: float | None) -> str:
 def render_report(rep: dict) -> str:
     f, c, v = rep["finding"], rep["counters"], rep["verdict"]
     trace = f"trace said {v['trace']}" if v["trace"] else "no trace judged it"
-    lines = [f"finding {f['id']}: {f['host']}/gpu{f['gpu']} {v['decided']} (decided by {v['by']}; counters said "
+    by = f"{v['by']} from {f['source']}" if v["by"] == "counters" and f.get("source") else v["by"]
+    lines = [f"finding {f['id']}: {f['host']}/gpu{f['gpu']} {v['decided']} (decided by {by}; counters said "
              f"{v['counters']}, {trace})",
              f"  {_when(f['start'])} -> {_when(f['end'])}, {human.many(f['windows'], 'window')}, confidence "
              f"{f['confidence']:.2f}, job {f['job'] or '-'}" + (f" — {whose(f.get('attribution'))}"

@@ -230,7 +230,7 @@ class CapturesResponse(_message.Message):
     def __init__(self, captures: _Optional[_Iterable[_Union[CaptureSummary, _Mapping]]] = ...) -> None: ...
 
 class Evidence(_message.Message):
-    __slots__ = ("numbers", "flags", "summary", "alternatives", "decided_by", "counters_verdict", "trace_verdict", "captures")
+    __slots__ = ("numbers", "flags", "summary", "alternatives", "decided_by", "counters_verdict", "trace_verdict", "captures", "source")
     class NumbersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -246,6 +246,7 @@ class Evidence(_message.Message):
     COUNTERS_VERDICT_FIELD_NUMBER: _ClassVar[int]
     TRACE_VERDICT_FIELD_NUMBER: _ClassVar[int]
     CAPTURES_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     numbers: _containers.ScalarMap[str, float]
     flags: _containers.RepeatedScalarFieldContainer[str]
     summary: str
@@ -254,7 +255,8 @@ class Evidence(_message.Message):
     counters_verdict: str
     trace_verdict: str
     captures: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, numbers: _Optional[_Mapping[str, float]] = ..., flags: _Optional[_Iterable[str]] = ..., summary: _Optional[str] = ..., alternatives: _Optional[_Iterable[str]] = ..., decided_by: _Optional[str] = ..., counters_verdict: _Optional[str] = ..., trace_verdict: _Optional[str] = ..., captures: _Optional[_Iterable[str]] = ...) -> None: ...
+    source: str
+    def __init__(self, numbers: _Optional[_Mapping[str, float]] = ..., flags: _Optional[_Iterable[str]] = ..., summary: _Optional[str] = ..., alternatives: _Optional[_Iterable[str]] = ..., decided_by: _Optional[str] = ..., counters_verdict: _Optional[str] = ..., trace_verdict: _Optional[str] = ..., captures: _Optional[_Iterable[str]] = ..., source: _Optional[str] = ...) -> None: ...
 
 class Finding(_message.Message):
     __slots__ = ("id", "host", "gpu", "job", "verdict", "start", "end", "confidence", "evidence", "windows", "attribution")
@@ -291,7 +293,7 @@ class StatusRequest(_message.Message):
     def __init__(self, host: _Optional[str] = ..., gpu_limit: _Optional[int] = ...) -> None: ...
 
 class GpuState(_message.Message):
-    __slots__ = ("host", "gpu", "name", "verdict", "confidence", "last_sample", "open_finding", "flags", "lost", "stale", "last_seen_age_seconds")
+    __slots__ = ("host", "gpu", "name", "verdict", "confidence", "last_sample", "open_finding", "flags", "lost", "stale", "last_seen_age_seconds", "source")
     HOST_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +305,7 @@ class GpuState(_message.Message):
     LOST_FIELD_NUMBER: _ClassVar[int]
     STALE_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     host: str
     gpu: int
     name: str
@@ -314,7 +317,8 @@ class GpuState(_message.Message):
     lost: bool
     stale: bool
     last_seen_age_seconds: float
-    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., name: _Optional[str] = ..., verdict: _Optional[str] = ..., confidence: _Optional[float] = ..., last_sample: _Optional[float] = ..., open_finding: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., lost: _Optional[bool] = ..., stale: _Optional[bool] = ..., last_seen_age_seconds: _Optional[float] = ...) -> None: ...
+    source: str
+    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., name: _Optional[str] = ..., verdict: _Optional[str] = ..., confidence: _Optional[float] = ..., last_sample: _Optional[float] = ..., open_finding: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., lost: _Optional[bool] = ..., stale: _Optional[bool] = ..., last_seen_age_seconds: _Optional[float] = ..., source: _Optional[str] = ...) -> None: ...
 
 class AnalyzerStatus(_message.Message):
     __slots__ = ("version", "started", "batches_committed", "batches_duplicate", "batches_rejected", "samples_committed", "hosts", "gpus", "findings_open", "db_path", "window_seconds", "anomalies", "decisions", "captures_in_flight", "agents_connected", "gpus_stale", "hosts_stale", "analysis_lag_seconds", "samples_stored", "gpus_total", "gpus_matching")
