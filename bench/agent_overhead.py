@@ -27,7 +27,9 @@ from gpuscope.daemon.agent import Agent, AgentConfig  # noqa: E402
 from gpuscope.daemon.uplink import Uplink, UplinkConfig  # noqa: E402
 from tests.fakes.nvml import FakeNvml, h200  # noqa: E402
 
-GPUS, HZ = 8, 10
+from agent_loop import HZ, started_agent, tight  # noqa: E402  (bench/, beside this file)
+
+GPUS = 8
 
 
 def fleet():
@@ -44,21 +46,8 @@ def rss_mb() -> float:
 
 def tight_loop(ticks: int) -> dict:
     fake = fleet()
-    agent = Agent(AgentConfig(host="bench", interval_s=0.1), NvmlCollector(nvml=fake, procstat=ProcStat()))
-    agent.collector.start()
-    up = Uplink(UplinkConfig(target="127.0.0.1:1"), "bench", "b", agent.devices)   # never started: no I/O
-    for _ in range(20):
-        agent._handle(agent.collector.scrape())
-    c0 = time.process_time()
-    for i in range(ticks):
-        s = agent.collector.scrape()
-        agent._handle(s)
-        up.submit(s.samples)
-        if i % HZ == HZ - 1:        # one batch a second, as the flusher does
-            up.flush()
-            up._unacked.clear()
-            up._unacked_samples = 0
-    cpu = time.process_time() - c0
+    agent, up = started_agent(NvmlCollector(nvml=fake, procstat=ProcStat()))
+    cpu = tight(agent, up, ticks)
     return dict(ticks=ticks, gpu_samples=ticks * GPUS, cpu_s=round(cpu, 3),
                 us_per_gpu_sample=round(cpu / (ticks * GPUS) * 1e6, 2), nvml_calls_per_tick=fake.calls / (ticks + 20))
 

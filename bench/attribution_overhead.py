@@ -36,13 +36,13 @@ from gpuscope.collectors.attribution import Attributor  # noqa: E402
 from gpuscope.collectors.kubelet import KubeletConfig, PodResources  # noqa: E402
 from gpuscope.collectors.nvml import NvmlCollector  # noqa: E402
 from gpuscope.collectors.procstat import ProcStat  # noqa: E402
-from gpuscope.daemon.agent import Agent, AgentConfig  # noqa: E402
 from gpuscope.daemon.convert import encode_batch  # noqa: E402
-from gpuscope.daemon.uplink import Uplink, UplinkConfig  # noqa: E402
 from gpuscope.k8s.podresources.v1 import api_pb2 as pr, api_pb2_grpc as pr_grpc  # noqa: E402
 from tests.fakes.nvml import FakeNvml, h200  # noqa: E402
 
-GPUS, HZ = 8, 10
+from agent_loop import HZ, started_agent, tight  # noqa: E402  (bench/, beside this file)
+
+GPUS = 8
 CID = "4f1c" + "0123456789abcdef" * 3 + "0123456789ab"
 POD = "8a3e2c1d-5b6f-4a7e-9c0d-1e2f3a4b5c6d"
 
@@ -85,27 +85,12 @@ class Kubelet(pr_grpc.PodResourcesListerServicer):
 def agent_for(root: Path, pids: dict[int, list[int]], attribution: Attributor | None):
     fake = FakeNvml([h200(util_gpu=90, util_mem=30, processes=[(p, 1 << 30) for p in pids[g]]) for g in range(GPUS)],
                     frozen=True)
-    agent = Agent(AgentConfig(host="bench", interval_s=0.1),
-                  NvmlCollector(nvml=fake, procstat=ProcStat(root), attribution=attribution))
-    agent.collector.start()
-    up = Uplink(UplinkConfig(target="127.0.0.1:1"), "bench", "b", agent.devices)   # never started: no I/O
-    for _ in range(20):                       # steady state: every process seen, read and cached
-        agent._handle(agent.collector.scrape())
-    return agent, up
+    return started_agent(NvmlCollector(nvml=fake, procstat=ProcStat(root), attribution=attribution))
 
 
-def tight(agent, up, ticks: int) -> float:
+def per_sample(agent, up, ticks: int) -> float:
     """CPU seconds per GPU-sample of `ticks` ticks."""
-    c0 = time.process_time()
-    for i in range(ticks):
-        s = agent.collector.scrape()
-        agent._handle(s)
-        up.submit(s.samples)
-        if i % HZ == HZ - 1:                  # one batch a second, as the flusher does
-            up.flush()
-            up._unacked.clear()
-            up._unacked_samples = 0
-    return (time.process_time() - c0) / (ticks * GPUS)
+    return tight(agent, up, ticks) / (ticks * GPUS)
 
 
 def isolated(root: Path, pids: dict[int, list[int]], pods, plain, attributed, repeats: int = 7) -> dict:
@@ -197,8 +182,8 @@ def main():
             assert sample[1].processes[0].attribution.slurm_job == "81235", sample[1].processes[0]
             without, with_ = [], []
             for _ in range(ns.rounds):        # interleaved: the machine's noise falls on both alike
-                without.append(tight(*plain, ns.ticks))
-                with_.append(tight(*attributed, ns.ticks))
+                without.append(per_sample(*plain, ns.ticks))
+                with_.append(per_sample(*attributed, ns.ticks))
             a, b = statistics.median(without) * 1e6, statistics.median(with_) * 1e6
             best_a, best_b = min(without) * 1e6, min(with_) * 1e6
             out = dict(date=time.strftime("%Y-%m-%d %H:%M"), machine=f"{platform.node()} {os.cpu_count()} cpu",

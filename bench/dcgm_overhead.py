@@ -27,12 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpuscope.collectors.dcgm import DcgmCollector, DcgmConfig  # noqa: E402
 from gpuscope.collectors.nvml import NvmlCollector, NvmlConfig  # noqa: E402
 from gpuscope.collectors.procstat import ProcStat  # noqa: E402
-from gpuscope.daemon.agent import Agent, AgentConfig  # noqa: E402
-from gpuscope.daemon.uplink import Uplink, UplinkConfig  # noqa: E402
 from tests.fakes import fake_dcgm  # noqa: E402
 from tests.fakes.nvml import FakeNvml, h200  # noqa: E402
 
-GPUS, HZ = 8, 10
+from agent_loop import HZ, started_agent, tight  # noqa: E402  (bench/, beside this file)
+
+GPUS = 8
 
 
 def fake_nvml() -> FakeNvml:
@@ -60,22 +60,9 @@ def dcgm_without_processes():
 
 def tight_loop(make, ticks: int) -> dict:
     collector, eng = make()
-    agent = Agent(AgentConfig(host="bench", interval_s=0.1), collector)
-    agent.collector.start()
-    up = Uplink(UplinkConfig(target="127.0.0.1:1"), "bench", "b", agent.devices)   # never started: no I/O
-    for _ in range(20):
-        agent._handle(agent.collector.scrape())
+    agent, up = started_agent(collector)
     metrics = len(agent.collector.scrape().samples[0].values)
-    c0 = time.process_time()
-    for i in range(ticks):
-        s = agent.collector.scrape()
-        agent._handle(s)
-        up.submit(s.samples)
-        if i % HZ == HZ - 1:        # one batch a second, as the flusher does
-            up.flush()
-            up._unacked.clear()
-            up._unacked_samples = 0
-    cpu = time.process_time() - c0
+    cpu = tight(agent, up, ticks)
     agent.collector.close()
     out = dict(us_per_gpu_sample=round(cpu / (ticks * GPUS) * 1e6, 2), metrics_per_sample=metrics)
     if eng is not None:
