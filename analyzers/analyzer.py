@@ -74,6 +74,13 @@ class AnalyzerConfig:
     history_s: float = 365 * 86400        # rollups, closed findings, anomalies, decisions, captures
 
 
+def _owner(f: dict | None) -> tuple[str, str]:
+    """(namespace, pod) of an open finding's job, for the status row: the
+    Prometheus verdict gauge carries them, as dcgm-exporter's series do."""
+    a = (f or {}).get("attribution") or {}
+    return a.get("namespace") or "", a.get("pod") or ""
+
+
 def _stored(f: dict) -> tuple:
     """What a query filters an open finding by, as last written: a change is
     written at once, not with the next snapshot (a job that takes over a GPU
@@ -107,6 +114,7 @@ class Analyzer:
         self.gpus: dict[tuple[str, int], GpuState] = {}
         self._names: dict[tuple[str, int], str] = {}
         self._sources: dict[tuple[str, int], str] = {}     # where each GPU's samples come from
+        self._uuids: dict[tuple[str, int], str] = {}
         self._lost: set[tuple[str, int]] = set()
         self._dirty: set[tuple[str, int]] = set()      # GPUs whose state changed since the last snapshot
         self._status_dirty: set[tuple[str, int]] = set()   # ... since the last _publish_status
@@ -166,6 +174,7 @@ class Analyzer:
             if d is not None:
                 self._names[key] = d["name"]
                 self._sources[key] = d.get("source") or ""
+                self._uuids[key] = d.get("uuid") or ""
                 if d["lost"]:
                     self._lost.add(key)
             st = self._state(*key)
@@ -276,6 +285,7 @@ class Analyzer:
                     self._status_dirty.add(key)
                 self._names[key] = d.name
                 self._sources[key] = d.source
+                self._uuids[key] = d.uuid
                 if d.lost:
                     self._lost.add(key)
             newest_of = self.live.add(b, now)
@@ -572,7 +582,7 @@ class Analyzer:
         f = self.findings.open.get(key)
         return GpuRow(st.host, st.gpu, self._names.get(key, ""), st.verdict, st.confidence, st.flags,
                       st.last_sample, st.last_arrival, f["id"] if f else None, key in self._lost,
-                      self._sources.get(key, ""))
+                      self._sources.get(key, ""), self._uuids.get(key, ""), _owner(f))
 
     def _totals(self) -> dict:
         w = self.writer

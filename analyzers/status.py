@@ -31,6 +31,8 @@ class GpuRow(NamedTuple):
     open_finding: str | None
     lost: bool
     source: str = ""              # where its samples come from (the agent's words)
+    uuid: str = ""
+    owner: tuple[str, str] = ("", "")    # (namespace, pod) of the open finding's job
 
 
 def summarize(arrivals: Iterable[tuple[Key, float]], row_of: Callable[[Key], GpuRow], totals: dict,
@@ -61,7 +63,8 @@ def summarize(arrivals: Iterable[tuple[Key, float]], row_of: Callable[[Key], Gpu
         age = now - r.last_arrival if r.last_arrival else None
         gpus.append(dict(host=r.host, gpu=r.gpu, name=r.name, verdict=r.verdict, confidence=r.confidence,
                          flags=list(r.flags), last_sample=r.last_sample, open_finding=r.open_finding, lost=r.lost,
-                         stale=age is None or age > stale_after_s, last_seen_age_s=age, source=r.source))
+                         stale=age is None or age > stale_after_s, last_seen_age_s=age, source=r.source,
+                         uuid=r.uuid, namespace=r.owner[0], pod=r.owner[1]))
     return dict(totals, hosts=len(host_fresh), hosts_stale=sum(1 for fresh in host_fresh.values() if not fresh),
                 gpus=gpus, gpus_total=total, gpus_matching=matching, gpus_stale=stale_n)
 

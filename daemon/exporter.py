@@ -108,8 +108,10 @@ class FleetCollector:
 
     def collect(self) -> Iterable:
         s = self._status()
+        # uuid, namespace and pod as dcgm-exporter labels its series, so the two join; the pod is the
+        # open finding's job's (empty when none): bounded by pods, never by pids or requests
         verdict = GaugeMetricFamily(PREFIX + "gpu_verdict", "1 on the GPU's current verdict (of its last window)",
-                                    labels=["host", "gpu", "verdict"])
+                                    labels=["host", "gpu", "uuid", "namespace", "pod", "verdict"])
         conf = GaugeMetricFamily(PREFIX + "gpu_verdict_confidence", "confidence of that verdict (0-1)",
                                  labels=["host", "gpu"])
         stale = GaugeMetricFamily(PREFIX + "gpu_stale", "1 while no sample of the GPU has arrived for 3 windows",
@@ -118,7 +120,8 @@ class FleetCollector:
         for g in s["gpus"]:
             host, gpu = g["host"], str(g["gpu"])
             for v in VERDICTS:
-                verdict.add_metric([host, gpu, v], 1.0 if g["verdict"] == v else 0.0)
+                verdict.add_metric([host, gpu, g.get("uuid") or "", g.get("namespace") or "", g.get("pod") or "", v],
+                                   1.0 if g["verdict"] == v else 0.0)
             conf.add_metric([host, gpu], g["confidence"])
             stale.add_metric([host, gpu], 1.0 if g.get("stale") else 0.0)
             if g.get("open_finding") and g["verdict"] in open_by:

@@ -67,13 +67,17 @@ def test_missing_is_absent_and_short_lived_processes_add_no_series(agent):
 
 
 def test_the_fleet_view_is_a_verdict_per_gpu():
-    status = dict(gpus=[dict(host="h", gpu=0, verdict="memory-bound", confidence=0.8, stale=False, open_finding="f1"),
+    status = dict(gpus=[dict(host="h", gpu=0, verdict="memory-bound", confidence=0.8, stale=False, open_finding="f1",
+                             uuid="GPU-0a", namespace="ml", pod="trainer-0"),
                         dict(host="h", gpu=1, verdict="", confidence=0.0, stale=True, open_finding=None)],
                   samples_committed=10, batches_committed=2, batches_rejected=0, anomalies=1, analysis_lag_seconds=0.5)
     from prometheus_client import generate_latest
     fams = _families(generate_latest(registry(FleetCollector(lambda: status))).decode())
     on = {(s.labels["gpu"], s.labels["verdict"]) for s in fams["gpuscope_gpu_verdict"].samples if s.value == 1}
     assert on == {("0", "memory-bound")}                                 # warming up: no verdict on
+    first = next(s for s in fams["gpuscope_gpu_verdict"].samples if s.value == 1)
+    assert {k: first.labels[k] for k in ("uuid", "namespace", "pod")} == dict(uuid="GPU-0a", namespace="ml",
+                                                                              pod="trainer-0")
     assert {s.labels["verdict"]: s.value for s in fams["gpuscope_findings_open"].samples}["memory-bound"] == 1
     assert [s.value for s in fams["gpuscope_gpu_stale"].samples] == [0.0, 1.0]
 
