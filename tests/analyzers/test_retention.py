@@ -53,8 +53,8 @@ def _fill(path) -> tuple[pa.Table, pa.Table]:
                       ("h", 0, NEW, NEW + 5, "compute-bound", 0.9, "[]", "")])
     s.upsert_agents([("h", "old-boot", 10, OLD + 100, 0, "1-10"), ("h", "new-boot", 10, NOW - 5, 0, "1-10"),
                      ("g", "only-boot", 10, OLD + 100, 0, "1-10")])
-    s.upsert_devices([("h", 0, "u0", "NVIDIA H200", "hopper", None, None, None, None, True, False, NOW - 5),
-                      ("g", 0, "u1", "NVIDIA H200", "hopper", None, None, None, None, True, False, OLD + 100)])
+    s.upsert_devices([("h", 0, "u0", "NVIDIA H200", "hopper", None, None, None, None, True, False, "nvml", NOW - 5),
+                      ("g", 0, "u1", "NVIDIA H200", "hopper", None, None, None, None, True, False, "nvml", OLD + 100)])
     f = dict(id="f-old", host="h", gpu=0, job="", verdict="compute-bound", start=NOW - 400 * DAY,
              end=NOW - 399 * DAY, confidence=0.9, windows=3, evidence={}, flags=[], summary="",
              alternatives=[], decided_by="counters", counters_verdict="compute-bound", trace_verdict=None,
