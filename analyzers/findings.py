@@ -77,8 +77,9 @@ class FindingsTracker:
         windows on either side of the change say what each regime is.
         `owner`: the job's attribution (pod, Slurm job, user...), which a
         finding carries as `attribution` and follows with its job. `source`:
-        where the GPU's counters come from ("dcgm (profiling)"), the
-        newest window's."""
+        where the GPU's counters come from ("dcgm (profiling)"); a finding
+        keeps its first window's, so a later outage of the source does not
+        rewrite what decided it (found in a trial)."""
         if TRANSITIONAL in c.flags:
             return []
         key = (host, c.gpu)
@@ -110,7 +111,7 @@ class FindingsTracker:
             # between launch- and host-bound is not 1.00 sure of either (found in a trial)
             cur.update(windows=n, confidence=round(summed / n * votes[majority] / n, 3),
                        counters_verdict=majority, last_window_end=max(c.end, self.last_end(cur)),
-                       source=source or cur.get("source") or "")
+                       source=cur.get("source") or source)
             if job:                        # a window without processes keeps the job it had
                 cur["job"], cur["attribution"] = job, owner or {}
             if c.flags and not set(c.flags) <= set(cur["flags"]):

@@ -713,6 +713,9 @@ def _where_host_gpu(where: list[str], args: list, host: str, gpu: int | None) ->
 
 
 def _arrow(names: Sequence[str], rows: Sequence[tuple]) -> pa.Table:
+    short = next((r for r in rows if len(r) != len(names)), None)
+    if short is not None:        # zip would shift every later value into the wrong column, silently
+        raise ValueError(f"a row of {len(short)} values for {len(names)} columns ({', '.join(names)})")
     cols = list(zip(*rows))
     # an all-None column has no type for Arrow to infer; DuckDB casts on insert
     return pa.table({n: pa.array(list(c), type=pa.null() if all(v is None for v in c) else None)

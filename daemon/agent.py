@@ -69,6 +69,7 @@ class Agent:
         self._scheduler: BackgroundScheduler | None = None
         self.ticks = self.samples = self.overruns = 0
         self.latest: dict[int, dict[str, float]] = {}
+        self.latest_at: dict[int, float] = {}      # each GPU's newest sample time
         self.errors: dict[str, int] = {}
         self.last_error = ""
         self.health: collections.deque[HealthRecord] = collections.deque(maxlen=256)
@@ -147,6 +148,7 @@ class Agent:
                 self._ring.extend(scrape.samples)
                 for smp in scrape.samples:         # each GPU's newest value of each metric (daemon/exporter.py)
                     self.latest.setdefault(smp.gpu, {}).update(smp.values)
+                    self.latest_at[smp.gpu] = max(self.latest_at.get(smp.gpu, 0.0), smp.t)
             self.samples += len(scrape.samples)
         for key, n in scrape.errors.items():
             self._count_error(key, n)

@@ -79,8 +79,9 @@ def cmd_status(ns) -> int:
         print_json(s)
         return 0
     if s["kind"] == "agent":
-        print(f"agent {s['host']} ({s['source']}): {s['samples']} samples, uplink "
-              f"{'connected' if s['uplink_connected'] else 'DISCONNECTED'} to {s['analyzer']}, "
+        uplink = (f"uplink {'connected' if s['uplink_connected'] else 'DISCONNECTED'} to {s['analyzer']}"
+                  if s["analyzer"] else "no analyzer (started without --analyzer)")
+        print(f"agent {s['host']} ({s['source']}): {s['samples']} samples, {uplink}, "
               f"dropped {s['dropped_samples']}, unacked {s['unacked_samples']}")
         for d in s.get("devices", []):
             print(f"  gpu{d.get('gpu', 0)} {d.get('name', '')}{' LOST' if d.get('lost') else ''}"

@@ -135,15 +135,24 @@ def _analyzer_config(ns, dry_run: bool):
 
 
 def _metrics(ns, name: str, *collectors):
-    """Prometheus /metrics on --metrics-listen (None without it), with this
-    process's TLS files unless --insecure."""
+    """Prometheus /metrics on --metrics-listen (None without it): plain HTTP
+    on loopback (only this host reaches it, and it holds no secret: a local
+    Prometheus or node agent scrapes it as any exporter), else over TLS with
+    this process's files, to scrapers with a certificate of the fleet's CA.
+    The start-up line says which, with the URL to scrape (found in a trial:
+    a plain curl on loopback met a TLS reset and no word why)."""
+    from gpuscope.security.tls import is_loopback
+
     if not ns.metrics_listen:
         return None
+    tls = None if is_loopback(ns.metrics_listen) else server_tls_files(ns, name)
     try:
-        server = serve_metrics(ns.metrics_listen, registry(*collectors), server_tls_files(ns, name))
+        server = serve_metrics(ns.metrics_listen, registry(*collectors), tls)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    logs.say(f"Prometheus /metrics on {ns.metrics_listen}")
+    logs.say(f"Prometheus /metrics at http{'s' if tls else ''}://{ns.metrics_listen}/metrics"
+             + (" (mutual TLS: the scraper needs a certificate of the fleet's CA)" if tls else
+                " (plain HTTP: loopback only)"))
     return server
 
 

@@ -17,6 +17,7 @@ of the fleet's CA (Prometheus' `tls_config` with `cert_file`/`key_file`).
 from __future__ import annotations
 
 import resource
+import time
 from typing import Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -37,6 +38,10 @@ def _family(m: cat.Metric, labels: list[str]):
     return GaugeMetricFamily(name, f"{m.help} ({m.unit})", labels=labels)
 
 
+STALE_TICKS = 3
+SLOW_GRACE_S = 2.0       # a scrape that takes a while is not an outage
+
+
 class AgentCollector:
     """A prometheus_client collector over a running Agent."""
 
@@ -46,9 +51,27 @@ class AgentCollector:
     def collect(self) -> Iterable:
         a = self.agent
         devices = {d.gpu: d for d in a.devices()}
+        now = time.time()
         with a._ring_lock:
+            at = dict(a.latest_at)
             latest = {g: dict(v) for g, v in a.latest.items()}
         labels = ["gpu", "uuid", "model"]
+        # A GPU whose source went quiet (exporter or host engine down, GPU lost) shows no values, not its
+        # last ones: a dashboard would read a busy, healthy GPU through the outage (found in a trial)
+        quiet_after = STALE_TICKS * a.config.interval_s + SLOW_GRACE_S
+        up = GaugeMetricFamily(PREFIX + "gpu_up", "1 while the GPU's samples arrive (none for "
+                               f"{STALE_TICKS} intervals: 0, and its values are left out)", labels=labels)
+        age = GaugeMetricFamily(PREFIX + "gpu_sample_age_seconds", "since the GPU's newest sample", labels=labels)
+        for gpu in sorted(set(devices) | set(at)):
+            d = devices.get(gpu)
+            key = [str(gpu), d.uuid if d else "", d.name if d else ""]
+            fresh = gpu in at and now - at[gpu] <= quiet_after
+            up.add_metric(key, 1.0 if fresh else 0.0)
+            if gpu in at:
+                age.add_metric(key, max(now - at[gpu], 0.0))
+            if not fresh:
+                latest.pop(gpu, None)
+        yield from (up, age)
         for m in cat.METRICS:
             fam = None
             for gpu in sorted(latest):

@@ -150,3 +150,20 @@ def test_an_analyzer_says_its_alert_receivers_and_counts_their_deliveries(tmp_pa
     assert f"alerts (alertmanager) to {where}: warning and above" in err
     assert "alerts (json) to http://127.0.0.1:" in err and "hook?token=<redacted>" in err
     assert "hunter2" not in err and "token=abc" not in err
+
+
+def test_a_gpu_whose_source_went_quiet_shows_down_not_its_last_values(agent):
+    """Found in a trial: with dcgm-exporter (or DCGM's host engine) stopped,
+    /metrics kept exporting util 1.0 and SM activity 0.86: a busy, healthy
+    GPU on every dashboard through the outage."""
+    from prometheus_client import generate_latest
+    reg = registry(AgentCollector(agent))
+    fams = _families(generate_latest(reg).decode())
+    assert {s.labels["gpu"]: s.value for s in fams["gpuscope_gpu_up"].samples} == {"0": 1.0, "1": 1.0}
+    agent.stop()
+    with agent._ring_lock:
+        agent.latest_at[1] -= 60.0                                    # GPU 1's source silent for a minute
+    fams = _families(generate_latest(reg).decode())
+    assert {s.labels["gpu"]: s.value for s in fams["gpuscope_gpu_up"].samples} == {"0": 1.0, "1": 0.0}
+    assert {s.labels["gpu"] for s in fams["gpuscope_gpu_util_gpu_ratio"].samples} == {"0"}
+    assert max(s.value for s in fams["gpuscope_gpu_sample_age_seconds"].samples) >= 60
