@@ -265,11 +265,26 @@ def decode(batch: pb.SampleBatch, now: float | None = None) -> DecodedBatch:
     procs = _process_columns(batch, n)
     _check_health(batch, known, now)
     processes, job, owner = _processes(batch.host, procs, t, gpu, attributions)
+    _gpu_owners(batch, attributions, job, owner)
     health = [(batch.host, h.gpu, h.t, _HEALTH_NAMES.get(h.kind, "unspecified"), h.detail,
                h.code if h.HasField("code") else None) for h in batch.health]
     return DecodedBatch(batch.host, batch.boot_id, batch.seq, n, t, gpu, names, values, processes,
                         [_facts(d) for d in batch.devices], health, batch.dropped_samples, job,
                         batch.min_unacked_seq, owner)
+
+
+def _gpu_owners(batch: pb.SampleBatch, attributions: list[tuple[str | None, ...]], job: dict[int, str],
+                owner: dict[int, dict[str, str]]) -> None:
+    """A GPU with no process seen whose source names its owner (dcgm-exporter's
+    pod labels: it lists no processes) takes that owner as its job's: the
+    pod, as `findings --pod` and `top --by pod` ask for it."""
+    for d in batch.devices:
+        if d.HasField("attribution") and d.gpu not in job:
+            labels = {k: v for k, v in zip(ATTRIBUTION_FIELDS, attributions[d.attribution]) if v is not None}
+            if labels.get("pod"):
+                job[d.gpu] = (f"pod {labels.get('namespace', '?')}/{labels['pod']}"
+                              + (f" container {labels['container']}" if labels.get("container") else ""))
+                owner[d.gpu] = labels
 
 
 def _facts(d: pb.Device) -> "DeviceFacts":
@@ -330,6 +345,9 @@ def _check_devices(batch: pb.SampleBatch) -> set[int]:
             _int(f"{where}.pcie_generation", d.pcie_generation, 1, MAX_PCIE_GENERATION, "a PCIe generation")
         if d.HasField("pcie_width"):
             _int(f"{where}.pcie_width", d.pcie_width, 1, MAX_PCIE_WIDTH, "PCIe lanes")
+        if d.HasField("attribution") and d.attribution >= len(batch.attributions):
+            raise BatchError(f"{where}.attribution: {d.attribution} is not one of the batch's "
+                             f"{len(batch.attributions)} attributions")
     return known
 
 

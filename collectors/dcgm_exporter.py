@@ -52,6 +52,7 @@ an answer the same as the one before is the same reading.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import re
 import statistics
@@ -69,7 +70,7 @@ from .dcgm_exporter_series import (HOST_LABELS, Pod, Series, cut, device_level, 
                                    pod, sample_line, value_and_time)
 from .http_get import KeptAliveGet
 from .nvml import SourceUnavailable
-from .records import DeviceInfo, GpuSample, HealthKind, HealthRecord, Scrape
+from .records import Attribution, DeviceInfo, GpuSample, HealthKind, HealthRecord, Scrape
 
 log = structlog.get_logger("gpuscope.dcgm_exporter")
 
@@ -173,7 +174,15 @@ class DcgmExporterCollector:
                  ignored=len(self._layout.ignored))
 
     def devices(self) -> list[DeviceInfo]:
-        return [self._devices[g] for g in sorted(self._devices)]
+        """The GPUs, each with the first pod the exporter labels it with (its
+        only way of saying whose a GPU is: it lists no processes)."""
+        out = []
+        for g in sorted(self._devices):
+            pods = self.attribution(g)
+            d = self._devices[g]
+            out.append(dataclasses.replace(d, attribution=Attribution(
+                namespace=pods[0].namespace, pod=pods[0].pod, container=pods[0].container)) if pods else d)
+        return out
 
     def attribution(self, gpu: int) -> tuple[Pod, ...]:
         """The pods the exporter labels this GPU's series with (namespace,

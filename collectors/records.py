@@ -75,6 +75,9 @@ class DeviceInfo:
     # where its samples come from and what that source can see of it, for people:
     # "nvml", "dcgm (profiling)", "dcgm (no profiling: another profiler holds the counters)"
     source: str = ""
+    # whose the GPU is when the source names it without processes (dcgm-exporter's pod labels):
+    # findings of a GPU with no process seen take it as their job's
+    attribution: Attribution | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,7 +81,15 @@ def encode_batch(host: str, boot_id: str, seq: int, samples: Sequence[GpuSample]
                 ps.used_memory_bytes = int(p.used_memory_bytes)
             if p.cpu_cores is not None:
                 ps.cpu_cores = p.cpu_cores
-    batch.devices.extend(device_pb(d) for d in devices)
+    for d in devices:
+        m = batch.devices.add()
+        m.CopyFrom(device_pb(d))
+        if d.attribution is not None:
+            index = by_value.get(d.attribution)
+            if index is None:
+                index = by_value[d.attribution] = len(batch.attributions)
+                batch.attributions.append(attribution_pb(d.attribution))
+            m.attribution = index
     for h in health:
         e = batch.health.add(gpu=h.gpu, t=h.t, kind=_HEALTH[h.kind], detail=h.detail)
         if h.code is not None:

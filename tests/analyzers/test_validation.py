@@ -109,6 +109,7 @@ BAD = [
     ("devices[0].uuid", "GPU-\x00", ""),
     ("devices[0].architecture", "ä" * 129, "longer than 256"),
     ("devices[0].source", "dcgm " * 60, "longer than 256"),
+    ("devices[0].attribution", 5, "5 is not one of the batch.s 1 attributions"),
     ("columns[0].metric", "x" * 10_000_000, r"unknown metric 'x{40}'\.\.\. "),
     ("processes", lambda b: b.processes.extend([pb.ProcessSample(sample=0, pid=1)] * (ingest.MAX_PROCESSES + 1)),
      "131077 entries, at most 131072"),

@@ -373,7 +373,8 @@ def test_agent_on_an_exporter_feeds_an_analyzer_that_finds_memory_bound(exporter
     """`gpuscope agent --source dcgm-exporter:URL` and `gpuscope analyzer`, each
     its own process: an exporter whose numbers say LLM decode (HBM busy,
     tensor pipes idle, SMs occupied) becomes memory-bound findings."""
-    gpus = [Gpu(0), Gpu(1, values={**BUSY_H100, "DCGM_FI_DEV_GPU_UTIL": 0, "DCGM_FI_PROF_SM_ACTIVE": 0.0,
+    gpus = [Gpu(0, pods=[("ml", "trainer-7", "main")]),
+            Gpu(1, values={**BUSY_H100, "DCGM_FI_DEV_GPU_UTIL": 0, "DCGM_FI_PROF_SM_ACTIVE": 0.0,
                                    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.0, "DCGM_FI_PROF_DRAM_ACTIVE": 0.0,
                                    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.0, "DCGM_FI_DEV_MEM_COPY_UTIL": 0},
                             pods=[("llm", "decode-7f9c", "vllm")])]
@@ -411,6 +412,9 @@ def test_agent_on_an_exporter_feeds_an_analyzer_that_finds_memory_bound(exporter
         assert verdicts.get(1, "idle") == "idle", found
         memory = next(f for f in found if f["gpu"] == 0)
         assert memory["evidence"]["dram_bw_util_ratio"] == pytest.approx(0.88, abs=0.02)
+        # whose it is: the exporter lists no processes, its pod labels say (found in a trial: no finding did)
+        assert memory["job"] == "pod ml/trainer-7 container main" and memory["attribution"]["pod"] == "trainer-7"
+        assert [f["id"] for f in clients.findings(f"127.0.0.1:{aport}", pod="ml/trainer-7")] == [memory["id"]]
         st = clients.status(f"127.0.0.1:{gport}")
         assert st["source"] == f"dcgm-exporter:{exporter.url}" and [d["gpu"] for d in st["devices"]] == [0, 1]
         assert st["devices"][0]["name"] == "NVIDIA H100 80GB HBM3"

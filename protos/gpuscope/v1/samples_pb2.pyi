@@ -23,7 +23,7 @@ HEALTH_KIND_SOURCE_ERROR: HealthKind
 HEALTH_KIND_RECOVERED: HealthKind
 
 class Device(_message.Message):
-    __slots__ = ("gpu", "uuid", "name", "architecture", "memory_total_bytes", "power_limit_watts", "pcie_generation", "pcie_width", "gpm_supported", "lost", "source")
+    __slots__ = ("gpu", "uuid", "name", "architecture", "memory_total_bytes", "power_limit_watts", "pcie_generation", "pcie_width", "gpm_supported", "lost", "source", "attribution")
     GPU_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class Device(_message.Message):
     GPM_SUPPORTED_FIELD_NUMBER: _ClassVar[int]
     LOST_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     gpu: int
     uuid: str
     name: str
@@ -46,7 +47,8 @@ class Device(_message.Message):
     gpm_supported: bool
     lost: bool
     source: str
-    def __init__(self, gpu: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., architecture: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., power_limit_watts: _Optional[float] = ..., pcie_generation: _Optional[int] = ..., pcie_width: _Optional[int] = ..., gpm_supported: _Optional[bool] = ..., lost: _Optional[bool] = ..., source: _Optional[str] = ...) -> None: ...
+    attribution: int
+    def __init__(self, gpu: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., architecture: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., power_limit_watts: _Optional[float] = ..., pcie_generation: _Optional[int] = ..., pcie_width: _Optional[int] = ..., gpm_supported: _Optional[bool] = ..., lost: _Optional[bool] = ..., source: _Optional[str] = ..., attribution: _Optional[int] = ...) -> None: ...
 
 class Column(_message.Message):
     __slots__ = ("metric", "f64le", "valid")
