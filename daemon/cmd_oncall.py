@@ -209,7 +209,10 @@ def render_top(r: dict, ns) -> str:
     head = (f"most bottlenecked {things}{' of ' + ns.host if ns.host else ''}, {whole}: "
             f"TIME in any bottleneck (idle is none), VERDICT the one that held most of it")
     if not r["rows"]:
-        return head + "\n" + _nothing(ns, "bottlenecks")
+        why = ("" if by in ("gpu", "job") else
+               f"; no bottlenecked GPU's job names a {things[:-1]} (pods come from the kubelet's socket or "
+               "dcgm-exporter's pod labels, Slurm jobs from the job's cgroup or environment)")
+        return head + "\n" + _nothing(ns, "bottlenecks") + why
     who = {"job": "JOB", "pod": "POD", "slurm-job": "SLURM JOB"}.get(by, "GPU")
     lines = [head, "", f"{who:<24} {'VERDICT':<20} {'TIME':>5} {'SHARE':>5}  {'ID':<8}  NOW"]
     for x in r["rows"]:
@@ -524,7 +527,8 @@ def render_report(rep: dict) -> str:
         vals = [c[w].get(m) if c[w] else None for w in ("before", "during", "after")]
         if any(x is not None for x in vals):
             lines.append(f"  {m:<32} " + " ".join(f"{_said(m, x):>12}" for x in vals))
-    lines += ["", "what changed against the job's baseline (before):"]
+    lines += ["", "what changed against the job's baseline (before; the 6 that moved most, then clocks, power "
+                  "and temperature):"]
     lines += [f"  {ch['metric']}: {_said(ch['metric'], ch['before'])} -> {_said(ch['metric'], ch['during'])} "
               f"({_moved(ch)})"
               for ch in rep["changes"]] or ["  nothing moved by 10 % or more"]

@@ -79,7 +79,7 @@ def choose(speed: float, recording: bool, environ, openers: list[tuple[str, Call
     if not recording:
         raise SourceUnavailable("no GPU source on this host, tried in order:\n" + "".join(f"  - {t}\n" for t in tried)
                                 + "(without a GPU: --source replay:FILE, or `gpuscope up`)")
-    logs.say(f"no GPU here ({tried[-1]}).", "warning")
+    logs.say("no GPU source here, tried in order: " + "; ".join(tried), "warning")
     logs.say(f"replaying the bundled NVIDIA H200 recording at {speed:g}x instead.")
     return replay(str(default_recording()), speed)
 

@@ -268,7 +268,7 @@ def test_up_refuses_bad_flags_before_it_says_anything_else(tmp_path, flag, value
     r = run("up", "--no-view", "--insecure", "--db", str(tmp_path / "x.duckdb"), flag, value, timeout=30)
     assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith(f"gpuscope up: error: argument {flag}: ")
     assert words in r.stderr, r.stderr
-    assert "no GPU here" not in r.stderr and not (tmp_path / "x.duckdb").exists()
+    assert "no GPU source here" not in r.stderr and not (tmp_path / "x.duckdb").exists()
 
 
 def test_an_error_names_where_a_setting_came_from(tmp_path):
