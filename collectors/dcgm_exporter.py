@@ -175,11 +175,16 @@ class DcgmExporterCollector:
 
     def devices(self) -> list[DeviceInfo]:
         """The GPUs, each with the first pod the exporter labels it with (its
-        only way of saying whose a GPU is: it lists no processes)."""
+        only way of saying whose a GPU is: it lists no processes), and, while
+        the exporter does not answer, why in its source (as DCGM's says its
+        host engine is down: `gpuscope status` shows it)."""
         out = []
+        down = self._error
         for g in sorted(self._devices):
             pods = self.attribution(g)
             d = self._devices[g]
+            if down is not None:
+                d = dataclasses.replace(d, source=f"dcgm-exporter (not answering: {down[:160]})")
             out.append(dataclasses.replace(d, attribution=Attribution(
                 namespace=pods[0].namespace, pod=pods[0].pod, container=pods[0].container)) if pods else d)
         return out

@@ -359,10 +359,14 @@ def test_the_agent_keeps_ticking_through_an_exporter_outage(exporter):
         wait_for(lambda: agent.ticks >= ticks + 5)
         assert any("answered HTTP 500" in k for k in agent.errors)
         assert [h.kind for h in agent.health] == [HealthKind.SOURCE_ERROR] * 2
+        # said where people look (found in a trial: status showed "dcgm-exporter (profiling)" through it)
+        assert all(d.source.startswith("dcgm-exporter (not answering: ") and "HTTP 500" in d.source
+                   for d in agent.devices())
         samples = agent.samples
         exporter.fault = None
         wait_for(lambda: agent.samples >= samples + 6)
         assert [h.kind for h in agent.health][-2:] == [HealthKind.RECOVERED] * 2
+        assert {d.source for d in agent.devices()} == {"dcgm-exporter (profiling)"}
     finally:
         agent.stop()
 
