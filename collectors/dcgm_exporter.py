@@ -174,20 +174,14 @@ class DcgmExporterCollector:
                  ignored=len(self._layout.ignored))
 
     def devices(self) -> list[DeviceInfo]:
-        """The GPUs, each with the first pod the exporter labels it with (its
-        only way of saying whose a GPU is: it lists no processes), and, while
-        the exporter does not answer, why in its source (as DCGM's says its
-        host engine is down: `gpuscope status` shows it)."""
-        out = []
-        down = self._error
-        for g in sorted(self._devices):
-            pods = self.attribution(g)
-            d = self._devices[g]
-            if down is not None:
-                d = dataclasses.replace(d, source=f"dcgm-exporter (not answering: {down[:160]})")
-            out.append(dataclasses.replace(d, attribution=Attribution(
-                namespace=pods[0].namespace, pod=pods[0].pod, container=pods[0].container)) if pods else d)
-        return out
+        """The GPUs (each with its pod: _learn_devices), and, while the
+        exporter does not answer, why in its source (as DCGM's says its host
+        engine is down: `gpuscope status` shows it)."""
+        devices = [self._devices[g] for g in sorted(self._devices)]
+        if self._error is None:
+            return devices
+        down = f"dcgm-exporter (not answering: {self._error[:160]})"
+        return [dataclasses.replace(d, source=down) for d in devices]
 
     def attribution(self, gpu: int) -> tuple[Pod, ...]:
         """The pods the exporter labels this GPU's series with (namespace,
@@ -369,6 +363,10 @@ class DcgmExporterCollector:
         for g, info in layout.devices.items():
             if g not in self._devices and not starting:
                 log.info("dcgm-exporter: a GPU new to the agent", url=self.url, gpu=g, uuid=info.uuid)
+            pods = layout.pods.get(g, ())
+            if pods:        # the exporter's only way of saying whose a GPU is: it lists no processes
+                info = dataclasses.replace(info, attribution=Attribution(
+                    namespace=pods[0].namespace, pod=pods[0].pod, container=pods[0].container))
             self._devices[g] = info
 
     # -- status ---------------------------------------------------------------------------
