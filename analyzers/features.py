@@ -214,6 +214,18 @@ def _first_known(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(a), b, a)
 
 
+# The catalogue metrics feature_matrix reads: a caller that builds windows
+# from samples one by one (an agent's /metrics) need gather no others
+INPUTS = ("util_gpu_ratio", "util_mem_ratio", "gpm_sm_util_ratio", "gpm_sm_occupancy_ratio", "gpm_tensor_util_ratio",
+          "gpm_dram_bw_util_ratio", "gpm_fp16_util_ratio", "gpm_fp32_util_ratio", "procs_cpu_cores", "procs_count",
+          "gpm_pcie_tx_bytes_per_second", "gpm_pcie_rx_bytes_per_second", "pcie_tx_bytes_total",
+          "pcie_rx_bytes_total", "gpm_nvlink_tx_bytes_per_second", "gpm_nvlink_rx_bytes_per_second",
+          "nvlink_tx_bytes_total", "nvlink_rx_bytes_total", "power_watts", "power_limit_watts", "sm_clock_hertz",
+          "throttle_sw_power_cap_seconds_total", "throttle_hw_power_brake_seconds_total",
+          "throttle_sw_thermal_seconds_total", "throttle_hw_thermal_seconds_total", "clock_event_reasons",
+          *cat.SERVING)
+
+
 def feature_matrix(s: Stack) -> np.ndarray:
     """(K windows x FEATURES), NaN = not computable, rounded to
     EVIDENCE_DECIMALS: rules judge exactly the numbers the evidence shows,
