@@ -93,15 +93,23 @@ def test_the_verdicts_job_label_is_never_a_pid():
 
 def test_missing_is_absent_and_short_lived_processes_add_no_series(agent):
     agent.stop()                                                        # nothing but what follows is sampled
-    reg = registry(AgentCollector(agent))
+    from gpuscope.analyzers.offline import judge_newest
+    reg = registry(AgentCollector(agent, judge_newest))
     from prometheus_client import generate_latest
-    before = len(generate_latest(reg).splitlines())
     assert b"gpuscope_gpu_serving_requests_running" not in generate_latest(reg)    # never sampled: no series
-    t = time.time()
-    agent._handle(Scrape(samples=[GpuSample(0, t + i * 1e-3, {"util_gpu_ratio": 0.5},
-                                            processes=(ProcessRecord(pid=100_000 + i, used_memory_bytes=1),))
-                                  for i in range(10_000)]))
-    assert len(generate_latest(reg).splitlines()) == before
+
+    def short_lived(first_pid: int) -> bytes:
+        t = time.time()
+        agent._handle(Scrape(samples=[GpuSample(g, t + i * 1e-3, {"util_gpu_ratio": 0.5},
+                                                processes=(ProcessRecord(pid=first_pid + i, used_memory_bytes=1,
+                                                                         command=f"/usr/bin/python3 step{i}.py"),))
+                                      for i in range(5_000) for g in (0, 1)]))
+        return generate_latest(reg)
+
+    before, after = short_lived(100_000), short_lived(200_000)          # 10,000 processes each time
+    assert len(after.splitlines()) == len(before.splitlines())
+    assert after.count(b"gpuscope_gpu_verdict{") == 2 * 6               # a series per GPU and verdict, no more
+    assert b'job="python3"' in after and b"200000" not in after and b"step" not in after
 
 
 def test_the_fleet_view_is_a_verdict_per_gpu():
