@@ -68,6 +68,8 @@ def stack_columns(parts: Sequence[tuple[tuple[str, ...], np.ndarray]],
     rows, agents of other versions), as one Columns over `names` (default:
     their union, in the order first seen); NaN where a part lacks a metric."""
     if names is None:
+        if len(parts) == 1:             # most live windows: one batch's rows (no union to take)
+            return Columns(parts[0][0], parts[0][1])
         names = tuple(dict.fromkeys(n for part_names, _ in parts for n in part_names))
     if all(part_names == names for part_names, _ in parts):
         return Columns(names, parts[0][1] if len(parts) == 1 else np.vstack([m for _, m in parts]))
