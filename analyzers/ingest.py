@@ -164,6 +164,9 @@ class DecodedBatch:
     job: dict[int, str] = field(default_factory=dict)   # gpu -> job of its last sample
     min_unacked_seq: int = 0              # the writer closes the seq gaps below it (0: not said)
     owner: dict[int, dict[str, str]] = field(default_factory=dict)   # gpu -> that job's attribution (known labels)
+    # the GPUs of `owner` whose source named it (dcgm-exporter's pod labels), not a process: stored per
+    # batch (gpu_owners), so queries group their samples by pod as findings do
+    device_owned: frozenset[int] = frozenset()
 
 
 # -- checks of one value -------------------------------------------------------------
@@ -265,19 +268,20 @@ def decode(batch: pb.SampleBatch, now: float | None = None) -> DecodedBatch:
     procs = _process_columns(batch, n)
     _check_health(batch, known, now)
     processes, job, owner = _processes(batch.host, procs, t, gpu, attributions)
-    _gpu_owners(batch, attributions, job, owner)
+    device_owned = _gpu_owners(batch, attributions, job, owner)
     health = [(batch.host, h.gpu, h.t, _HEALTH_NAMES.get(h.kind, "unspecified"), h.detail,
                h.code if h.HasField("code") else None) for h in batch.health]
     return DecodedBatch(batch.host, batch.boot_id, batch.seq, n, t, gpu, names, values, processes,
                         [_facts(d) for d in batch.devices], health, batch.dropped_samples, job,
-                        batch.min_unacked_seq, owner)
+                        batch.min_unacked_seq, owner, device_owned)
 
 
 def _gpu_owners(batch: pb.SampleBatch, attributions: list[tuple[str | None, ...]], job: dict[int, str],
-                owner: dict[int, dict[str, str]]) -> None:
+                owner: dict[int, dict[str, str]]) -> frozenset[int]:
     """A GPU with no process seen whose source names its owner (dcgm-exporter's
     pod labels: it lists no processes) takes that owner as its job's: the
     pod, as `findings --pod` and `top --by pod` ask for it."""
+    named = set()
     for d in batch.devices:
         if d.HasField("attribution") and d.gpu not in job:
             labels = {k: v for k, v in zip(ATTRIBUTION_FIELDS, attributions[d.attribution]) if v is not None}
@@ -285,6 +289,8 @@ def _gpu_owners(batch: pb.SampleBatch, attributions: list[tuple[str | None, ...]
                 job[d.gpu] = (f"pod {labels.get('namespace', '?')}/{labels['pod']}"
                               + (f" container {labels['container']}" if labels.get("container") else ""))
                 owner[d.gpu] = labels
+                named.add(d.gpu)
+    return frozenset(named)
 
 
 def _facts(d: pb.Device) -> "DeviceFacts":

@@ -52,6 +52,8 @@ def finding_group(f: dict, by: str) -> str | None:
 PROCESS_GROUPS = {"job": "host || ' pid:' || pid || coalesce(' ' || nullif(command, ''), '')",
                   "pod": "namespace || '/' || pod",
                   "slurm-job": "slurm_job"}
+# ... and over a gpu_owners row (a GPU its source names the owner of, no process seen)
+OWNER_GROUPS = {"job": "o.host || ' ' || o.job", "pod": "o.namespace || '/' || o.pod", "slurm-job": "o.slurm_job"}
 AGGREGATES = {"mean": "avg({m})", "min": "min({m})", "max": "max({m})",
               "p50": "quantile_cont({m}, 0.5)", "p95": "quantile_cont({m}, 0.95)",
               "p99": "quantile_cont({m}, 0.99)", "last": "arg_max({m}, t)"}
@@ -60,6 +62,7 @@ DEVICE_COLUMNS = ("host", "gpu", "uuid", "name", "architecture", "memory_total_b
                   "pcie_generation", "pcie_width", "gpm_supported", "lost", "source", "last_seen")
 HEALTH_COLUMNS = ("host", "gpu", "t", "kind", "detail", "code")
 WINDOW_COLUMNS = ("host", "gpu", "start", "end", "verdict", "confidence", "flags", "summary")
+GPU_OWNER_COLUMNS = ("host", "gpu", "t_start", "t_end", "job", "namespace", "pod", "container", "slurm_job")
 FINDING_COLUMNS = ("id", "host", "gpu", "job", "verdict", "start", "end", "confidence",
                    "windows", "evidence", "flags", "summary", "alternatives", "decided_by",
                    "counters_verdict", "trace_verdict", "captures", "absorbed_until", "attribution", "source")
@@ -90,6 +93,10 @@ def _ddl() -> list[str]:
         """CREATE TABLE IF NOT EXISTS metrics (name VARCHAR PRIMARY KEY, unit VARCHAR, kind VARCHAR, help VARCHAR)""",
         """CREATE TABLE IF NOT EXISTS processes (host VARCHAR, gpu INTEGER, t DOUBLE, pid BIGINT,
              used_memory_bytes BIGINT, cpu_cores DOUBLE, command VARCHAR)""",
+        # a GPU's owner as its source names it (dcgm-exporter's pod labels) when no process is seen: one
+        # row per batch, over the times of its samples
+        """CREATE TABLE IF NOT EXISTS gpu_owners (host VARCHAR, gpu INTEGER, t_start DOUBLE, t_end DOUBLE,
+             job VARCHAR, namespace VARCHAR, pod VARCHAR, container VARCHAR, slurm_job VARCHAR)""",
         """CREATE TABLE IF NOT EXISTS devices (host VARCHAR, gpu INTEGER, uuid VARCHAR, name VARCHAR,
              architecture VARCHAR, memory_total_bytes BIGINT, power_limit_watts DOUBLE,
              pcie_generation INTEGER, pcie_width INTEGER, gpm_supported BOOLEAN, lost BOOLEAN,
@@ -242,6 +249,9 @@ class Store:
 
     def insert_health(self, rows: Sequence[tuple]) -> None:
         self._rows("health", HEALTH_COLUMNS, rows)
+
+    def insert_gpu_owners(self, rows: Sequence[tuple]) -> None:
+        self._rows("gpu_owners", GPU_OWNER_COLUMNS, rows)
 
     def insert_windows(self, rows: Sequence[tuple]) -> None:
         self._rows("windows", WINDOW_COLUMNS, rows)
@@ -502,18 +512,23 @@ class Store:
                   f"(coalesce(used_memory_bytes, 0), pid)) AS grp FROM processes WHERE {' AND '.join(pw)} "
                   f"GROUP BY host, gpu, t")
         joined = (f"SELECT s.host, s.gpu, s.t, s.v, s.n, o.grp FROM ({source}) s JOIN ({owners}) o "
-                  f"ON s.host = o.host AND s.gpu = o.gpu AND s.t = o.t WHERE o.grp IS NOT NULL")
+                  f"ON s.host = o.host AND s.gpu = o.gpu AND s.t = o.t WHERE o.grp IS NOT NULL "
+                  # GPUs whose source names the owner and lists no process: the batch's times
+                  f"UNION ALL SELECT s.host, s.gpu, s.t, s.v, s.n, {OWNER_GROUPS[group_by]} AS grp "
+                  f"FROM ({source}) s JOIN gpu_owners o ON s.host = o.host AND s.gpu = o.gpu "
+                  f"AND s.t BETWEEN o.t_start AND o.t_end WHERE {OWNER_GROUPS[group_by]} IS NOT NULL")
+        args = args + pargs + args
         pooled = "g AS (SELECT grp, min(host) AS host, count(DISTINCT (host, gpu)) AS gpus FROM j GROUP BY grp)"
         if series:
             sql = (f"WITH j AS ({joined}), {pooled} SELECT g.host, 0 AS gpu, j.grp AS \"group\", g.gpus, "
                    f"floor(j.t / ?) * ? AS bucket, {value} AS value, CAST(sum(n) AS BIGINT) AS n "
                    f"FROM j JOIN g ON j.grp = g.grp GROUP BY ALL ORDER BY \"group\", bucket")
-            params = args + pargs + [step, step]
+            params = args + [step, step]
         else:
             sql = (f"WITH j AS ({joined}) SELECT min(host) AS host, 0 AS gpu, grp AS \"group\", "
                    f"count(DISTINCT (host, gpu)) AS gpus, {value} AS value, CAST(sum(n) AS BIGINT) AS n "
                    f"FROM j GROUP BY grp ORDER BY \"group\"")
-            params = args + pargs
+            params = args
         return _dicts(self.reader().execute(sql, params))
 
     def count(self, table: str) -> int:
@@ -593,6 +608,7 @@ class Store:
                             [hi]).fetchall()
             out["samples_deleted"] = int(con.execute("DELETE FROM samples WHERE t < ?", [hi]).fetchall()[0][0])
             out["processes_deleted"] = int(con.execute("DELETE FROM processes WHERE t < ?", [hi]).fetchall()[0][0])
+            con.execute("DELETE FROM gpu_owners WHERE t_end < ?", [hi]).fetchall()
             out["health_deleted"] = int(con.execute("DELETE FROM health WHERE t < ?", [hi]).fetchall()[0][0])
             out["windows_deleted"] = int(con.execute('DELETE FROM windows WHERE "end" < ?', [hi]).fetchall()[0][0])
             self.commit()

@@ -242,6 +242,10 @@ class Writer:
         procs = [b.processes for b, _ in group if b.processes is not None]
         if procs:
             store.append("processes", ProcessRows.table(procs))
+        owners = [_owner_row(b, g) for b, _ in group for g in b.device_owned]
+        owners = [r for r in owners if r is not None]
+        if owners:
+            store.insert_gpu_owners(owners)
         health = [h for b, _ in group for h in b.health]
         if health:
             store.insert_health(health)
@@ -274,3 +278,14 @@ class Writer:
                 if last is None or last[0] != facts or now - last[1] > 60:
                     rows[key] = facts + (now,)
         return list(rows.values())   # remembered once the transaction commits
+
+
+def _owner_row(b: DecodedBatch, gpu: int) -> tuple | None:
+    """The gpu_owners row of a GPU its source names the owner of: over the
+    times of its samples in the batch (none: no row)."""
+    t = b.t[b.gpu == gpu]
+    if not len(t):
+        return None
+    o = b.owner.get(gpu, {})
+    return (b.host, gpu, float(t.min()), float(t.max()), b.job.get(gpu), o.get("namespace"), o.get("pod"),
+            o.get("container"), o.get("slurm_job"))

@@ -234,6 +234,14 @@ class Attributor:
         self._joined: dict[tuple[int, int | None, int], tuple[int, Attribution]] = {}
         self._max = max_tracked
         self.counts = _Counts()
+        # set by whoever knows the source lists no processes (dcgm-exporter; DCGM without NVML): the
+        # processes line of status then says so instead of "ok: 0 read"
+        self.no_processes = ""
+
+    @property
+    def pods(self) -> PodLookup | None:
+        """The kubelet client: a source that lists no processes names GPUs' pods from it directly."""
+        return self._pods
 
     def start(self) -> None:
         """Starts the kubelet client's refreshes (the agent, once sampling starts)."""
@@ -369,6 +377,8 @@ class Attributor:
         c = self.counts
         out = {"processes": f"ok: {c.read} read" + (f", {c.gone} exited before they could be read"
                                                      if c.gone else "")}
+        if self.no_processes and not c.read:
+            out["processes"] = self.no_processes
         cg = []
         if c.cgroup_unknown:
             cg.append(f"{c.cgroup_unknown} of a shape not known, kept raw (e.g. {c.example_cgroup!r})")

@@ -172,6 +172,7 @@ class DcgmCollector:
         except SourceUnavailable as exc:
             self.processes_note = f"no processes: NVML did not load ({exc})"
             log.warning("DCGM source without processes: NVML did not load", error=str(exc))
+            self._nvml = None            # no process list to read, and none to promise in what we say
             return
         self._nvml = nvml
 

@@ -70,6 +70,7 @@ from .dcgm_exporter_series import (HOST_LABELS, Pod, Series, cut, device_level, 
                                    pod, sample_line, value_and_time)
 from .http_get import KeptAliveGet
 from .nvml import SourceUnavailable
+from .attribution import PodLookup
 from .records import Attribution, DeviceInfo, GpuSample, HealthKind, HealthRecord, Scrape
 
 log = structlog.get_logger("gpuscope.dcgm_exporter")
@@ -152,6 +153,12 @@ class DcgmExporterCollector:
         self._series: dict[str, Series | str] = {}     # text before a value -> the series (str: why not read)
         self._layout: _Layout | None = None
         self._devices: dict[int, DeviceInfo] = {}
+        # the kubelet's pod-resources (collectors.kubelet, set by the command line): whose a GPU is when the
+        # exporter runs without its Kubernetes mapping (no pod labels)
+        self.pods: PodLookup | None = None
+        # (kubelet generation, devices asked about, the same named): the uplink asks with every batch
+        self._kubelet_named: tuple[int, list[DeviceInfo], list[DeviceInfo]] | None = None
+        self._shared_said: set[int] = set()
         self._error: str | None = None                 # why the last scrape failed; None: it did not
         self._missing: set[int] = set()
         self._host: tuple[str, str] | None = None      # (label, value) of the host the answers are of
@@ -177,11 +184,30 @@ class DcgmExporterCollector:
         """The GPUs (each with its pod: _learn_devices), and, while the
         exporter does not answer, why in its source (as DCGM's says its host
         engine is down: `gpuscope status` shows it)."""
-        devices = [self._devices[g] for g in sorted(self._devices)]
+        devices = self._named([self._devices[g] for g in sorted(self._devices)])
         if self._error is None:
             return devices
         down = f"dcgm-exporter (not answering: {self._error[:160]})"
         return [dataclasses.replace(d, source=down) for d in devices]
+
+    def _named(self, devices: list[DeviceInfo]) -> list[DeviceInfo]:
+        """GPUs the exporter names no pod of, named by the kubelet when exactly
+        one pod holds each."""
+        pods = self.pods
+        if pods is None:
+            return devices
+        cached = self._kubelet_named
+        if cached is not None and cached[0] == pods.generation and cached[1] == devices:
+            return cached[2]
+        out = []
+        for d in devices:
+            held = pods.holders(d.uuid, d.gpu) if d.attribution is None else ()
+            if len(held) == 1:
+                d = dataclasses.replace(d, attribution=Attribution(namespace=held[0].namespace, pod=held[0].pod,
+                                                                   container=held[0].container))
+            out.append(d)
+        self._kubelet_named = (pods.generation, devices, out)
+        return out
 
     def attribution(self, gpu: int) -> tuple[Pod, ...]:
         """The pods the exporter labels this GPU's series with (namespace,
@@ -364,9 +390,18 @@ class DcgmExporterCollector:
             if g not in self._devices and not starting:
                 log.info("dcgm-exporter: a GPU new to the agent", url=self.url, gpu=g, uuid=info.uuid)
             pods = layout.pods.get(g, ())
-            if pods:        # the exporter's only way of saying whose a GPU is: it lists no processes
+            # the exporter's only way of saying whose a GPU is (it lists no processes); a GPU it puts
+            # several pods on (time-slicing) stays unnamed, as it does when NVML and the kubelet cannot
+            # tell its pods apart: naming the first would hide the others
+            if len({(p.namespace, p.pod) for p in pods}) == 1:
                 info = dataclasses.replace(info, attribution=Attribution(
                     namespace=pods[0].namespace, pod=pods[0].pod, container=pods[0].container))
+            elif pods:
+                info = dataclasses.replace(info, attribution=None)
+                if g not in self._shared_said:
+                    self._shared_said.add(g)
+                    log.info("dcgm-exporter: a GPU shared by several pods is not named after any",
+                             gpu=g, pods=sorted(f"{p.namespace}/{p.pod}" for p in pods)[:8])
             self._devices[g] = info
 
     # -- status ---------------------------------------------------------------------------

@@ -41,9 +41,19 @@ def make_attribution(ns):
 
 def _attributed(agent: Agent, attribution, source: str) -> None:
     """The agent reports (and starts, and stops) attribution when its
-    processes come from NVML (NVML itself, or beside DCGM)."""
+    processes come from NVML (NVML itself, or beside DCGM). dcgm-exporter
+    lists no processes: its GPUs are named by its pod labels, else by the
+    kubelet's answer for the GPU (`--kubelet-socket`), which it is handed."""
     if source == "nvml" or source == "dcgm" or source.startswith("dcgm:"):
         agent.attribution = attribution
+        note = getattr(agent.collector, "processes_note", "")
+        if note:
+            attribution.no_processes = f"unavailable: {note.removeprefix('no processes: ')}"
+    elif source.startswith("dcgm-exporter:"):
+        agent.attribution = attribution
+        attribution.no_processes = ("none: dcgm-exporter lists no processes; GPUs are named by its pod labels, "
+                                    "else by the kubelet's pod-resources")
+        agent.collector.pods = attribution.pods
 
 
 def _setup_captures(agent: Agent, ns, analyzer_target: str | None, links, serving=None) -> None:

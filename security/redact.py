@@ -69,6 +69,8 @@ _CLUES = ("token", "key", "secret", "passw", "credential", "auth", "private", ":
 def command_label(job: str) -> str:
     """What a reader (not an operator) is shown of a job: its pid and
     executable, `pid:123 /usr/bin/python3 train.py --lr 3e-4` -> `pid:123 python3`."""
+    if job.startswith("pod "):          # a GPU its source names the pod of: no command line in it
+        return job
     head, _, rest = job.partition(" ")
     if not head.startswith("pid:"):
         head, rest = "", job

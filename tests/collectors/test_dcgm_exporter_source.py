@@ -158,6 +158,36 @@ def test_a_gpus_own_series_wins_over_each_pods_share(exporter):
     c = started(exporter.url)
     assert by_gpu(c.scrape())[0] == {"util_gpu_ratio": pytest.approx(0.8)}
     assert [p.pod for p in c.attribution(0)] == ["p1", "p2"]
+    # several pods on one GPU: named after none (found in a trial: the first was, and `--pod p2` found nothing)
+    assert c.devices()[0].attribution is None
+    c.close()
+
+
+def test_without_pod_labels_the_kubelet_names_a_gpus_pod(exporter):
+    """An exporter run without its Kubernetes mapping labels no pod; the
+    kubelet's pod-resources do, by GPU UUID (found in a trial: --kubelet-socket
+    was ignored with this source)."""
+    from gpuscope.collectors.attribution import PodRef
+
+    class Kubelet:
+        generation = 1
+        held = {"gpu-a": (PodRef("ml", "trainer-1", "main"),), "gpu-b": (PodRef("ml", "x", "a"), PodRef("ml", "y", "b"))}
+
+        def holders(self, uuid, index):
+            return self.held.get(uuid.lower(), ())
+
+    exporter.body = ("# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+                     'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-a",modelName="NVIDIA H100",Hostname="n"} 80\n'
+                     'DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-b",modelName="NVIDIA H100",Hostname="n"} 80\n')
+    c = started(exporter.url)
+    assert [d.attribution for d in c.devices()] == [None, None]
+    c.pods = k = Kubelet()
+    a0, a1 = (d.attribution for d in c.devices())
+    assert (a0.namespace, a0.pod, a0.container) == ("ml", "trainer-1", "main") and a1 is None   # shared: unnamed
+    assert c.devices()[0] is c.devices()[0]                         # asked again only when the kubelet's answer moved
+    k.held = {}
+    k.generation = 2
+    assert [d.attribution for d in c.devices()] == [None, None]
     c.close()
 
 
@@ -419,6 +449,12 @@ def test_agent_on_an_exporter_feeds_an_analyzer_that_finds_memory_bound(exporter
         # whose it is: the exporter lists no processes, its pod labels say (found in a trial: no finding did)
         assert memory["job"] == "pod ml/trainer-7 container main" and memory["attribution"]["pod"] == "trainer-7"
         assert [f["id"] for f in clients.findings(f"127.0.0.1:{aport}", pod="ml/trainer-7")] == [memory["id"]]
+        # ... and so do queries pooled by pod or job (found in a trial: they left out every exporter GPU)
+        now = time.time()
+        q = clients.query(f"127.0.0.1:{aport}", "util_gpu_ratio", "", None, now - 300, now, "mean", 0, group_by="pod")
+        assert [(s["group"], s["gpus"]) for s in q["series"]] == [("llm/decode-7f9c", 1), ("ml/trainer-7", 1)]
+        q = clients.query(f"127.0.0.1:{aport}", "util_gpu_ratio", "", None, now - 300, now, "mean", 0, group_by="job")
+        assert "k8s-gpu-node pod ml/trainer-7 container main" in [s["group"] for s in q["series"]]
         st = clients.status(f"127.0.0.1:{gport}")
         assert st["source"] == f"dcgm-exporter:{exporter.url}" and [d["gpu"] for d in st["devices"]] == [0, 1]
         assert st["devices"][0]["name"] == "NVIDIA H100 80GB HBM3"

@@ -85,6 +85,8 @@ def test_separators_an_attacker_of_the_redaction_might_pick(line):
 def test_readers_see_the_process_and_its_executable():
     assert command_label("pid:123 /usr/bin/python3 train.py --lr 3e-4") == "pid:123 python3"
     assert command_label("python3 serve.py") == "python3"
+    # a GPU its source names the pod of (dcgm-exporter): shown whole (found in a trial: readers saw "pod")
+    assert command_label("pod ml/trainer-0 container main") == "pod ml/trainer-0 container main"
     assert command_label("pid:9") == "pid:9"
 
 
