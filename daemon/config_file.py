@@ -84,6 +84,7 @@ class Resolution:
     settings: dict[str, Effective]
     schema: dict[str, Setting]
     warnings: list[str] = field(default_factory=list)
+    table: bool = False           # the file has a table for the command
 
     def shown(self, key: str) -> object:
         """The value fit to print: a secret's is where it came from."""
@@ -332,7 +333,7 @@ def resolve(parser: argparse.ArgumentParser, ns: argparse.Namespace, given: set[
         problems.append(Problem(settings[key].where, message, command, key))
     if problems:
         raise ConfigError(problems)
-    return Resolution(command, path, settings, schema, warnings)
+    return Resolution(command, path, settings, schema, warnings, table=isinstance((doc or {}).get(command), dict))
 
 
 def _insecure_or_tls(settings: dict[str, Effective], schema: dict[str, Setting]) -> list[Problem]:
@@ -378,9 +379,11 @@ def apply(ns: argparse.Namespace, parser: argparse.ArgumentParser, given: set[st
 def summary(res: Resolution) -> str | None:
     """The start-up line that says where settings came from, when not all
     from flags and defaults."""
-    kinds = [e for e in res.settings.values() if e.kind in (FILE, ENV)]
-    if not kinds:
-        return f"configuration: {res.path} (no [{res.command}] table)" if res.path else None
+    if not any(e.kind in (FILE, ENV) for e in res.settings.values()):
+        if res.path is None:
+            return None
+        return (f"settings file {res.path}: every [{res.command}] setting is overridden" if res.table
+                else f"settings file {res.path} has no [{res.command}] table")
     from_file = sorted(k for k, e in res.settings.items() if e.kind == FILE)
     from_env = sorted(k for k, e in res.settings.items() if e.kind == ENV)
     parts = []
