@@ -23,7 +23,7 @@ from typing import Callable
 
 from gpuscope.security.redact import redact_url
 
-from . import client_config, config_paths, config_schema
+from . import client_config, config_checks, config_schema
 from .config_schema import FILE_SUFFIX, Setting
 
 ENV_CONFIG = client_config.ENV_CONFIG
@@ -329,7 +329,7 @@ def resolve(parser: argparse.ArgumentParser, ns: argparse.Namespace, given: set[
             e.secret_from = "the command line" if e.kind == FLAG else e.where
     problems += _insecure_or_tls(settings, schema)
     configured = {k for k, e in settings.items() if e.kind in (FILE, ENV)}
-    for key, message in config_paths.problems(command, {k: e.value for k, e in settings.items()}, configured):
+    for key, message in config_checks.problems(command, {k: e.value for k, e in settings.items()}, configured):
         problems.append(Problem(settings[key].where, message, command, key))
     if problems:
         raise ConfigError(problems)

@@ -182,6 +182,14 @@ def test_paths_the_configuration_names_are_checked_before_start(tmp_path):
     assert f"{f}: [agent] capture_dir: cannot create {afile}/c: {afile} is not a directory" in said
     assert f"{f}: [agent] cert: {tmp_path / 'agent.pem'}: no such file" in said
     assert len(said) == 5, said
+    # what the commands check where they use it, checked before start when it comes from the file
+    f = write(tmp_path / "g.toml", '[agent]\nlisten = "nowhere"\nanalyzer = "a:b"\nsource = "bogus"\n'
+                                   '[up]\nsource = "replay:/none.csv"\nmetrics_listen = "127.0.0.1:9464"\n')
+    assert problems(f) == [f"{f}: [agent] listen: 'nowhere' is not HOST:PORT",
+                           f"{f}: [agent] analyzer: 'a:b' is not HOST:PORT",
+                           f"{f}: [agent] source: 'bogus', expected nvml, dcgm[:HOST[:PORT]], dcgm-exporter:URL, "
+                           "replay:FILE or auto",
+                           f"{f}: [up] source: /none.csv: no such file"]
     # a DB whose directory is still to be made is fine (the analyzer makes it), and so is `up`'s TLS directory
     f = write(tmp_path / "g.toml", f'[analyzer]\ndb = "{tmp_path}/new/g.duckdb"\n[up]\ntls_dir = "{tmp_path}/t"\n')
     assert problems(f) == []

@@ -1,7 +1,10 @@
-"""The paths a configuration names, checked before anything starts: the
-DB's directory writable (or creatable), the capture directory creatable and
-the agent's own, TLS files and the tokens file there and readable. Each
-problem is returned with the key that named the path; nothing is created."""
+"""What start-up would refuse of the values a configuration gives, beyond
+the flags' own types and ranges, found before anything starts: addresses
+that are not HOST:PORT, a source of no known kind or a recording that is not
+there, the DB's directory not writable (nor creatable), a capture directory
+that cannot be made or is not the agent's own, TLS files and the tokens
+file missing or unreadable. Each problem is returned with the key that gave
+the value; nothing is created."""
 from __future__ import annotations
 
 import os
@@ -11,8 +14,13 @@ from gpuscope.security.auth import TokenStore
 from gpuscope.security.tls import TlsConfigError, tls_files
 
 from .safe_files import UnsafePath, open_root
+from .serve import parse_hostport
+from .sources import KINDS
 
 TLS_FILES = ("ca", "cert", "key")
+ADDRESSES = ("listen", "analyzer", "metrics_listen", "oncall_listen")
+_SOURCES = ("nvml", "dcgm", "auto")
+_SOURCE_PREFIXES = ("dcgm:", "dcgm-exporter:", "replay:")
 
 
 def creatable_dir(path: str | os.PathLike) -> str | None:
@@ -61,11 +69,29 @@ def _readable_file(path: str) -> str | None:
     return None if os.access(p, os.R_OK) else f"{p} is not readable by this user"
 
 
+def _source(spec: str) -> str | None:
+    if spec in _SOURCES or (spec.startswith(_SOURCE_PREFIXES) and spec.partition(":")[2]):
+        if spec.startswith("replay:"):
+            return _readable_file(spec.removeprefix("replay:"))
+        return None
+    return f"{spec!r}, expected {KINDS}"
+
+
 def problems(command: str, values: dict, configured: set[str]) -> list[tuple[str, str]]:
-    """(key, what is wrong) for the paths among `configured` (the keys the
-    file or the environment set; flags keep their own checks). `values`:
-    key -> the effective value of every setting."""
+    """(key, what is wrong) for the values among `configured` (the keys the
+    file or the environment set; flags keep their own checks, where they are
+    used). `values`: key -> the effective value of every setting."""
     out = []
+    for key in ADDRESSES:
+        if key in configured and values.get(key):
+            try:
+                parse_hostport(values[key], key)
+            except ValueError:
+                out.append((key, f"{values[key]!r} is not HOST:PORT"))
+    if "source" in configured and values.get("source"):
+        why = _source(values["source"])
+        if why:
+            out.append(("source", why))
     if "db" in configured and values.get("db"):
         why = writable_file(values["db"])
         if why:
