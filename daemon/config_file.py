@@ -155,6 +155,9 @@ def check_top_level(doc: dict, path: Path, schemas: dict[str, dict[str, Setting]
             tables = ", ".join(f"[{t}]" for t in TABLES)
             out.append(Problem(f"{path}: [{key}]", f"unknown table; the tables are {tables}"
                                f"{_did_you_mean(key, TABLES, '[{}]')}", table=key))
+        elif key == "token":
+            out.append(Problem(where, "a token is never written in this file: put it in a file only you can read "
+                                      "(chmod 600) and name that file with token_file", key=key))
         elif key in client_config.CLIENT_KEYS:
             try:
                 client_config.client_value(key, value)

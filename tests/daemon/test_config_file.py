@@ -222,6 +222,9 @@ def test_secrets_stay_out_of_files_others_can_read_and_are_never_shown(tmp_path)
         "env:GPUSCOPE_ANALYZER_ALERT_WEBHOOK_FILE"
     _, res = resolved(["analyzer", "--alert-webhook", SLACK])
     assert res.shown("alert_webhook") == "<redacted from the command line>"
+    f = write(tmp_path / "g.toml", 'token = "s3cr3t"\n')
+    assert problems(f) == [f"{f}: token: a token is never written in this file: put it in a file only you can read "
+                           "(chmod 600) and name that file with token_file"]
     f = write(tmp_path / "g.toml", f'[analyzer]\nalert_webhook_file = "{hooks}"\nalert_webhook = "http://x/"\n')
     assert problems(f) == [f"{f}: [analyzer] alert_webhook: given twice: as alert_webhook_file too (give one)"]
 
