@@ -95,7 +95,7 @@ def _secret_lines(s: Setting) -> list[str]:
 
 def _client_settings(parser: argparse.ArgumentParser) -> list[Setting]:
     """The on-call commands' top-level keys, described by the flags they stand for."""
-    status = settings(parser, "status")
+    status = settings(parser, "status", client_config.CLIENT_KEYS)
     keys = sorted(client_config.CLIENT_KEYS, key=lambda k: k == "insecure")      # where to ask first
     return [status[k] for k in keys if k in status]
 

@@ -69,13 +69,16 @@ def subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argumen
     raise KeyError(command)
 
 
-def settings(parser: argparse.ArgumentParser, command: str) -> dict[str, Setting]:
+def settings(parser: argparse.ArgumentParser, command: str, dests: tuple[str, ...] | None = None) -> dict[str, Setting]:
     """key -> Setting for one server command: its own flags, and the global
-    ones that shape its logs (--log-level, --json-logs)."""
+    ones that shape its logs (--log-level, --json-logs); only those of
+    `dests` when given."""
     sp = subparser(parser, command)
     out = {}
     for owner in (parser, sp):
         for action in owner._actions:
+            if dests is not None and action.dest not in dests:
+                continue
             s = _setting(action, owner.get_default(action.dest))
             if s is not None:
                 out[s.key] = s
