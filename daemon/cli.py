@@ -18,11 +18,12 @@ from gpuscope.collectors.nvml import SourceUnavailable
 from gpuscope.collectors.recording import RecordingError
 from gpuscope.collectors.xspace_reader import TraceError
 
-from . import client_config, clients, logs
+from . import client_config, clients, config_file, logs
 from .cliutil import VERDICTS, UsageError, default_db, duration, number, positive_duration, positive_float, positive_int
 from .cmd_accuracy import cmd_accuracy
 from .cmd_calibrate import add_calibrate_parser
 from .cmd_certs import add_certs_parser
+from .cmd_config import add_config_flag, add_config_parser
 from .cmd_offline import cmd_classify, cmd_metrics, cmd_trace_summarize
 from .cmd_oncall import (cmd_capture, cmd_captures, cmd_findings, cmd_jobs, cmd_query, cmd_records, cmd_report,
                          cmd_status, cmd_top, cmd_watch, render_report)
@@ -36,7 +37,8 @@ __all__ = ["main", "build_parser", "render_report"]
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuscope", description="GPU fleet profiler: names each GPU's bottleneck.")
     p.add_argument("--version", action="version", version=f"gpuscope {_version()}")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="the least level logged (default info)")
     p.add_argument("--json-logs", action="store_true", default=None, help="JSON log lines (default off a terminal)")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -117,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("up", help="agent + analyzer in one process, with a live view")
     sp.add_argument("--listen", default="127.0.0.1:9400", help="gRPC address (default 127.0.0.1:9400)")
     sp.add_argument("--no-view", action="store_true", help="no live view (logs only)")
+    add_config_flag(sp)
     source_args(sp, "auto")
     analyzer_args(sp)
     add_server_flags(sp, "default: tls/ beside --db, made on first start")
@@ -126,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("agent", help="the per-host sampling daemon")
     sp.add_argument("--analyzer", default="", help="analyzer HOST:PORT to stream to")
     sp.add_argument("--listen", default="127.0.0.1:9401", help="agent API address (default 127.0.0.1:9401)")
+    add_config_flag(sp)
     source_args(sp, None)
     add_server_flags(sp, "NAME is agent", agent_links=True)
     sp.set_defaults(fn=cmd_agent)
@@ -134,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--listen", default="127.0.0.1:9400",
                     help="gRPC address (default 127.0.0.1:9400: this host only; for the fleet use 0.0.0.0:9400 "
                          "with --tls-dir)")
+    add_config_flag(sp)
     sp.add_argument("--threads", type=number(1, 1024, int), default=2, help="DuckDB threads (default 2)")
     sp.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
                     help="serve Prometheus /metrics here: each GPU's verdict, open findings, ingest counters "
@@ -297,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_certs_parser(sub)
     add_calibrate_parser(sub)
+    add_config_parser(sub, build_parser)
     return p
 
 
@@ -344,8 +350,19 @@ def run() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     global _served
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        configured = _configure(ns, parser, sys.argv[1:] if argv is None else argv)
+    except config_file.ConfigError as exc:
+        _said(ns, exc)
+        return 2
     logs.configure(ns.log_level, ns.json_logs)
+    if configured is not None:
+        for warning in configured.warnings:
+            logs.say(f"warning: {warning}", "warning")
+        if config_file.summary(configured):
+            logs.say(config_file.summary(configured))
     _served = ns.command in SERVERS
     try:
         if hasattr(ns, "server"):
@@ -358,11 +375,28 @@ def main(argv: list[str] | None = None) -> int:
             origin != "--server" and ns.server in str(exc) else ""
         print(f"gpuscope {ns.command}: error: {exc}{where}", file=sys.stderr)
         return 1
+    except config_file.ConfigError as exc:
+        _said(ns, exc)
+        return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:   # `gpuscope classify ... | head`
         sys.stderr.close()
         return 0
+
+
+def _configure(ns, parser, argv: list[str]):
+    """A server's settings from its configuration file and the environment,
+    under its flags (daemon/config_file.py); None for other commands."""
+    if ns.command not in SERVERS:
+        return None
+    return config_file.apply(ns, parser, config_file.flags_given(build_parser, argv))
+
+
+def _said(ns, exc: config_file.ConfigError) -> None:
+    """Each problem on a line of its own, as argparse says a bad flag."""
+    for problem in exc.problems:
+        print(f"gpuscope {ns.command}: error: {problem}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ The config file is `$GPUSCOPE_CONFIG`, else `$XDG_CONFIG_HOME/gpuscope/config.to
     insecure = false
 
 A flag beats the environment ($GPUSCOPE_TLS_DIR, $GPUSCOPE_TOKEN), which
-beats the file. A bare HOST means the port of the service the command asks:
+beats the file. The file's tables ([agent], [analyzer], [up]) are the
+servers' settings (daemon/config_file.py), left alone here. A bare HOST means the port of the service the command asks:
 9400 for the analyzer (and `gpuscope up`), 9401 for an agent (`capture`,
 `jobs`). gRPC would take `localhost` alone as port 443."""
 from __future__ import annotations
@@ -32,6 +33,10 @@ DEFAULT_SERVER = f"127.0.0.1:{ANALYZER_PORT}"
 AGENT_COMMANDS = ("capture", "jobs")          # asked of an agent (or `up`, which is one too)
 _STRINGS = ("server", "tls_dir", "ca", "cert", "key", "token_file", "tls_server_name")
 _PATHS = ("tls_dir", "ca", "cert", "key", "token_file")
+CLIENT_KEYS = ("insecure",) + _STRINGS
+# The same file may hold the servers' settings, a table each
+# (docs/configuration.md); on-call commands read the top-level keys only.
+SERVER_TABLES = ("agent", "analyzer", "up")
 
 
 def config_path() -> Path:
@@ -60,17 +65,28 @@ def load_config(path: Path | None = None) -> dict:
         raise UsageError(f"config {p}: not TOML ({exc})") from None
     out = {}
     for key, value in doc.items():
-        if key == "insecure":
-            if not isinstance(value, bool):
-                raise UsageError(f"config {p}: insecure must be true or false, not {value!r}")
-        elif key in _STRINGS:
-            if not isinstance(value, str) or not value.strip():
-                raise UsageError(f"config {p}: {key} must be a non-empty string, not {value!r}")
-            value = str(Path(value).expanduser()) if key in _PATHS else value.strip()
-        else:
-            raise UsageError(f"config {p}: unknown key {key!r} (known: {', '.join(('insecure',) + _STRINGS)})")
-        out[key] = value
+        if key in SERVER_TABLES and isinstance(value, dict):
+            continue                       # the servers' settings (daemon/config_file.py), not ours
+        if key not in CLIENT_KEYS:
+            raise UsageError(f"config {p}: unknown key {key!r} (known: {', '.join(CLIENT_KEYS)})")
+        try:
+            out[key] = client_value(key, value)
+        except ValueError as exc:
+            raise UsageError(f"config {p}: {exc}") from None
     return out
+
+
+def client_value(key: str, value):
+    """One of the file's top-level keys, checked (ValueError saying what is
+    wrong) and with ~ expanded in paths; `gpuscope config check` checks them
+    this way too."""
+    if key == "insecure":
+        if not isinstance(value, bool):
+            raise ValueError(f"insecure must be true or false, not {value!r}")
+        return value
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{key} must be a non-empty string, not {value!r}")
+    return str(Path(value).expanduser()) if key in _PATHS else value.strip()
 
 
 def with_port(address: str, port: int) -> str:
