@@ -7,8 +7,9 @@
 # driver's libnvidia-ml.so.1 and the GPU device files into a container that
 # asks for them (NVIDIA_VISIBLE_DEVICES; NVIDIA_DRIVER_CAPABILITIES=utility is
 # NVML and nvidia-smi, no CUDA), so the library always matches the driver.
-# Debian's Python (3.11, the version gpuscope is tested on) rather than the
-# python image: 40 MB less (docs/benchmarks.md, "Container image").
+# Debian 12's own Python 3.11 (the version gpuscope is tested on): with
+# ca-certificates, 120 MB under /opt/gpuscope's 268 (docs/benchmarks.md,
+# "Container image", measured by running these steps: bench/image_build.py).
 # For a byte-for-byte reproducible build pin the digest:
 #   docker build --build-arg BASE=debian:bookworm-slim@sha256:... .
 ARG BASE=debian:bookworm-slim

@@ -23,9 +23,16 @@ rm -rf pyarrow/include pyarrow/src pyarrow/tests \
        pyarrow/libarrow_s3.so.* pyarrow/_s3fs.*.so
 rm -f pyarrow/libarrow_python.so pyarrow/libarrow_python.so.*.*.*
 find . -depth -type d -name tests -path '*/numpy/*' -exec rm -rf {} +
-# Wheels ship some libraries with their symbol tables (pyarrow, OpenBLAS,
-# cryptography's Rust core: 25 MB); the dynamic symbols the loader needs stay.
-find . -type f -name '*.so*' -exec strip --strip-unneeded {} +
+# Some wheels ship their libraries with symbol tables (pyarrow's,
+# cryptography's Rust core: 20 MB); strip those (the dynamic symbols the
+# loader needs stay), and nothing else: not what auditwheel grafted into
+# *.libs/, whose segments Debian 12's strip misaligns (numpy's OpenBLAS then
+# fails to load: found by bench/image_build.py), nor what is stripped already.
+find . -path '*.libs' -prune -o -type f -name '*.so*' -print | while read -r lib; do
+    if readelf -S "$lib" 2>/dev/null | grep -q '\.symtab'; then
+        strip --strip-unneeded "$lib"
+    fi
+done
 # The container's file system is read-only: without .pyc files every start,
 # and every health probe, would compile its imports again.
 "$prefix/bin/python" -m compileall -q -j 0 "$site" >/dev/null
