@@ -116,6 +116,9 @@ class Analyzer:
         self._sources: dict[tuple[str, int], str] = {}     # where each GPU's samples come from
         self._uuids: dict[tuple[str, int], str] = {}
         self._lost: set[tuple[str, int]] = set()
+        # GPUs whose agent said their source stopped (DCGM's host engine, dcgm-exporter down), and what it
+        # said: a finding closed for lack of samples then says why, not "agent went silent"
+        self._source_down: dict[tuple[str, int], str] = {}
         self._dirty: set[tuple[str, int]] = set()      # GPUs whose state changed since the last snapshot
         self._status_dirty: set[tuple[str, int]] = set()   # ... since the last _publish_status
         self.on_status: Callable[[list[GpuRow], dict], None] | None = None
@@ -300,6 +303,13 @@ class Analyzer:
                 ws = math.floor(float(b.t.max()) / self.window_s) * self.window_s
                 with self._lock:
                     self._analysed[b.host] = max(self._analysed.get(b.host, ws), ws)
+            for host, gpu, t, kind, detail, _code in b.health:
+                if kind == "source_error":
+                    self._source_down[(host, gpu)] = detail
+                elif kind == "recovered":
+                    self._source_down.pop((host, gpu), None)
+            for g in newest_of:
+                self._source_down.pop((b.host, g), None)
             health = [self.detector.health(host, gpu, kind.replace("_uncorrected", ""), detail, t,
                                            (self.findings.open.get((host, gpu)) or {}).get("job", ""))
                       for host, gpu, t, kind, detail, _code in b.health if kind in ("xid", "ecc_uncorrected", "gpu_lost")]
@@ -518,6 +528,9 @@ class Analyzer:
     def _silence(self, key: tuple[str, int], st: GpuState | None, now: float) -> str:
         if key in self._lost:
             return "GPU lost (fell off the bus); agent sends no samples of it"
+        if key in self._source_down:
+            silent = f" for {now - st.last_arrival:.0f} s" if st is not None and st.last_arrival else ""
+            return f"its source stopped: no samples{silent}; the agent said: {self._source_down[key][:300]}"
         if st is None or st.last_arrival < self.started:
             return "agent went silent (not heard from since the analyzer restarted)"
         return f"agent went silent (no samples for {now - st.last_arrival:.0f} s)"

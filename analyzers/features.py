@@ -68,6 +68,8 @@ def stack_columns(parts: Sequence[tuple[tuple[str, ...], np.ndarray]],
     rows, agents of other versions), as one Columns over `names` (default:
     their union, in the order first seen); NaN where a part lacks a metric."""
     if names is None:
+        if len(parts) == 1:             # most live windows: one batch's rows (no union to take)
+            return Columns(parts[0][0], parts[0][1])
         names = tuple(dict.fromkeys(n for part_names, _ in parts for n in part_names))
     if all(part_names == names for part_names, _ in parts):
         return Columns(names, parts[0][1] if len(parts) == 1 else np.vstack([m for _, m in parts]))
@@ -212,6 +214,18 @@ def _sum_opt(*xs: np.ndarray) -> np.ndarray:
 
 def _first_known(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(a), b, a)
+
+
+# The catalogue metrics feature_matrix reads: a caller that builds windows
+# from samples one by one (an agent's /metrics) need gather no others
+INPUTS = ("util_gpu_ratio", "util_mem_ratio", "gpm_sm_util_ratio", "gpm_sm_occupancy_ratio", "gpm_tensor_util_ratio",
+          "gpm_dram_bw_util_ratio", "gpm_fp16_util_ratio", "gpm_fp32_util_ratio", "procs_cpu_cores", "procs_count",
+          "gpm_pcie_tx_bytes_per_second", "gpm_pcie_rx_bytes_per_second", "pcie_tx_bytes_total",
+          "pcie_rx_bytes_total", "gpm_nvlink_tx_bytes_per_second", "gpm_nvlink_rx_bytes_per_second",
+          "nvlink_tx_bytes_total", "nvlink_rx_bytes_total", "power_watts", "power_limit_watts", "sm_clock_hertz",
+          "throttle_sw_power_cap_seconds_total", "throttle_hw_power_brake_seconds_total",
+          "throttle_sw_thermal_seconds_total", "throttle_hw_thermal_seconds_total", "clock_event_reasons",
+          *cat.SERVING)
 
 
 def feature_matrix(s: Stack) -> np.ndarray:

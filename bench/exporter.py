@@ -1,5 +1,6 @@
 """What one scrape of an agent's Prometheus /metrics costs: rendering 8
-GPUs' every catalogue metric and the agent's health.
+GPUs' every catalogue metric, their verdicts (the agent judges each GPU's
+newest 5 s with the analyzer's rules) and the agent's health.
 
     python bench/exporter.py [--gpus 8] [--scrapes 500]
 
@@ -24,6 +25,8 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest  # noqa:
 
 from gpuscope.collectors.nvml import NvmlCollector  # noqa: E402
 from gpuscope.daemon.agent import Agent, AgentConfig  # noqa: E402
+from gpuscope.analyzers.offline import judge_newest  # noqa: E402
+from gpuscope.daemon import exporter  # noqa: E402
 from gpuscope.daemon.exporter import AgentCollector, registry  # noqa: E402
 from tests.fakes.nvml import FakeNvml, h200  # noqa: E402
 
@@ -44,13 +47,18 @@ def main() -> None:
     agent = Agent(AgentConfig(host="bench", interval_s=0.1, slow_interval_s=0.2),
                   NvmlCollector(nvml=FakeNvml([h200() for _ in range(ns.gpus)])))
     agent.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not all("energy_joules_total" in agent.latest.get(g, {})
                                                   for g in range(ns.gpus)):
         time.sleep(0.1)
+    while time.monotonic() < deadline and len(agent.recent(5.0, gpu=0)) < 50:
+        time.sleep(0.1)                # a full 5 s window at 10 Hz for the verdicts: the most they read
     agent.stop()                       # the numbers stay; the sampler no longer competes for the CPU
-    reg = registry(AgentCollector(agent))
+    now = time.time()                  # ... and stay fresh: the exporter leaves out a GPU quiet for 3 ticks
+    exporter.time = type("Frozen", (), {"time": staticmethod(lambda: now)})
+    reg = registry(AgentCollector(agent, judge_newest))
     text = generate_latest(reg)
+    assert b"gpuscope_gpu_verdict{" in text and b"gpuscope_gpu_sm_active_ratio{" in text
     series = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
     ours = per_call(lambda: generate_latest(reg), ns.scrapes)
     peer_reg = CollectorRegistry()

@@ -168,6 +168,23 @@ def clean_label(text: str) -> str:
     return text
 
 
+def job_label(a: Attribution | None, command: str = "") -> str:
+    """A name for whose work runs on a GPU that outlives no more than that
+    work and is never a pid (a Prometheus label: a pid would make a series
+    per process): the Slurm job, else the pod, else the systemd unit, the
+    workload, the container, and last the program's name."""
+    if a is not None:
+        if a.slurm_job:
+            return f"slurm:{a.slurm_job}"
+        if a.pod:
+            return f"pod:{a.namespace}/{a.pod}"
+        for prefix, value in (("unit:", a.unit), ("", a.workload), ("container:", a.container_id[:12])):
+            if value:
+                return prefix + value
+    program = command.split(" ", 1)[0].rsplit("/", 1)[-1]
+    return clean_label(program) if program else ""
+
+
 def user_name(uid: int) -> str:
     """The login of a uid, else `uid:N` (a container's users are seldom in the agent's passwd)."""
     try:

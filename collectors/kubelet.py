@@ -15,6 +15,7 @@ and the last good answer is kept only while the kubelet is merely
 unreachable (a restart), not when the socket is gone or access is refused:
   absent             no socket at the path (not a Kubernetes node, or the
                      agent's pod lacks the hostPath mount)
+  not a socket       something else is at the path (a file, a directory)
   permission denied  the socket refuses us (not root), or the kubelet does
   unimplemented      a kubelet without pod-resources v1 List
   unreachable        no answer in `timeout_s` (kubelet restarting)
@@ -22,6 +23,7 @@ unreachable (a restart), not when the socket is gone or access is refused:
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -102,13 +104,26 @@ class PodResources:
             self._channel = None
 
     def _run(self) -> None:
+        said = ""
         while not self._stop.is_set():
             try:
                 self.refresh()
             except Exception as exc:  # top of a loop that must survive
                 self._state = f"error: {type(exc).__name__}: {exc}"
                 log.exception("kubelet pod-resources refresh failed", socket=self.config.socket)
+            said = self._say(said)
             self._stop.wait(self.config.refresh_s)
+
+    def _say(self, said: str) -> str:
+        """Logs the state when its kind changes (the first answer at start-up
+        included): absent from the default path is an ordinary host, not a
+        fault; anything short of ok elsewhere is."""
+        kind = self._state.split(":", 1)[0]
+        if kind != said:
+            quiet = kind == "ok" or (kind == "absent" and self.config.socket == DEFAULT_SOCKET)
+            (log.info if quiet else log.warning)("kubelet pod-resources: " + self.status(),
+                                                 socket=self.config.socket)
+        return kind
 
     # -- one refresh -----------------------------------------------------------------------
     def refresh(self) -> None:
@@ -119,6 +134,13 @@ class PodResources:
             if not os.path.exists(path):
                 self._drop(f"absent: no kubelet socket at {path} (not a Kubernetes node, or the agent's pod "
                            f"lacks a hostPath mount of {os.path.dirname(path)}: docs/operations.md)")
+                return
+            mode = os.stat(path).st_mode
+            if not stat.S_ISSOCK(mode):
+                what = "a directory" if stat.S_ISDIR(mode) else "a regular file" if stat.S_ISREG(mode) else \
+                    "not a socket"
+                self._drop(f"not a socket: {path} is {what}; --kubelet-socket names the kubelet's pod-resources "
+                           f"socket ({DEFAULT_SOCKET}), mounted into the agent's pod from the host")
                 return
             if not os.access(path, os.R_OK | os.W_OK):
                 self._drop(f"permission denied: {path} is not writable by this user (uid {os.getuid()}); run the "

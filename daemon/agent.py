@@ -7,6 +7,7 @@ sampling loop: a failing scrape is logged, counted and retried next tick.
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import time
 import uuid
@@ -166,11 +167,16 @@ class Agent:
             self.errors["other"] = self.errors.get("other", 0) + n
 
     def recent(self, seconds: float = 0.0, gpu: int | None = None) -> list[GpuSample]:
+        """The ring's samples (of its newest `seconds`, 0: all), oldest first.
+        Walks back from the newest: every /metrics scrape asks for 5 s of a
+        ring that holds ten minutes."""
         with self._ring_lock:
-            ring = list(self._ring)
-        if seconds > 0 and ring:
-            cutoff = ring[-1].t - seconds
-            ring = [s for s in ring if s.t >= cutoff]
+            if seconds > 0 and self._ring:
+                cutoff = self._ring[-1].t - seconds
+                ring = list(itertools.takewhile(lambda s: s.t >= cutoff, reversed(self._ring)))
+                ring.reverse()
+            else:
+                ring = list(self._ring)
         if gpu is not None:
             ring = [s for s in ring if s.gpu == gpu]
         return ring

@@ -375,6 +375,7 @@ def cmd_up(ns) -> int:
     _setup_captures(agent, ns, target, links, serving)
     agent.start(_uplink_factory(ns, target, links))
     listener = _start_commands(agent, target, ns.host, links)
+    # the verdicts are the analyzer's (FleetCollector): one gauge, with its host label
     metrics = _metrics(ns, "analyzer", AgentCollector(agent), FleetCollector(analyzer.status),
                        *_alert_metrics(alerter))
     view = LiveView()
@@ -453,7 +454,8 @@ def cmd_agent(ns) -> int:
         max_workers=8, **security)
     agent.start()
     server.start()
-    metrics = _metrics(ns, "agent", AgentCollector(agent))
+    from gpuscope.analyzers.offline import judge_newest      # the agent says its GPUs' verdicts itself
+    metrics = _metrics(ns, "agent", AgentCollector(agent, judge_newest))
     listener = _start_commands(agent, ns.analyzer, ns.host, links) if ns.analyzer else None
     logs.say(f"agent: {source}, API on {ns.listen.rpartition(':')[0]}:{port}, analyzer {ns.analyzer or '(none)'}")
     try:

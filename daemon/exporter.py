@@ -1,14 +1,21 @@
 """Prometheus export of an agent (`--metrics-listen`): each GPU's newest
-value of every catalogue metric, and the agent's own health.
+value of every catalogue metric, its verdict, and the agent's own health.
 
-Names follow Prometheus' conventions from the catalogue, which already
-follows them: `gpuscope_gpu_<metric>` with the unit in the name
-(`gpuscope_gpu_power_watts`, `gpuscope_gpu_gpm_dram_bw_util_ratio`),
-counters as `_total`. Labels are `gpu`, `uuid` and `model` only: the series
-of a GPU live as long as the GPU, whatever runs on it (a pid or a job label
-would make a new series per process). The verdict is the analyzer's: it
-exports each GPU's (`gpuscope analyzer --metrics-listen`), and `gpuscope
-up` exports both.
+Names follow Prometheus' conventions: `gpuscope_gpu_<metric>` with the unit
+in the name (`gpuscope_gpu_power_watts`), counters as `_total`. The
+profiling metrics are named for what they measure, as DCGM names them
+(`gpuscope_gpu_sm_active_ratio`, `gpuscope_gpu_dram_active_ratio`), whichever
+source read them (NVML GPM, DCGM, dcgm-exporter): EXPORTED below.
+Per-GPU labels are `gpu`, `uuid` and `model` only: the series of a GPU live
+as long as the GPU, whatever runs on it. The verdict gauge adds `job`
+(collectors.attribution.job_label: a Slurm job, pod, unit or program, never
+a pid), `pod` and `namespace`, which live as long as the work; scrape it
+with `honor_labels: true`, as dcgm-exporter is, or Prometheus renames `job`
+to `exported_job`. The agent judges its own newest window with the
+analyzer's rules (`judge`, wired in by the command line); the analyzer
+exports the fleet's (`gpuscope analyzer --metrics-listen`), and `gpuscope
+up` exports both. The process' CPU and memory are prometheus_client's
+standard `process_*` metrics.
 
 Served by prometheus_client's HTTP server: plain HTTP on a loopback
 address; anywhere else only with TLS, the client presenting a certificate
@@ -16,23 +23,47 @@ of the fleet's CA (Prometheus' `tls_config` with `cert_file`/`key_file`).
 """
 from __future__ import annotations
 
-import resource
 import time
 from typing import Callable, Iterable
 
+from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
 from gpuscope.collectors import catalogue as cat
+from gpuscope.collectors.attribution import job_label
+from gpuscope.collectors.records import GpuSample
 
 from .cliutil import VERDICTS
 from .serve import parse_hostport
 
 PREFIX = "gpuscope_"
 
+# The profiling metrics by what they measure (DCGM's DCGM_FI_PROF_* names), not by
+# the NVML GPM call that reads them on one source
+EXPORTED = {
+    "gpm_graphics_util_ratio": "gr_engine_active_ratio",
+    "gpm_sm_util_ratio": "sm_active_ratio",
+    "gpm_sm_occupancy_ratio": "sm_occupancy_ratio",
+    "gpm_tensor_util_ratio": "tensor_active_ratio",
+    "gpm_hmma_util_ratio": "tensor_hmma_active_ratio",
+    "gpm_dram_bw_util_ratio": "dram_active_ratio",
+    "gpm_fp32_util_ratio": "fp32_active_ratio",
+    "gpm_fp16_util_ratio": "fp16_active_ratio",
+    "gpm_integer_util_ratio": "integer_active_ratio",
+    "gpm_pcie_tx_bytes_per_second": "pcie_tx_bytes_per_second",
+    "gpm_pcie_rx_bytes_per_second": "pcie_rx_bytes_per_second",
+    "gpm_nvlink_tx_bytes_per_second": "nvlink_tx_bytes_per_second",
+    "gpm_nvlink_rx_bytes_per_second": "nvlink_rx_bytes_per_second",
+}
+
+# A GPU's verdict, given its newest samples (analyzers.offline.judge_newest,
+# wired in by the command line: the agent's own modules never import analyzers)
+Judge = Callable[[list[GpuSample], float, dict], dict]
+
 
 def _family(m: cat.Metric, labels: list[str]):
-    name = f"{PREFIX}gpu_{m.name}"
+    name = f"{PREFIX}gpu_{EXPORTED.get(m.name, m.name)}"
     if m.kind is cat.Kind.COUNTER:
         return CounterMetricFamily(name.removesuffix("_total"), m.help, labels=labels)
     return GaugeMetricFamily(name, f"{m.help} ({m.unit})", labels=labels)
@@ -45,8 +76,9 @@ SLOW_GRACE_S = 2.0       # a scrape that takes a while is not an outage
 class AgentCollector:
     """A prometheus_client collector over a running Agent."""
 
-    def __init__(self, agent):
+    def __init__(self, agent, judge: Judge | None = None, window_s: float = 5.0):
         self.agent = agent
+        self._judge, self._window_s = judge, window_s
 
     def collect(self) -> Iterable:
         a = self.agent
@@ -83,13 +115,47 @@ class AgentCollector:
                 fam.add_metric([str(gpu), d.uuid if d else "", d.name if d else ""], v)
             if fam is not None:
                 yield fam
+        if self._judge is not None:
+            yield self._verdicts(devices, set(latest))
         yield from _health(a)
+
+    def _verdicts(self, devices: dict, fresh: set[int]):
+        fam = GaugeMetricFamily(PREFIX + "gpu_verdict", f"1 on the GPU's verdict over its newest "
+                                f"{self._window_s:g} s (the analyzer's rules, judged by the agent), 0 on the others",
+                                labels=["gpu", "uuid", "verdict", "job", "pod", "namespace"])
+        recent = [s for s in self.agent.recent(self._window_s) if s.gpu in fresh]
+        judged = self._judge(recent, self._window_s, devices) if recent else {}
+        owners = _owners(recent, devices)
+        for gpu in sorted(judged):
+            d, (job, pod, namespace) = devices.get(gpu), owners.get(gpu, ("", "", ""))
+            for v in VERDICTS:
+                fam.add_metric([str(gpu), d.uuid if d else "", v, job, pod, namespace],
+                               1.0 if judged[gpu].verdict == v else 0.0)
+        return fam
+
+
+def _owners(recent: list[GpuSample], devices: dict) -> dict[int, tuple[str, str, str]]:
+    """(job, pod, namespace) of each GPU: its newest sample's biggest
+    process (by device memory), else what the source says of the GPU."""
+    out: dict[int, tuple[str, str, str]] = {}
+    seen: set[int] = set()
+    for s in reversed(recent):
+        if s.gpu in seen or not (s.processes or "procs_count" in s.values):
+            continue
+        seen.add(s.gpu)
+        p = max(s.processes, key=lambda p: p.used_memory_bytes or 0, default=None)
+        if p is not None:
+            a = p.attribution
+            out[s.gpu] = (job_label(a, p.command), a.pod if a else "", a.namespace if a else "")
+    for gpu, d in devices.items():
+        if gpu not in out and d.attribution is not None:
+            out[gpu] = (job_label(d.attribution), d.attribution.pod, d.attribution.namespace)
+    return out
 
 
 def _health(a) -> Iterable:
     s = a.status()
     up = s["uplink"]
-    ru = resource.getrusage(resource.RUSAGE_SELF)
     for name, help_, value in (
             ("agent_samples", "GPU samples taken", s["samples"]),
             ("agent_ticks", "sampling ticks", s["ticks"]),
@@ -99,15 +165,15 @@ def _health(a) -> Iterable:
             ("agent_batches_sent", "batches sent to the analyzer", up.get("batches_sent", 0)),
             ("agent_batches_acked", "batches the analyzer stored and acknowledged", up.get("batches_acked", 0)),
             ("agent_source_errors", "errors reading the sources (NVML, serving engines, ...)",
-             sum(s["errors"].values())),
-            ("agent_cpu_seconds", "the agent's own CPU time", ru.ru_utime + ru.ru_stime)):
+             sum(s["errors"].values()))):
         c = CounterMetricFamily(PREFIX + name, help_)
         c.add_metric([], value)
         yield c
     for name, help_, value in (
             ("agent_unacked_samples", "samples sent or waiting, not yet acknowledged", up.get("unacked_samples", 0)),
             ("agent_uplink_connected", "1 while the stream to the analyzer is up", int(bool(up.get("connected")))),
-            ("agent_max_resident_memory_bytes", "the agent's peak resident memory", ru.ru_maxrss * 1024),
+            ("agent_send_lag_seconds", "age of the oldest sample the analyzer has not acknowledged (0: none)",
+             up.get("send_lag_seconds", 0.0)),
             ("agent_gpus", "GPUs the agent samples", len(s["devices"]))):
         g = GaugeMetricFamily(PREFIX + name, help_)
         g.add_metric([], value)
@@ -194,7 +260,10 @@ class AlertCollector:
 
 
 def registry(*collectors) -> CollectorRegistry:
+    """The collectors, and the process' own CPU seconds, resident memory
+    and open files (`process_*`, prometheus_client's standard names)."""
     r = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=r)
     for c in collectors:
         r.register(c)
     return r

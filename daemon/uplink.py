@@ -62,7 +62,8 @@ class Uplink:
         self._stop = threading.Event()
         self._pending: collections.deque[GpuSample] = collections.deque()
         self._pending_health: list[HealthRecord] = []
-        self._unacked: collections.OrderedDict[int, tuple[pb.SampleBatch, int]] = collections.OrderedDict()
+        # seq -> (batch, its samples, its oldest sample's time: the send lag /metrics reports)
+        self._unacked: collections.OrderedDict[int, tuple[pb.SampleBatch, int, float]] = collections.OrderedDict()
         self._unacked_samples = 0
         self._send_q: queue.SimpleQueue | None = None
         self._call = None
@@ -86,7 +87,7 @@ class Uplink:
     def _enforce_bound(self) -> None:
         over = len(self._pending) + self._unacked_samples - self.config.buffer_samples
         while over > 0 and self._unacked:       # oldest data first
-            seq, (_, n) = self._unacked.popitem(last=False)
+            seq, (_, n, _) = self._unacked.popitem(last=False)
             self._unacked_samples -= n
             self.dropped += n
             over -= n
@@ -156,7 +157,7 @@ class Uplink:
             with self._lock:
                 # read under the lock: a batch dropped for lack of room is gone from _unacked for good
                 batch.min_unacked_seq = next(iter(self._unacked), seq)   # seqs enter in order
-                self._unacked[seq] = (batch, take)
+                self._unacked[seq] = (batch, take, min((smp.t for smp in samples), default=time.time()))
                 if self._send_q is not None:
                     self._send_q.put(batch)
                     self.sent += 1
@@ -178,7 +179,7 @@ class Uplink:
                 continue
             q: queue.SimpleQueue = queue.SimpleQueue()
             with self._lock:
-                for batch, _ in self._unacked.values():
+                for batch, *_ in self._unacked.values():
                     q.put(batch)
                     self.sent += 1
                 self._send_q = q
@@ -253,6 +254,10 @@ class Uplink:
 
     def stats(self) -> dict:
         with self._lock:
+            oldest = next(iter(self._unacked.values()))[2] if self._unacked else \
+                (self._pending[0].t if self._pending else None)
             return dict(connected=self.connected, dropped_samples=self.dropped, batches_sent=self.sent,
                         batches_acked=self.acked, batches_rejected=self.rejected,
-                        unacked_samples=len(self._pending) + self._unacked_samples, last_error=self.last_error)
+                        unacked_samples=len(self._pending) + self._unacked_samples, last_error=self.last_error,
+                        # how far the analyzer's copy is behind: the oldest sample not yet acknowledged
+                        send_lag_seconds=max(time.time() - oldest, 0.0) if oldest is not None else 0.0)

@@ -382,3 +382,27 @@ def test_a_starved_episode_split_between_launch_and_host_bound_says_so():
     for i in range(8, 20):
         [f] = tracker.observe("h", w(100.0 + 5 * i, "launch-bound"), "")
     assert f["summary"] == "GPU starved by the host" and tracker.evidence_of(f)["verdict_share"] == 0.85
+
+
+def test_a_finding_whose_source_stopped_says_so_not_that_the_agent_went_silent(tmp_path):
+    """Found in a trial: DCGM's host engine going down closed findings as
+    'agent went silent' while the agent was talking all along."""
+    from gpuscope.collectors.records import HealthKind, HealthRecord
+    clock = Clock(T0)
+    a = _analyzer(tmp_path / "s.duckdb", clock)
+    said = "DCGM: lost the host engine at 127.0.0.1:5555 (DCGM_ST_CONNECTION_NOT_VALID)"
+    try:
+        _feed(a, clock, "host-a", {0: COMPUTE, 1: MEMORY}, T0, 6)
+        clock.t = T0 + 7
+        down = encode_batch("host-a", "boot-1", 7, [GpuSample(0, T0 + 6 + i / 10, dict(COMPUTE)) for i in range(10)],
+                            [DeviceInfo(gpu=g, name="NVIDIA H200") for g in (0, 1)],
+                            [HealthRecord(1, T0 + 6.1, HealthKind.SOURCE_ERROR, said)])
+        assert a.submit(down).result(timeout=10) == "committed"
+        _feed(a, clock, "host-a", {0: COMPUTE}, T0 + 7, 3, seq0=8)
+        a.sweep().result(timeout=10)
+        [f] = _findings(a, "host-a", 1)
+        assert f["end"] == T0 + 6.0 and f"ended: its source stopped: no samples for 4 s; the agent said: {said}" \
+            in f["summary"]
+        assert "went silent" not in f["summary"]
+    finally:
+        a.close()

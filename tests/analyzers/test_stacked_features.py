@@ -126,3 +126,20 @@ def test_a_windows_samples_are_the_gpus_not_the_serving_rows_stored_beside_them(
     assert w.get("serving_requests_running") == 7.0 and w.get("util_gpu_ratio") == 0.9
     assert w.samples == alone.samples == n_gpu
     assert classify(w).evidence["samples"] == n_gpu
+
+
+def test_features_read_only_their_declared_inputs(fixture_dir):
+    """judge_newest (an agent's /metrics) gathers only features.INPUTS from
+    its samples: a metric read but not declared would silently be NaN there."""
+    from gpuscope.analyzers.features import INPUTS, feature_matrix
+    from gpuscope.collectors.recording import read_recording
+    rec = read_recording(fixture_dir / "samples.csv")
+    idx = np.flatnonzero(rec.gpu == rec.gpu[0])[:400]
+    every = {k: rec.metrics[k][idx] for k in rec.metrics}
+    declared = {k: v for k, v in every.items() if k in INPUTS}
+    assert len(declared) < len(every)                      # the recording has metrics the features never read
+    parts = [(0, 0.0, 1.0, rec.t[idx][i:i + 50], Columns.from_dict({k: v[i:i + 50] for k, v in cols.items()}, 50), {})
+             for cols in (every, declared) for i in range(0, 400, 50)]
+    m = feature_matrix(stack(parts))
+    np.testing.assert_array_equal(m[:8], m[8:])
+    assert set(INPUTS) <= set(cat.NAMES)

@@ -106,6 +106,37 @@ def test_socket_absent(tmp_path):
     assert "hostPath" in k.status() and k.holders(UUID0, 0) == ()
 
 
+@pytest.mark.parametrize("make,what", [(lambda p: p.write_text("x"), "a regular file"),
+                                       (lambda p: p.mkdir(), "a directory")])
+def test_something_other_than_a_socket_is_said(tmp_path, make, what):
+    """Found in a trial: a regular file at the path gave gRPC's raw 'failed
+    to connect to all addresses' as the status."""
+    make(tmp_path / "kubelet.sock")
+    k = client(str(tmp_path / "kubelet.sock"))
+    k.refresh()
+    assert k.status().startswith(f"not a socket: {tmp_path / 'kubelet.sock'} is {what}; --kubelet-socket")
+
+
+def test_the_state_is_logged_when_it_changes_start_up_included(tmp_path, kubelet):
+    from structlog.testing import capture_logs
+    k = PodResources(KubeletConfig(socket=str(tmp_path / "nope.sock"), refresh_s=0.05))
+    with capture_logs() as logs:
+        k.start()
+        import time
+        time.sleep(0.3)
+        k.close()
+    said = [e for e in logs if e["event"].startswith("kubelet pod-resources: ")]
+    assert len(said) == 1 and said[0]["log_level"] == "warning" and "absent: no kubelet socket" in said[0]["event"]
+    kubelet.pods = [pod("ml", "a", ("c", "nvidia.com/gpu", [UUID0]))]
+    k = PodResources(KubeletConfig(socket=kubelet.path, refresh_s=0.05))
+    with capture_logs() as logs:
+        k.start()
+        time.sleep(0.3)
+        k.close()
+    said = [e for e in logs if e["event"].startswith("kubelet pod-resources: ")]
+    assert len(said) == 1 and said[0]["log_level"] == "info" and "ok: 1 GPUs held by 1 pods" in said[0]["event"]
+
+
 @pytest.mark.parametrize("code,word", [(grpc.StatusCode.PERMISSION_DENIED, "permission denied: the kubelet refused List"),
                                        (grpc.StatusCode.UNIMPLEMENTED, "unimplemented: this kubelet does not serve")])
 def test_the_kubelet_refusing_drops_what_it_said_before(kubelet, code, word):
@@ -147,7 +178,10 @@ def test_an_unreachable_kubelet_keeps_the_last_answer_and_says_so(tmp_path):
     try:
         k.refresh()
         server.stop(grace=None).wait()
-        path.touch()                  # a restarting kubelet's stale socket file: there, but nobody answers
+        import socket
+        stale = socket.socket(socket.AF_UNIX)      # a restarting kubelet's stale socket: there, nobody answers
+        stale.bind(str(path))
+        stale.close()
         k.refresh()
         assert k.status().startswith("unreachable: ") and "pods as of" in k.status()
         assert k.holders(UUID0, 0) == (PodRef("ml", "a", "c"),)

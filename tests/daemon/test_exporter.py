@@ -49,21 +49,67 @@ def test_an_agent_exports_each_gpu_and_its_own_health(agent):
     assert by_gpu == {"0": 0.95, "1": 0.03}
     assert fams["gpuscope_gpu_energy_joules"].type == "counter"           # `_total` in the exposition
     assert "gpuscope_gpu_energy_joules_total" in text
-    assert fams["gpuscope_agent_samples"].samples[0].value > 0 and fams["gpuscope_agent_cpu_seconds"].type == "counter"
+    assert fams["gpuscope_agent_samples"].samples[0].value > 0
+    assert fams["process_cpu_seconds"].type == "counter" and fams["process_resident_memory_bytes"].samples[0].value > 0
+    assert fams["gpuscope_agent_send_lag_seconds"].samples[0].value == 0      # no analyzer: nothing sent
     assert not any("pid" in s.labels for f in fams.values() for s in f.samples)
+    # profiling metrics by what they measure (DCGM's names), whatever source read them
+    assert "gpuscope_gpu_sm_active_ratio" in fams and "gpuscope_gpu_dram_active_ratio" in fams
+    assert not any(name.startswith("gpuscope_gpu_gpm_") for name in fams)
+    assert "gpuscope_gpu_verdict" not in fams                          # no judge wired in: no verdict
+
+
+def test_an_agent_says_each_gpus_verdict_by_the_analyzers_rules():
+    from gpuscope.analyzers.offline import judge_newest
+    busy = h200(util_gpu=97, util_mem=80, power_mw=600_000,
+                gpm_values={1: 97.0, 2: 60.0, 3: 40.0, 4: 1.0, 5: 2.0, 7: 2.0, 10: 88.0, 12: 5.0, 13: 1.0,
+                            20: 10.0, 21: 10.0, 60: 0.0, 61: 0.0})
+    a = Agent(AgentConfig(host="h", interval_s=0.1, slow_interval_s=1.0), NvmlCollector(nvml=FakeNvml([busy, h200()])))
+    a.start()
+    try:
+        wait_for(lambda: len(a.recent(2.0, gpu=1)) >= 15)
+        from prometheus_client import generate_latest
+        fams = _families(generate_latest(registry(AgentCollector(a, judge_newest, window_s=2.0))).decode())
+    finally:
+        a.stop()
+    verdict = fams["gpuscope_gpu_verdict"]
+    assert set(verdict.samples[0].labels) == {"gpu", "uuid", "verdict", "job", "pod", "namespace"}
+    on = {s.labels["gpu"]: s.labels["verdict"] for s in verdict.samples if s.value == 1}
+    assert on == {"0": "memory-bound", "1": "idle"}
+    assert len(verdict.samples) == 2 * len({s.labels["verdict"] for s in verdict.samples})
+
+
+def test_the_verdicts_job_label_is_never_a_pid():
+    from gpuscope.collectors.attribution import job_label
+    from gpuscope.collectors.records import Attribution
+    assert job_label(Attribution(slurm_job="4242", pod="p", namespace="n")) == "slurm:4242"
+    assert job_label(Attribution(pod="trainer-0", namespace="ml", unit="x.scope")) == "pod:ml/trainer-0"
+    assert job_label(Attribution(unit="train.service", workload="vllm")) == "unit:train.service"
+    assert job_label(Attribution(workload="vllm", container_id="ab" * 32)) == "vllm"
+    assert job_label(Attribution(container_id="ab" * 32)) == "container:abababababab"
+    assert job_label(None, "/usr/bin/python3 train.py --lr 3e-4") == "python3"
+    assert job_label(Attribution(), "") == ""
 
 
 def test_missing_is_absent_and_short_lived_processes_add_no_series(agent):
     agent.stop()                                                        # nothing but what follows is sampled
-    reg = registry(AgentCollector(agent))
+    from gpuscope.analyzers.offline import judge_newest
+    reg = registry(AgentCollector(agent, judge_newest))
     from prometheus_client import generate_latest
-    before = len(generate_latest(reg).splitlines())
     assert b"gpuscope_gpu_serving_requests_running" not in generate_latest(reg)    # never sampled: no series
-    t = time.time()
-    agent._handle(Scrape(samples=[GpuSample(0, t + i * 1e-3, {"util_gpu_ratio": 0.5},
-                                            processes=(ProcessRecord(pid=100_000 + i, used_memory_bytes=1),))
-                                  for i in range(10_000)]))
-    assert len(generate_latest(reg).splitlines()) == before
+
+    def short_lived(first_pid: int) -> bytes:
+        t = time.time()
+        agent._handle(Scrape(samples=[GpuSample(g, t + i * 1e-3, {"util_gpu_ratio": 0.5},
+                                                processes=(ProcessRecord(pid=first_pid + i, used_memory_bytes=1,
+                                                                         command=f"/usr/bin/python3 step{i}.py"),))
+                                      for i in range(5_000) for g in (0, 1)]))
+        return generate_latest(reg)
+
+    before, after = short_lived(100_000), short_lived(200_000)          # 10,000 processes each time
+    assert len(after.splitlines()) == len(before.splitlines())
+    assert after.count(b"gpuscope_gpu_verdict{") == 2 * 6               # a series per GPU and verdict, no more
+    assert b'job="python3"' in after and b"200000" not in after and b"step" not in after
 
 
 def test_the_fleet_view_is_a_verdict_per_gpu():

@@ -26,6 +26,6 @@ def test_concurrent_flushes_keep_seqs_in_order(monkeypatch):
         th.start()
     for th in flushers:
         th.join()
-    batches = [b for b, _ in up._unacked.values()]
+    batches = [b for b, *_ in up._unacked.values()]
     assert [b.seq for b in batches] == list(range(1, 61))
     assert all(b.min_unacked_seq == 1 for b in batches)
