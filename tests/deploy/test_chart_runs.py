@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpuscope.daemon.cli import build_parser
 from tests.conftest import ROOT, free_port
 
 from .chart import container, expand, one, render
@@ -217,3 +218,26 @@ def test_the_probe_refuses_a_certificate_of_another_ca(tmp_path, secrets):
         assert out.returncode == 1 and "gpuscope-health" in out.stderr, out
     finally:
         _stop(proc)
+
+
+def test_the_init_container_hands_the_analyzer_a_tokens_file_it_accepts(tmp_path):
+    """Under fsGroup the kubelet makes a Secret's files group-readable
+    (0440), which gpuscope refuses for a tokens file; the chart's init
+    container copies it, its owner's alone, into a memory volume, which it accepts."""
+    from gpuscope.security.auth import TokenFileError, TokenStore, add_token
+
+    sts = one(render("default", "analyzer.tokensSecret=gpuscope-tokens"), "StatefulSet")
+    [init] = sts["spec"]["template"]["spec"]["initContainers"]
+    secret, memory = tmp_path / "secret", tmp_path / "memory"
+    secret.mkdir()
+    memory.mkdir()
+    add_token(secret / "tokens", "grafana", "reader")
+    (secret / "tokens").chmod(0o440)
+    with pytest.raises(TokenFileError, match="group or others"):
+        TokenStore.load(secret / "tokens")
+    swaps = {"/etc/gpuscope/tokens-secret": str(secret), "/var/run/gpuscope": str(memory)}
+    subprocess.run(_replace(init["command"], swaps), check=True, timeout=30)
+    args = build_parser().parse_args(container(sts)["args"])
+    copied = Path(args.tokens.replace("/var/run/gpuscope", str(memory)))
+    assert copied.stat().st_mode & 0o077 == 0
+    assert TokenStore.load(copied) is not None
