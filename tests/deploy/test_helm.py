@@ -101,7 +101,7 @@ def test_the_agent_sees_the_hosts_processes_and_the_kubelets_socket(objects):
     volumes = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["name"]: m for m in container(ds)["volumeMounts"]}
     socket_dir = DEFAULT_SOCKET.rpartition("/")[0]
-    assert volumes["pod-resources"]["hostPath"]["path"] == socket_dir
+    assert volumes["pod-resources"]["hostPath"]["path"] in (socket_dir, "/var/snap/microk8s/common" + socket_dir)
     assert mounts["pod-resources"]["mountPath"] == socket_dir and mounts["pod-resources"]["readOnly"] is True
     ns = build_parser().parse_args(expand(container(ds)["args"], NODE_ENV))
     assert ns.kubelet_socket == DEFAULT_SOCKET
