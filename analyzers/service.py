@@ -19,7 +19,7 @@ import structlog
 
 from gpuscope.collectors import catalogue as cat
 from gpuscope.collectors.records import ATTRIBUTION_FIELDS, MAX_ATTRIBUTION_BYTES
-from gpuscope.v1 import REJECTED_SEQ_KEY, analyzer_pb2 as apb, analyzer_pb2_grpc, samples_pb2 as pb
+from gpuscope.v1 import ACCEPTED_KEY, REJECTED_SEQ_KEY, analyzer_pb2 as apb, analyzer_pb2_grpc, samples_pb2 as pb
 
 from gpuscope.security.context import current_caller
 from gpuscope.security.redact import command_label
@@ -206,6 +206,9 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         hub.subscribe(request.host, deliver)
         self.agent_streams += 1
         try:
+            # headers now, not with the first command (which may come hours later): the agent then knows
+            # the stream was accepted, and reads a later reset as the analyzer going away, not a refusal
+            await context.send_initial_metadata(((ACCEPTED_KEY, "1"),))
             while True:
                 yield await q.get()
         finally:
@@ -272,7 +275,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
 
     @_unavailable_as_status
     async def QueryMetric(self, request, context):
-        metric = cat.BY_NAME.get(request.metric)
+        metric = cat.find(request.metric)
         if metric is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"metric: unknown {request.metric!r}; `gpuscope metrics` lists them")
@@ -394,7 +397,9 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                      "flags": r["flags"]}
             out.rows.add(host=r["host"], gpu=r["gpu"], job=r["job"] or "", verdict=r["main_verdict"],
                          bottleneck_seconds=r["bottleneck_seconds"], findings=r["findings"], gpus=r["gpus"],
-                         share=r["bottleneck_seconds"] / ((end - start) * max(r["gpus"] if by == "job" else 1, 1)),
+                         # a job, pod or Slurm job over several GPUs: GPU-seconds of the range's GPU-seconds
+                         # (found in a trial: a pod on 2 GPUs read 187 %)
+                         share=r["bottleneck_seconds"] / ((end - start) * max(r["gpus"] if by != "gpu" else 1, 1)),
                          now_verdict=now.get("verdict", ""), now_since=now.get("start") or 0.0,
                          confidence=shown["confidence"] or 0.0, summary=shown["summary"] or "",
                          flags=shown["flags"] or [], finding_id=shown["id"] or "",

@@ -142,7 +142,12 @@ def parse_cgroup(text: str) -> tuple[CgroupFacts, str]:
     facts, known = CgroupFacts(), False
     for _, _, path in sorted(lines):
         one = parse_cgroup_path(path)
-        facts, known = facts.merged(one), known or one.known
+        # a root line says nothing when another line places the process (a hybrid host's empty `0::/`
+        # beside v1 paths of an unknown shape: found in a trial, such a path was never reported)
+        if path.strip("/"):
+            facts, known = facts.merged(one), known or one.known
+    if lines and all(not p.strip("/") for _, _, p in lines):       # the root cgroup, and nothing else
+        facts, known = parse_cgroup_path("/"), True
     if known or not text.strip():
         return facts, ""
     if not lines:                                  # not cgroup lines at all: the text itself, raw

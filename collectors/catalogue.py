@@ -96,6 +96,42 @@ METRICS: tuple[Metric, ...] = (
 )
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+
+# Prometheus names (daemon/exporter.py): `gpuscope_gpu_<name>`, the profiling metrics
+# named for what they measure (DCGM's DCGM_FI_PROF_* names), not by the NVML GPM
+# call that reads them on one source
+EXPORTED = {
+    "gpm_graphics_util_ratio": "gr_engine_active_ratio",
+    "gpm_sm_util_ratio": "sm_active_ratio",
+    "gpm_sm_occupancy_ratio": "sm_occupancy_ratio",
+    "gpm_tensor_util_ratio": "tensor_active_ratio",
+    "gpm_hmma_util_ratio": "tensor_hmma_active_ratio",
+    "gpm_dram_bw_util_ratio": "dram_active_ratio",
+    "gpm_fp32_util_ratio": "fp32_active_ratio",
+    "gpm_fp16_util_ratio": "fp16_active_ratio",
+    "gpm_integer_util_ratio": "integer_active_ratio",
+    "gpm_pcie_tx_bytes_per_second": "pcie_tx_bytes_per_second",
+    "gpm_pcie_rx_bytes_per_second": "pcie_rx_bytes_per_second",
+    "gpm_nvlink_tx_bytes_per_second": "nvlink_tx_bytes_per_second",
+    "gpm_nvlink_rx_bytes_per_second": "nvlink_rx_bytes_per_second",
+}
+PROMETHEUS_PREFIX = "gpuscope_gpu_"
+
+
+def prometheus_name(m: Metric) -> str:
+    """The metric's family name on /metrics (a counter's samples add `_total`)."""
+    return PROMETHEUS_PREFIX + EXPORTED.get(m.name, m.name).removesuffix("_total")
+
+
+_BY_EXPORTED = {EXPORTED.get(m.name, m.name): m for m in METRICS}
+
+
+def find(name: str) -> Metric | None:
+    """A metric by its catalogue name or by the name a dashboard shows
+    (`sm_active_ratio`, `gpuscope_gpu_sm_active_ratio`, a counter's family
+    without `_total`), so what people see in Grafana works in `gpuscope query`."""
+    short = name.removeprefix(PROMETHEUS_PREFIX)
+    return BY_NAME.get(name) or _BY_EXPORTED.get(short) or _BY_EXPORTED.get(short + "_total")
 SERVING: tuple[str, ...] = tuple(m.name for m in METRICS if m.name.startswith("serving_"))
 BY_CSV: dict[str, Metric] = {m.csv: m for m in METRICS if m.csv}
 NAMES: tuple[str, ...] = tuple(m.name for m in METRICS)

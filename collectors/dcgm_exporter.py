@@ -180,6 +180,15 @@ class DcgmExporterCollector:
         log.info("dcgm-exporter read", url=self.url, gpus=sorted(self._devices),
                  ignored=len(self._layout.ignored))
 
+    @property
+    def timeout_s(self) -> float:
+        """How long a scrape may take in all before it counts as a failure."""
+        return self._http.timeout_s
+
+    @timeout_s.setter
+    def timeout_s(self, seconds: float) -> None:
+        self._http.timeout_s = seconds
+
     def devices(self) -> list[DeviceInfo]:
         """The GPUs (each with its pod: _learn_devices), and, while the
         exporter does not answer, why in its source (as DCGM's says its host

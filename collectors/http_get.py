@@ -45,7 +45,7 @@ class KeptAliveGet:
         self._port = u.port or (443 if self._tls else 80)
         self._prefix = u.path.rstrip("/")
         self._host_header = u.netloc.rpartition("@")[2]
-        self._timeout = timeout_s
+        self.timeout_s = timeout_s
         self._max_bytes = max_bytes
         self._hints = status_hints or {}
         self._sock: socket.socket | None = None
@@ -56,7 +56,7 @@ class KeptAliveGet:
         OSError: unreachable, an HTTP status other than 200, too slow, too
         large, cut short."""
         url = self.base_url + path
-        deadline = time.monotonic() + self._timeout
+        deadline = time.monotonic() + self.timeout_s
         request = self._requests.get(path) or self._request(path)
         for attempt in (0, 1):            # a kept-alive connection the server closed: once more, fresh
             reused = self._sock is not None
@@ -72,7 +72,7 @@ class KeptAliveGet:
                 raise OSError(f"{url}: the server closed the connection") from None
             except TimeoutError:
                 self.close()
-                raise OSError(f"{url}: no whole answer within {self._timeout:g} s") from None
+                raise OSError(f"{url}: no whole answer within {self.timeout_s:g} s") from None
             except OSError as exc:
                 self.close()
                 raise OSError(str(exc) if str(exc).startswith(url) else f"{url}: {exc}") from None

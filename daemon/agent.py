@@ -17,7 +17,8 @@ from typing import Callable, Protocol
 import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from gpuscope.collectors.records import Attribution, DeviceInfo, GpuSample, HealthRecord, ProcessRecord, Scrape
+from gpuscope.collectors.records import (Attribution, DeviceInfo, GpuSample, HealthKind, HealthRecord,
+                                        ProcessRecord, Scrape)
 from gpuscope.security.redact import redact_command
 
 from .captures import CaptureRecord, CaptureRunner
@@ -153,9 +154,12 @@ class Agent:
             self.samples += len(scrape.samples)
         for key, n in scrape.errors.items():
             self._count_error(key, n)
+        if scrape.samples and not scrape.errors:
+            self.last_error = ""        # the source answers whole again: its old failure is history (counted)
         for h in scrape.health:
             self.health.append(h)
-            log.warning("gpu health event", host=self.config.host, gpu=h.gpu, kind=h.kind.value, detail=h.detail)
+            (log.info if h.kind is HealthKind.RECOVERED else log.warning)(
+                "gpu health event", host=self.config.host, gpu=h.gpu, kind=h.kind.value, detail=h.detail)
         if self.uplink is not None and (scrape.samples or scrape.health):
             self.uplink.submit(scrape.samples, scrape.health)
 
@@ -279,10 +283,11 @@ class Agent:
         if pid is not None:
             if pid not in pids:
                 # any other process on the host is none of this agent's business
+                listed = ', '.join(map(str, sorted(pids))) or 'none'
                 raise TargetNotAllowed(
-                    f"pid {pid} is not a process on this host's GPUs (NVML lists "
-                    f"{', '.join(map(str, sorted(pids))) or 'none'}): the agent captures only the jobs on its "
-                    f"GPUs (`gpuscope jobs`) and the addresses it is configured with (--profiler, --serving)")
+                    f"pid {pid} is not a process on this host's GPUs (its source, {self.config.source}, lists "
+                    f"{listed}): the agent captures only the jobs on its GPUs (`gpuscope jobs`) and the "
+                    f"addresses it is configured with (--profiler, --serving)")
             return self.discovery.find(pid, pids[pid])
         jobs = self.jobs()
         if address:

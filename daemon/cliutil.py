@@ -97,6 +97,12 @@ def print_json(obj) -> None:
     sys.stdout.write("\n")
 
 
+def whose_beside(job: str | None, a: dict | None) -> str:
+    """whose(a) beside a job's name; nothing when the job is the pod its
+    source named (`pod ml/trainer-0 container main`: it would say it twice)."""
+    return "" if (job or "").startswith("pod ") else whose(a)
+
+
 def whose(a: dict | None) -> str:
     """A job's attribution in words, most telling first: `pod ml/trainer-0
     (container main), user alice`, `slurm job 81234 step 0, user alice`;

@@ -171,11 +171,13 @@ def print_summary(summary: dict) -> None:
 
 def cmd_metrics(ns) -> int:
     rows = [dict(name=m.name, unit=m.unit, kind=m.kind.value, help=m.help, raw_unit=m.raw_unit,
-                 slow=m.slow) for m in cat.METRICS]
+                 slow=m.slow, prometheus=cat.prometheus_name(m) + ("_total" if m.kind is cat.Kind.COUNTER else ""))
+            for m in cat.METRICS]
     if ns.json:
         print_json({"metrics": rows})
     else:
-        print(f"{'NAME':<40} {'UNIT':<8} {'KIND':<8} HELP")
+        # both names: `gpuscope query --metric` takes either
+        print(f"{'NAME':<38} {'ON /metrics':<56} {'UNIT':<8} {'KIND':<8} HELP")
         for r in rows:
-            print(f"{r['name']:<40} {r['unit']:<8} {r['kind']:<8} {r['help']}")
+            print(f"{r['name']:<38} {r['prometheus']:<56} {r['unit']:<8} {r['kind']:<8} {r['help']}")
     return 0

@@ -11,7 +11,7 @@ from gpuscope.collectors import catalogue as cat
 from gpuscope.collectors import human
 
 from . import clients
-from .cliutil import UsageError, age, print_json, seen, whose
+from .cliutil import UsageError, age, print_json, seen, whose, whose_beside
 from .cmd_offline import print_summary
 from .security_flags import client_security
 
@@ -134,7 +134,7 @@ def cmd_findings(ns) -> int:
     for f in rows:
         trust = accuracy.trust_words(f["counters_verdict"], measured)
         flags = f" [{', '.join(x.replace('_', '-') for x in f['flags'])}]" if f["flags"] else ""
-        owner = whose(f.get("attribution"))
+        owner = whose_beside(f["job"], f.get("attribution"))
         print(f"{f['id']} {f['host']}/gpu{f['gpu']} {f['verdict']:<20} {_when(f['start'])} -> {_when(f['end'])} "
               f"conf {f['confidence']:.2f}{trust}{flags}\n    job {f['job'] or '(no process seen)'}"
               + (f" — {owner}" if owner else "") + (f"; counters from {f['source']}" if f.get("source") else "")
@@ -214,7 +214,8 @@ def render_top(r: dict, ns) -> str:
                "dcgm-exporter's pod labels, Slurm jobs from the job's cgroup or environment)")
         return head + "\n" + _nothing(ns, "bottlenecks") + why
     who = {"job": "JOB", "pod": "POD", "slurm-job": "SLURM JOB"}.get(by, "GPU")
-    lines = [head, "", f"{who:<24} {'VERDICT':<20} {'TIME':>5} {'SHARE':>5}  {'ID':<8}  NOW"]
+    spent = "TIME" if by == "gpu" else "GPU-TIME"        # a group's time is summed over its GPUs
+    lines = [head, "", f"{who:<24} {'VERDICT':<20} {spent:>8} {'SHARE':>5}  {'ID':<8}  NOW"]
     for x in r["rows"]:
         if x.get("stale"):
             now = f"stale, {seen(True, x.get('last_seen_age_s'))[6:]} silent"
@@ -225,7 +226,7 @@ def render_top(r: dict, ns) -> str:
         a = x.get("attribution") or {}
         name = {"gpu": f"{x['host']}/gpu{x['gpu']}", "job": f"{x['host']}: {x['job'] or 'no process'}",
                 "pod": f"{a.get('namespace', '?')}/{a.get('pod', '?')}", "slurm-job": a.get("slurm_job", "-")}[by]
-        lines.append(f"{_fit(name, 24):<24} {x['verdict']:<20} {age(x['bottleneck_seconds']):>5} "
+        lines.append(f"{_fit(name, 24):<24} {x['verdict']:<20} {age(x['bottleneck_seconds']):>8} "
                      f"{human.percent(x['share']):>5}  {x['finding_id'][:8]:<8}  {now}")
         split = ", ".join(f"{v['verdict']} {age(v['seconds'])}" for v in x.get("verdicts") or ()) \
             if len(x.get("verdicts") or ()) > 1 else ""
@@ -254,8 +255,10 @@ def _measured_precision(ns, rows: list[dict]) -> dict[str, dict]:
 
 
 def cmd_query(ns) -> int:
-    if ns.metric not in cat.BY_NAME:
+    m = cat.find(ns.metric)
+    if m is None:
         raise UsageError(f"--metric: unknown {ns.metric!r}; `gpuscope metrics` lists them")
+    ns.metric = m.name                  # a dashboard's name (sm_active_ratio) asks for the catalogue's
     start, end = _time_range(ns)
     end = end or time.time()
     start = start if start is not None else end - 3600
@@ -516,8 +519,9 @@ def render_report(rep: dict) -> str:
     lines = [f"finding {f['id']}: {f['host']}/gpu{f['gpu']} {v['decided']} (decided by {by}; counters said "
              f"{v['counters']}, {trace})",
              f"  {_when(f['start'])} -> {_when(f['end'])}, {human.many(f['windows'], 'window')}, confidence "
-             f"{f['confidence']:.2f}, job {f['job'] or '-'}" + (f" — {whose(f.get('attribution'))}"
-                                                                if whose(f.get("attribution")) else ""),
+             f"{f['confidence']:.2f}, job {f['job'] or '-'}" + (
+                 f" — {whose_beside(f['job'], f.get('attribution'))}"
+                 if whose_beside(f["job"], f.get("attribution")) else ""),
              f"  {f['summary']}"]
     if f.get("flags"):
         lines.append(f"  flags: {', '.join(x.replace('_', '-') for x in f['flags'])}")

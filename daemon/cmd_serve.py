@@ -166,11 +166,20 @@ def _metrics(ns, name: str, *collectors):
     return server
 
 
+def _metrics_address_free(ns) -> None:
+    """--metrics-listen refused before anything starts, with what holds the
+    port, as --listen is (found in a trial: both came after 'agent started')."""
+    if getattr(ns, "metrics_listen", None):
+        parse_hostport(ns.metrics_listen, "--metrics-listen")
+        ensure_free(ns.metrics_listen, "--metrics-listen")
+
+
 def _early_checks(ns):
     """What can be refused before anything is said, started or written: plain
     text beyond loopback, and the alert receivers (returned, checked)."""
     from gpuscope.security.tls import is_loopback
 
+    _metrics_address_free(ns)
     if ns.insecure:
         for flag in ("listen", "metrics_listen"):
             where = getattr(ns, flag, None)
@@ -447,6 +456,7 @@ def cmd_agent(ns) -> int:
     parse_hostport(ns.listen, "--listen")
     if ns.analyzer:
         parse_hostport(ns.analyzer, "--analyzer")
+    _metrics_address_free(ns)
     # only when asked for: an agent on a GPU host must not quietly replay a recording
     attribution = make_attribution(ns)
     # the default (None) picks the best GPU source; only an explicit `auto` may end with the recording

@@ -9,7 +9,7 @@ import grpc
 import structlog
 
 from gpuscope.security.tls import INSECURE, ClientSecurity, explain_failure
-from gpuscope.v1 import analyzer_pb2 as apb, analyzer_pb2_grpc
+from gpuscope.v1 import ACCEPTED_KEY, analyzer_pb2 as apb, analyzer_pb2_grpc
 
 log = structlog.get_logger("gpuscope.commands")
 
@@ -26,6 +26,7 @@ class CommandListener:
         self._thread = threading.Thread(target=self._loop, name="commands", daemon=True)
         self.received = 0
         self.connected = False
+        self._accepted = False
         self.last_error = ""
 
     def start(self) -> None:
@@ -55,6 +56,8 @@ class CommandListener:
                     self._call = analyzer_pb2_grpc.AnalyzerStub(ch).Commands(
                         apb.AgentHello(host=self.host, boot_id=self.boot_id))
                     self.connected = True
+                    # the analyzer's headers say it accepted the stream (a refused one ends with none)
+                    self._accepted = any(k == ACCEPTED_KEY for k, _ in self._call.initial_metadata() or ())
                     for cmd in self._call:
                         self.last_error = ""
                         backoff = self._backoff
@@ -74,7 +77,7 @@ class CommandListener:
     def _lost(self, exc: grpc.RpcError) -> None:
         """Logs a refusal (TLS, authentication, permission) once as an error
         naming the fix; an analyzer that is merely away, at debug."""
-        explained = explain_failure(exc, self.target, self._security)
+        explained = explain_failure(exc, self.target, self._security, established=self._accepted)
         message = explained or f"{exc.code().name}: {exc.details()}"
         if explained and message != self.last_error:
             log.error("command stream refused", analyzer=self.target, error=message)

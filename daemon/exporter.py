@@ -5,7 +5,7 @@ Names follow Prometheus' conventions: `gpuscope_gpu_<metric>` with the unit
 in the name (`gpuscope_gpu_power_watts`), counters as `_total`. The
 profiling metrics are named for what they measure, as DCGM names them
 (`gpuscope_gpu_sm_active_ratio`, `gpuscope_gpu_dram_active_ratio`), whichever
-source read them (NVML GPM, DCGM, dcgm-exporter): EXPORTED below.
+source read them (NVML GPM, DCGM, dcgm-exporter): catalogue.EXPORTED.
 Per-GPU labels are `gpu`, `uuid` and `model` only: the series of a GPU live
 as long as the GPU, whatever runs on it. The verdict gauge adds `job`
 (collectors.attribution.job_label: a Slurm job, pod, unit or program, never
@@ -39,33 +39,15 @@ from .serve import parse_hostport
 
 PREFIX = "gpuscope_"
 
-# The profiling metrics by what they measure (DCGM's DCGM_FI_PROF_* names), not by
-# the NVML GPM call that reads them on one source
-EXPORTED = {
-    "gpm_graphics_util_ratio": "gr_engine_active_ratio",
-    "gpm_sm_util_ratio": "sm_active_ratio",
-    "gpm_sm_occupancy_ratio": "sm_occupancy_ratio",
-    "gpm_tensor_util_ratio": "tensor_active_ratio",
-    "gpm_hmma_util_ratio": "tensor_hmma_active_ratio",
-    "gpm_dram_bw_util_ratio": "dram_active_ratio",
-    "gpm_fp32_util_ratio": "fp32_active_ratio",
-    "gpm_fp16_util_ratio": "fp16_active_ratio",
-    "gpm_integer_util_ratio": "integer_active_ratio",
-    "gpm_pcie_tx_bytes_per_second": "pcie_tx_bytes_per_second",
-    "gpm_pcie_rx_bytes_per_second": "pcie_rx_bytes_per_second",
-    "gpm_nvlink_tx_bytes_per_second": "nvlink_tx_bytes_per_second",
-    "gpm_nvlink_rx_bytes_per_second": "nvlink_rx_bytes_per_second",
-}
-
 # A GPU's verdict, given its newest samples (analyzers.offline.judge_newest,
 # wired in by the command line: the agent's own modules never import analyzers)
 Judge = Callable[[list[GpuSample], float, dict], dict]
 
 
 def _family(m: cat.Metric, labels: list[str]):
-    name = f"{PREFIX}gpu_{EXPORTED.get(m.name, m.name)}"
+    name = cat.prometheus_name(m)
     if m.kind is cat.Kind.COUNTER:
-        return CounterMetricFamily(name.removesuffix("_total"), m.help, labels=labels)
+        return CounterMetricFamily(name, m.help, labels=labels)
     return GaugeMetricFamily(name, f"{m.help} ({m.unit})", labels=labels)
 
 

@@ -275,7 +275,7 @@ def _guard(behavior, method: str, authenticate: Authenticate, streams_out: bool)
 
 # -- a busy port ---------------------------------------------------------------------------
 
-def ensure_free(listen: str) -> None:
+def ensure_free(listen: str, flag: str = "--listen") -> None:
     """Raises ListenError when any address `listen` resolves to is taken.
     grpc binds every address of a name (`localhost`: 127.0.0.1 and ::1) and
     succeeds when one of them binds, so a second server could take ::1
@@ -296,17 +296,17 @@ def ensure_free(listen: str) -> None:
                 s.bind(addr)
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
-                    raise ListenError(_busy_message(listen, f"{addr[0]} in use")) from None
+                    raise ListenError(_busy_message(listen, f"{addr[0]} in use", flag)) from None
                 if exc.errno != errno.EADDRNOTAVAIL:     # e.g. no IPv6 here: grpc skips it too
                     raise ListenError(f"cannot listen on {listen}: {exc.strerror}") from None
 
 
-def _busy_message(listen: str, detail: str) -> str:
+def _busy_message(listen: str, detail: str, flag: str = "--listen") -> str:
     port = listen.rpartition(":")[2]
     holder = port_holder(int(port)) if port.isdigit() and int(port) else None
     who = f"; held by {holder}" if holder else ""
     return (f"cannot listen on {listen}: the address is in use ({detail}){who}; "
-            f"stop that process, or pass --listen with another port")
+            f"stop that process, or pass {flag} with another port")
 
 
 def port_holder(port: int, proc: str = "/proc") -> str | None:

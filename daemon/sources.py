@@ -104,6 +104,9 @@ def _exporter(address: str, timeout_s: float | None = None):
                      else dcgm_exporter.open_source(address, timeout_s))
     except ValueError as exc:
         raise UsageError(f"--source {exc}") from None
+    # the probe's longer deadline was for finding it; sampling waits as long as for a named exporter
+    # (found in a trial: with auto, every scrape waited 1 s)
+    collector.timeout_s = dcgm_exporter.TIMEOUT_S
     return Started(collector), dcgm_exporter.PREFIX + collector.url
 
 

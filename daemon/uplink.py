@@ -239,7 +239,10 @@ class Uplink:
             if seq is not None:  # never resend an invalid batch; resend the rest
                 self._on_ack(pb.BatchAck(seq=seq, status=pb.BatchAck.REJECTED, error=detail))
                 return True
-        explained = explain_failure(exc, self.config.target, self._security) if code is not None else None
+        # a stream that delivered acks was accepted: its reset is the analyzer going away (kill -9), not a
+        # refused certificate (found in a trial: every agent logged one at level error)
+        explained = explain_failure(exc, self.config.target, self._security, established=self.connected) \
+            if code is not None else None
         message = explained or f"{code}: {detail}"
         if self.connected or self.last_error != message:      # once per distinct failure, not per retry
             if explained:

@@ -268,11 +268,16 @@ def is_loopback(hostport: str) -> bool:
         return False
 
 
-def explain_failure(exc: grpc.RpcError, target: str, security: ClientSecurity) -> str | None:
+def explain_failure(exc: grpc.RpcError, target: str, security: ClientSecurity,
+                    established: bool = False) -> str | None:
     """One line naming the fix when a call failed on TLS or authentication;
-    None for other failures. `security` is what the client presented."""
+    None for other failures. `security` is what the client presented;
+    `established`: the server had accepted this stream (answered on it), so
+    a closed connection is the server going away, not a refusal."""
     code = exc.code() if hasattr(exc, "code") else None
     details = (exc.details() if hasattr(exc, "details") else "") or ""
+    if established and code == grpc.StatusCode.UNAVAILABLE:
+        return None
     if code == grpc.StatusCode.UNAUTHENTICATED:
         if security.insecure:
             return (f"the server at {target} requires authentication, which needs TLS: drop --insecure and pass "
@@ -283,6 +288,8 @@ def explain_failure(exc: grpc.RpcError, target: str, security: ClientSecurity) -
         return (f"the server at {target} requires a client certificate or token: pass --tls-dir DIR (with "
                 f"client.pem) or --cert/--key, or --token-file FILE / GPUSCOPE_TOKEN ({details})")
     if code == grpc.StatusCode.PERMISSION_DENIED:
+        if " has role reader; " not in details:
+            return None        # not the caller's role (a capture target the agent may not touch): as said
         return (f"the server at {target} refused this call: {details} (an operator certificate or token "
                 "allows it: `gpuscope certs client DIR --name NAME --role operator` or `gpuscope certs token`)")
     if code != grpc.StatusCode.UNAVAILABLE:

@@ -92,6 +92,9 @@ def test_findings_say_whose_job_it_is_down_to_the_pod_and_the_slurm_job(tmp_path
         out = cli("query", "--server", srv.target, "--metric", "util_gpu_ratio", "--aggregate", "mean",
                   "--group-by", "slurm-job")
         assert "slurm job 81234 (1 GPU) mean(util_gpu_ratio) = 95" in out
+        out = cli("query", "--server", srv.target, "--metric", "gpuscope_gpu_util_gpu_ratio", "--aggregate", "mean",
+                  "--group-by", "slurm-job")                     # the name a Grafana panel shows works too
+        assert "slurm job 81234 (1 GPU) mean(util_gpu_ratio) = 95" in out
         top = clients.top(srv.target, by="pod")
         assert [(r["attribution"]["pod"], r["now_verdict"]) for r in top["rows"]] == [("trainer-0", "memory-bound")]
 

@@ -89,7 +89,10 @@ def test_cgroup_shapes(tmp_path, case, text, want):
                                       ("7:memory:/lxc/build-42\n", "/lxc/build-42"),
                                       ("garbage without colons\n", "garbage without colons"),
                                       ("0::/docker/not-hex\n", "/docker/not-hex"),
-                                      ("0::/kubepods/burstable\n", "/kubepods/burstable")])
+                                      ("0::/kubepods/burstable\n", "/kubepods/burstable"),
+                                      # a hybrid host: the unified hierarchy's root says nothing (found in a trial)
+                                      ("12:memory:/weird/thing-42\n1:name=systemd:/weird/thing-42\n0::/\n",
+                                       "/weird/thing-42")])
 def test_an_unknown_shape_is_kept_raw_never_guessed(text, raw):
     facts = parse_cgroup(text)
     assert facts == (type(facts[0])(), raw)

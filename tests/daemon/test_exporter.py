@@ -56,6 +56,11 @@ def test_an_agent_exports_each_gpu_and_its_own_health(agent):
     # profiling metrics by what they measure (DCGM's names), whatever source read them
     assert "gpuscope_gpu_sm_active_ratio" in fams and "gpuscope_gpu_dram_active_ratio" in fams
     assert not any(name.startswith("gpuscope_gpu_gpm_") for name in fams)
+    # each name a dashboard shows is one `gpuscope query --metric` takes (found in a trial: none was)
+    from gpuscope.collectors import catalogue as cat
+    shown = [n for n in fams if n.startswith("gpuscope_gpu_") and n not in ("gpuscope_gpu_up",
+                                                                            "gpuscope_gpu_sample_age_seconds")]
+    assert shown and all(cat.find(n) is not None and cat.prometheus_name(cat.find(n)) == n for n in shown)
     assert "gpuscope_gpu_verdict" not in fams                          # no judge wired in: no verdict
 
 

@@ -48,6 +48,9 @@ def test_without_a_host_engine_the_nodes_exporter_is_read_and_why_dcgm_was_not_i
         assert description == f"dcgm-exporter:{exporter.url}"
         assert {d.source for d in collector.devices()} == {"dcgm-exporter (profiling)"}
         assert "not before it: DCGM" in said[0] and "bindings not found" in said[0]
+        # found with the probe's deadline, sampled with a named exporter's (a trial saw 1 s per scrape)
+        from gpuscope.collectors import dcgm_exporter
+        assert collector.timeout_s == dcgm_exporter.TIMEOUT_S < sources.EXPORTER_PROBE_S
     finally:
         collector.close()
 

@@ -1,6 +1,9 @@
 """gpuscope's wire: generated messages and services (see the .proto files),
-plus the one wire-level constant that is not a message field."""
+plus the wire-level constants that are not message fields."""
 
 # Trailing metadata of an Ingest stream aborted with INVALID_ARGUMENT: the seq
 # of the batch that was refused, so the agent drops that batch and resends the rest.
 REJECTED_SEQ_KEY = "gpuscope-rejected-seq"
+# Initial metadata of a Commands stream the analyzer accepted, sent at once: the
+# agent then reads a later reset as the analyzer going away, not as a refusal.
+ACCEPTED_KEY = "gpuscope-commands-accepted"
