@@ -245,6 +245,10 @@ class Analyzer:
         self._scheduler.start()
         log.info("analyzer started", db=self.config.db_path, window_s=self.window_s,
                  retention_days=round(self.config.retention_s / 86400, 2), rollup=self.config.rollup)
+        if self.publisher is not None:
+            c = self.publisher.config
+            log.info("publishing the fleet tier", target=self.publisher.storage.loc.url, cluster=c.cluster,
+                     interval_s=c.interval_s, delay_s=c.delay_s, state_dir=c.state_dir)
 
     def submit(self, batch: pb.SampleBatch) -> Future:
         """Validate and queue; raises BatchError (nothing written) for invalid input."""

@@ -121,21 +121,27 @@ class ObjectStore:
             raise StorageError(describe(exc, self.loc)) from exc
 
     def list(self, prefix: str = "") -> list[str]:
-        """Keys under prefix, relative to the root (missing prefix: none)."""
+        return sorted(self.sizes(prefix))
+
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        """Keys under prefix, relative to the root, and their sizes (a
+        missing prefix: none)."""
         base = self.loc.join(prefix).rstrip("/")
         try:
             if self.fs is None:
                 if not os.path.isdir(base):
-                    return []
-                out = []
+                    return {}
+                out = {}
                 for d, _, files in os.walk(base):
                     rel = os.path.relpath(d, self.loc.root)
-                    out.extend(f if rel == "." else f"{rel}/{f}" for f in files)
+                    for f in files:
+                        out[f if rel == "." else f"{rel}/{f}"] = os.stat(os.path.join(d, f)).st_size
                 return out
             root = self.loc.root.rstrip("/") + "/"
-            return [k[len(root):] if k.startswith(root) else k for k in self.fs.find(base)]
+            found = self.fs.find(base, detail=True)
+            return {(k[len(root):] if k.startswith(root) else k): int(v.get("size") or 0) for k, v in found.items()}
         except FileNotFoundError:
-            return []
+            return {}
         except Exception as exc:
             raise StorageError(describe(exc, self.loc)) from exc
 

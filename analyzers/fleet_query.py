@@ -1,0 +1,216 @@
+"""Fleet-wide questions over the fleet tier's Parquet (analyzers/publish.py
+writes it; analyzers/fleet_layout.py is the layout), with DuckDB.
+
+The files are chosen here, not by a glob in DuckDB: only the `date=`
+directories that overlap the range asked are listed, and of each host's
+segments only those no other one contains (a compaction's leftovers, a
+re-published range) are read, so nothing counts twice. S3 and GCS are read
+through DuckDB's fsspec hook (analyzers/object_store.py says why not
+httpfs).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable, Iterable
+
+import duckdb
+
+from . import fleet_layout as lay
+from .object_store import ObjectStore, parse_location
+
+BOTTLENECKS = ("compute-bound", "memory-bound", "launch-bound", "host-bound", "communication-bound")
+# group key columns of a rollup row (a job is a host's, as in `gpuscope top`; a Slurm job id is a cluster's)
+GROUPS = {"job": ("cluster", "host", "job"), "pod": ("namespace", "pod"), "slurm-job": ("cluster", "slurm_job")}
+# what a row of top-jobs shows beside the minutes: the means people read first
+SHOWN_MEANS = ("util_gpu_ratio", "gpm_sm_util_ratio", "gpm_tensor_util_ratio", "gpm_dram_bw_util_ratio")
+
+
+class NoFiles(LookupError):
+    """Nothing published where and when asked; str() says what to check."""
+
+
+@dataclass
+class Scan:
+    table: str
+    files: list[str] = field(default_factory=list)
+    bytes: int = 0
+
+
+class FleetReader:
+    def __init__(self, url: str, storage: ObjectStore | None = None, threads: int | None = None,
+                 progress: Callable[[str], None] | None = None):
+        self.storage = storage if storage is not None else ObjectStore(parse_location(url))
+        self.url = self.storage.loc.url
+        self.con = duckdb.connect()
+        if threads:
+            self.con.execute(f"SET threads={int(threads)}")
+        if self.storage.fs is not None:
+            self.con.register_filesystem(self.storage.fs)
+        self._progress = progress or (lambda _text: None)
+
+    # -- files -----------------------------------------------------------------------------
+    def scan(self, table: str, start: float | None = None, end: float | None = None,
+             cluster: str = "") -> Scan:
+        """The files of `table` to read for [start, end)."""
+        self._progress(f"listing {table} under {self.url}")
+        dates = [d.partition("=")[2] for d in self.storage.directories(f"table={table}") if d.startswith("date=")]
+        lo = lay.date_of(start) if start is not None else ""
+        hi = lay.date_of(end - 1e-6) if end is not None else "9999"
+        sizes: dict[str, int] = {}
+        for date in sorted(d for d in dates if lo <= d <= hi):
+            sizes.update(self.storage.sizes(f"table={table}/date={date}"))
+        segments = {}
+        for key in sizes:
+            seg = lay.parse_key(key)
+            if seg is not None and seg.table == table and (not cluster or seg.cluster == cluster):
+                segments[seg] = key
+        chosen = [segments[s] for s in lay.maximal(segments)
+                  if (start is None or s.end > start) and (end is None or s.start < end)]
+        return Scan(table, [self.storage.url_of(k) for k in chosen], sum(sizes[k] for k in chosen))
+
+    def view(self, scan: Scan) -> None:
+        """A view named as the table over the scan's files (none: an empty
+        view with no columns would fail later, so it is refused here)."""
+        if not scan.files:
+            raise NoFiles(f"no {scan.table} files under {self.url} for that range: is an analyzer publishing "
+                          "there (gpuscope analyzer --publish URL --cluster NAME; `gpuscope status` shows how "
+                          "far it has got)?")
+        files = "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in scan.files) + "]"
+        types = "{" + ", ".join(f"'{k}': '{v}'" for k, v in lay.HIVE_TYPES.items()) + "}"
+        self.con.execute(f'CREATE OR REPLACE VIEW "{scan.table}" AS SELECT * EXCLUDE ("table") FROM read_parquet('
+                         f"{files}, hive_partitioning = true, hive_types = {types}, union_by_name = true)")
+
+    def _query(self, scans: Iterable[Scan], sql: str, params: dict | list | None = None) -> list[dict]:
+        scans = list(scans)
+        for s in scans:
+            self.view(s)
+        n, size = sum(len(s.files) for s in scans), sum(s.bytes for s in scans)
+        self._progress(f"scanning {n:,} file{'s' if n != 1 else ''} ({_bytes(size)})")
+        try:
+            cur = self.con.execute(sql, params or {})
+        except duckdb.CatalogException:
+            raise
+        except duckdb.Error as exc:       # a bad query, or storage refused a read (says which)
+            raise ValueError(str(exc).split("\n")[0]) from None
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row)) for row in cur.fetchall()]
+
+    # -- named questions ----------------------------------------------------------------------
+    def top_jobs(self, start: float, end: float, by: str = "job", verdicts: Iterable[str] = (),
+                 cluster: str = "", limit: int = 10) -> list[dict]:
+        """Jobs (pods, Slurm jobs) with the most GPU-minutes in a bottleneck
+        (any verdict but idle, or those named) over [start, end): the
+        verdicts' minutes, GPUs and hosts, and the mean SM, tensor and DRAM
+        activity over those minutes."""
+        if by not in GROUPS:
+            raise ValueError(f"by: {by!r}, expected {', '.join(GROUPS)}")
+        verdicts = list(verdicts) or list(BOTTLENECKS)
+        keys = GROUPS[by]
+        k = ", ".join(keys)
+        sums = ", ".join(f'sum("{m}") AS "{m}_sum", count("{m}") AS "{m}_n"' for m in SHOWN_MEANS)
+        means = ", ".join(f'sum("{m}_sum") / nullif(sum("{m}_n"), 0) AS "{m}"' for m in SHOWN_MEANS)
+        present = " AND ".join(f"{c} IS NOT NULL" for c in keys)
+        # two levels: the scan groups 10^8 rows down to (group, GPU, verdict); the rest is small
+        sql = f"""
+            WITH per AS (
+              SELECT {k}, host AS h, gpu, verdict, count(*) AS minutes, {sums}
+              FROM rollups
+              WHERE t >= $start AND t < $end AND verdict IN (SELECT unnest($verdicts)) AND {present}
+                    {"AND cluster = $cluster" if cluster else ""}
+              GROUP BY ALL),
+            g AS (SELECT {k}, sum(minutes) AS gpu_minutes, count(DISTINCT (h, gpu)) AS gpus,
+                         count(DISTINCT h) AS hosts, {means}
+                  FROM per GROUP BY {k}),
+            v AS (SELECT {k}, verdict, sum(minutes) AS minutes FROM per GROUP BY ALL),
+            vv AS (SELECT {k}, arg_max(verdict, (minutes, verdict)) AS main_verdict,
+                          list({{'verdict': verdict, 'minutes': minutes}} ORDER BY minutes DESC, verdict) AS verdicts
+                   FROM v GROUP BY {k})
+            SELECT g.*, vv.main_verdict, vv.verdicts FROM g JOIN vv USING ({k})
+            ORDER BY gpu_minutes DESC, {k} LIMIT $limit"""
+        scan = self.scan("rollups", start, end, cluster)
+        params = {"start": start, "end": end, "verdicts": verdicts, "limit": limit}
+        if cluster:
+            params["cluster"] = cluster
+        rows = self._query([scan], sql, params)
+        for r in rows:
+            r["group"] = _group_name(by, r)
+        return rows
+
+    def hosts_changed(self, at: float, to: str, window_s: float = 7 * 86400, cluster: str = "",
+                      min_change: float = 0.25, limit: int = 50) -> list[dict]:
+        """Hosts whose share of GPU-minutes judged `to` grew by at least
+        `min_change` from the `window_s` before `at` to the `window_s`
+        after it (e.g. after a driver roll-out): each host's share before
+        and after, and its main verdict before. Shares are of the minutes
+        with a verdict; a host without minutes on both sides is left out."""
+        sql = f"""
+            WITH per AS (
+              SELECT cluster, host, t >= $at AS after, count(verdict) AS judged,
+                     count(*) FILTER (WHERE verdict = $to) AS hit,
+                     mode(verdict) AS main, count(DISTINCT gpu) AS gpus
+              FROM rollups WHERE t >= $lo AND t < $hi {"AND cluster = $cluster" if cluster else ""}
+              GROUP BY ALL)
+            SELECT a.cluster, a.host, b.hit / b.judged AS before_share, a.hit / a.judged AS after_share,
+                   a.hit / a.judged - b.hit / b.judged AS change, b.main AS before_verdict, a.main AS after_verdict,
+                   b.judged AS before_minutes, a.judged AS after_minutes, greatest(a.gpus, b.gpus) AS gpus
+            FROM per a JOIN per b ON a.cluster = b.cluster AND a.host = b.host AND a.after AND NOT b.after
+            WHERE a.judged > 0 AND b.judged > 0 AND a.hit / a.judged - b.hit / b.judged >= $min_change
+            ORDER BY change DESC, a.cluster, a.host LIMIT $limit"""
+        lo, hi = at - window_s, at + window_s
+        scan = self.scan("rollups", lo, hi, cluster)
+        params = {"at": at, "to": to, "lo": lo, "hi": hi, "min_change": min_change, "limit": limit}
+        if cluster:
+            params["cluster"] = cluster
+        return self._query([scan], sql, params)
+
+    def sql(self, text: str, start: float | None = None, end: float | None = None, cluster: str = "") -> list[dict]:
+        """Any SQL over views named rollups, findings and captures (those
+        with files in the range; a table with none has no view)."""
+        scans = [s for s in (self.scan(t, start, end, cluster) for t in lay.TABLES) if s.files]
+        if not scans:
+            raise NoFiles(f"nothing published under {self.url}" + (" in that range" if start or end else "")
+                          + ": is an analyzer publishing there (gpuscope analyzer --publish URL --cluster NAME)?")
+        try:
+            return self._query(scans, text)
+        except duckdb.CatalogException as exc:
+            have = ", ".join(s.table for s in scans)
+            raise ValueError(f"{exc} (views here: {have})") from None
+
+    def close(self) -> None:
+        self.con.close()
+
+
+def _group_name(by: str, r: dict) -> str:
+    if by == "job":
+        return f"{r['host']}: {r['job']}"
+    if by == "pod":
+        return f"{r['namespace']}/{r['pod']}"
+    return f"{r['cluster']}/{r['slurm_job']}"
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def parse_time(text: str, now: float | None = None) -> float:
+    """ISO 8601 (`2026-11-20`, `2026-11-20T00:00`, UTC unless it carries an
+    offset), Unix seconds, or an age before now (`24h`, `7d`)."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+    if text[-1:] in units and text[:-1].replace(".", "", 1).isdigit():
+        return (time.time() if now is None else now) - float(text[:-1]) * units[text[-1]]
+    try:
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"bad time {text!r}: give ISO 8601 like 2026-11-20T00:00 (UTC unless it says +HH:MM), "
+                         "Unix seconds, or an age like 24h or 7d") from None
+    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
