@@ -82,6 +82,9 @@ class FleetReader:
         self.con.execute(f'CREATE OR REPLACE VIEW "{scan.table}" AS SELECT * EXCLUDE ("table") FROM read_parquet('
                          f"{files}, hive_partitioning = true, hive_types = {types}, union_by_name = true)")
 
+    def _columns(self, view: str) -> set[str]:
+        return {r[0] for r in self.con.execute(f'DESCRIBE "{view}"').fetchall()}
+
     def _query(self, scans: Iterable[Scan], sql: str, params: dict | list | None = None) -> list[dict]:
         scans = list(scans)
         for s in scans:
@@ -109,7 +112,11 @@ class FleetReader:
         verdicts = list(verdicts) or list(BOTTLENECKS)
         keys = GROUPS[by]
         k = ", ".join(keys)
-        sums = ", ".join(f'sum("{m}") AS "{m}_sum", count("{m}") AS "{m}_n"' for m in SHOWN_MEANS)
+        scan = self.scan("rollups", start, end, cluster)
+        self.view(scan)
+        have = self._columns("rollups")          # files of an older catalogue lack newer metrics: NULL
+        sums = ", ".join((f'sum("{m}") AS "{m}_sum", count("{m}") AS "{m}_n"' if m in have else
+                          f'NULL::DOUBLE AS "{m}_sum", 0 AS "{m}_n"') for m in SHOWN_MEANS)
         means = ", ".join(f'sum("{m}_sum") / nullif(sum("{m}_n"), 0) AS "{m}"' for m in SHOWN_MEANS)
         present = " AND ".join(f"{c} IS NOT NULL" for c in keys)
         # two levels: the scan groups 10^8 rows down to (group, GPU, verdict); the rest is small
@@ -125,17 +132,18 @@ class FleetReader:
                   FROM per GROUP BY {k}),
             v AS (SELECT {k}, verdict, sum(minutes) AS minutes FROM per GROUP BY ALL),
             vv AS (SELECT {k}, arg_max(verdict, (minutes, verdict)) AS main_verdict,
-                          list({{'verdict': verdict, 'minutes': minutes}} ORDER BY minutes DESC, verdict) AS verdicts
+                          list({{'verdict': verdict, 'minutes': minutes}} ORDER BY minutes DESC, verdict DESC) AS verdicts
                    FROM v GROUP BY {k})
             SELECT g.*, vv.main_verdict, vv.verdicts FROM g JOIN vv USING ({k})
             ORDER BY gpu_minutes DESC, {k} LIMIT $limit"""
-        scan = self.scan("rollups", start, end, cluster)
         params = {"start": start, "end": end, "verdicts": verdicts, "limit": limit}
         if cluster:
             params["cluster"] = cluster
         rows = self._query([scan], sql, params)
         for r in rows:
             r["group"] = _group_name(by, r)
+            for m in SHOWN_MEANS:            # sums in parallel differ in the last bits from run to run
+                r[m] = None if r[m] is None else round(r[m], 6)
         return rows
 
     def hosts_changed(self, at: float, to: str, window_s: float = 7 * 86400, cluster: str = "",
