@@ -36,6 +36,7 @@ class Scan:
     table: str
     files: list[str] = field(default_factory=list)
     bytes: int = 0
+    hosts: list[str] = field(default_factory=list)      # each file's
 
 
 class FleetReader:
@@ -49,6 +50,7 @@ class FleetReader:
         if self.storage.fs is not None:
             self.con.register_filesystem(self.storage.fs)
         self._progress = progress or (lambda _text: None)
+        self._views: dict[str, Scan] = {}
 
     # -- files -----------------------------------------------------------------------------
     def scan(self, table: str, start: float | None = None, end: float | None = None,
@@ -66,13 +68,20 @@ class FleetReader:
             seg = lay.parse_key(key)
             if seg is not None and seg.table == table and (not cluster or seg.cluster == cluster):
                 segments[seg] = key
-        chosen = [segments[s] for s in lay.maximal(segments)
+        # newest first: DuckDB takes the columns of the first file, and catalogues only grow
+        chosen = [s for s in reversed(lay.maximal(segments))
                   if (start is None or s.end > start) and (end is None or s.start < end)]
-        return Scan(table, [self.storage.url_of(k) for k in chosen], sum(sizes[k] for k in chosen))
+        return Scan(table, [self.storage.url_of(segments[s]) for s in chosen],
+                    sum(sizes[segments[s]] for s in chosen), [s.host for s in chosen])
+
+    _union = False          # files of different catalogues: columns matched by name across all of them
 
     def view(self, scan: Scan) -> None:
         """A view named as the table over the scan's files (none: an empty
-        view with no columns would fail later, so it is refused here)."""
+        view with no columns would fail later, so it is refused here).
+        Columns are the first file's until a query meets a file that
+        differs (`_query` then retries with union_by_name): reading every
+        file's schema first doubled a day's scan."""
         if not scan.files:
             raise NoFiles(f"no {scan.table} files under {self.url} for that range: is an analyzer publishing "
                           "there (gpuscope analyzer --publish URL --cluster NAME; `gpuscope status` shows how "
@@ -80,7 +89,8 @@ class FleetReader:
         files = "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in scan.files) + "]"
         types = "{" + ", ".join(f"'{k}': '{v}'" for k, v in lay.HIVE_TYPES.items()) + "}"
         self.con.execute(f'CREATE OR REPLACE VIEW "{scan.table}" AS SELECT * EXCLUDE ("table") FROM read_parquet('
-                         f"{files}, hive_partitioning = true, hive_types = {types}, union_by_name = true)")
+                         f"{files}, hive_partitioning = true, hive_types = {types}, union_by_name = {self._union})")
+        self._views[scan.table] = scan
 
     def _columns(self, view: str) -> set[str]:
         return {r[0] for r in self.con.execute(f'DESCRIBE "{view}"').fetchall()}
@@ -89,10 +99,19 @@ class FleetReader:
         scans = list(scans)
         for s in scans:
             self.view(s)
-        n, size = sum(len(s.files) for s in scans), sum(s.bytes for s in scans)
-        self._progress(f"scanning {n:,} file{'s' if n != 1 else ''} ({_bytes(size)})")
+        if scans:
+            n, size = sum(len(s.files) for s in scans), sum(s.bytes for s in scans)
+            self._progress(f"scanning {n:,} file{'s' if n != 1 else ''} ({_bytes(size)})")
         try:
-            cur = self.con.execute(sql, params or {})
+            try:
+                cur = self.con.execute(sql, params or {})
+            except (duckdb.BinderException, duckdb.InvalidInputException) as exc:
+                if self._union or not ("schema mismatch" in str(exc) or isinstance(exc, duckdb.BinderException)):
+                    raise
+                self._union = True       # a file of another catalogue: match columns by name, and ask again
+                for s in list(self._views.values()):
+                    self.view(s)
+                cur = self.con.execute(sql, params or {})
         except duckdb.CatalogException:
             raise
         except duckdb.Error as exc:       # a bad query, or storage refused a read (says which)
@@ -113,38 +132,49 @@ class FleetReader:
         keys = GROUPS[by]
         k = ", ".join(keys)
         scan = self.scan("rollups", start, end, cluster)
-        self.view(scan)
-        have = self._columns("rollups")          # files of an older catalogue lack newer metrics: NULL
-        sums = ", ".join((f'sum("{m}") AS "{m}_sum", count("{m}") AS "{m}_n"' if m in have else
-                          f'NULL::DOUBLE AS "{m}_sum", 0 AS "{m}_n"') for m in SHOWN_MEANS)
-        means = ", ".join(f'sum("{m}_sum") / nullif(sum("{m}_n"), 0) AS "{m}"' for m in SHOWN_MEANS)
-        present = " AND ".join(f"{c} IS NOT NULL" for c in keys)
-        # two levels: the scan groups 10^8 rows down to (group, GPU, verdict); the rest is small
-        sql = f"""
-            WITH per AS (
-              SELECT {k}, host AS h, gpu, verdict, count(*) AS minutes, {sums}
-              FROM rollups
-              WHERE t >= $start AND t < $end AND verdict IN (SELECT unnest($verdicts)) AND {present}
-                    {"AND cluster = $cluster" if cluster else ""}
-              GROUP BY ALL),
+        where = (f"t >= $start AND t < $end AND verdict IN (SELECT unnest($verdicts)) AND "
+                 + " AND ".join(f"{c} IS NOT NULL" for c in keys) + (" AND cluster = $cluster" if cluster else ""))
+        params = {"start": start, "end": end, "verdicts": verdicts, "limit": limit}
+        if cluster:
+            params["cluster"] = cluster
+        # First the ranking, from counts alone (the scan reads keys and verdicts, not metrics)...
+        rows = self._query([scan], f"""
+            WITH per AS (SELECT {k}, host AS h, gpu, verdict, count(*) AS minutes FROM rollups WHERE {where}
+                         GROUP BY ALL),
             g AS (SELECT {k}, sum(minutes) AS gpu_minutes, count(DISTINCT (h, gpu)) AS gpus,
-                         count(DISTINCT h) AS hosts, {means}
-                  FROM per GROUP BY {k}),
-            v AS (SELECT {k}, verdict, sum(minutes) AS minutes FROM per GROUP BY ALL),
+                         count(DISTINCT h) AS hosts, list(DISTINCT h) AS _on
+                  FROM per GROUP BY {k} ORDER BY gpu_minutes DESC, {k} LIMIT $limit),
+            v AS (SELECT {k}, verdict, sum(minutes) AS minutes FROM per SEMI JOIN g USING ({k}) GROUP BY ALL),
             vv AS (SELECT {k}, arg_max(verdict, (minutes, verdict)) AS main_verdict,
                           list({{'verdict': verdict, 'minutes': minutes}} ORDER BY minutes DESC, verdict DESC) AS verdicts
                    FROM v GROUP BY {k})
             SELECT g.*, vv.main_verdict, vv.verdicts FROM g JOIN vv USING ({k})
-            ORDER BY gpu_minutes DESC, {k} LIMIT $limit"""
-        params = {"start": start, "end": end, "verdicts": verdicts, "limit": limit}
-        if cluster:
-            params["cluster"] = cluster
-        rows = self._query([scan], sql, params)
+            ORDER BY gpu_minutes DESC, {k}""", params)
+        means = self._means(scan, keys, where, params, rows) if rows else {}
         for r in rows:
+            del r["_on"]
+            r.update(means.get(tuple(r[c] for c in keys), dict.fromkeys(SHOWN_MEANS)))
             r["group"] = _group_name(by, r)
-            for m in SHOWN_MEANS:            # sums in parallel differ in the last bits from run to run
-                r[m] = None if r[m] is None else round(r[m], 6)
         return rows
+
+    def _means(self, scan: Scan, keys: tuple, where: str, params: dict, rows: list[dict]) -> dict:
+        """... then the metrics' means of the top groups only, from the files
+        of the hosts they ran on (a second scan of a few files, not all)."""
+        hosts = {h for r in rows for h in r["_on"]}
+        self.view(Scan(scan.table, [f for f, h in zip(scan.files, scan.hosts) if h in hosts], 0, []))
+        self._progress(f"the top {len(rows)}' activity means")
+        have = self._columns("rollups")          # files of an older catalogue lack newer metrics: NULL
+        means = ", ".join((f'avg("{m}")' if m in have else "NULL::DOUBLE") + f' AS "{m}"' for m in SHOWN_MEANS)
+        k = ", ".join(keys)
+        self.con.execute("CREATE OR REPLACE TEMP TABLE _top AS SELECT * FROM (VALUES "
+                         + ", ".join("(" + ", ".join("?" for _ in keys) + ")" for _ in rows) + f") v({k})",
+                         [r[c] for r in rows for c in keys])
+        out = {}
+        for r in self._query([], f"SELECT {k}, {means} FROM rollups SEMI JOIN _top USING ({k}) WHERE {where} "
+                                 f"GROUP BY ALL", {p: v for p, v in params.items() if p != "limit"}):
+            # sums in parallel differ in the last bits from run to run
+            out[tuple(r[c] for c in keys)] = {m: None if r[m] is None else round(r[m], 6) for m in SHOWN_MEANS}
+        return out
 
     def hosts_changed(self, at: float, to: str, window_s: float = 7 * 86400, cluster: str = "",
                       min_change: float = 0.25, limit: int = 50) -> list[dict]:

@@ -37,6 +37,13 @@ def _put(root, cluster, host, day: float, rows: pa.Table, lo=0, hi=1440):
     pq.write_table(rows, path)
 
 
+@pytest.fixture(autouse=True)
+def _logs_stay(monkeypatch):
+    """main() points the logs at this test's captured stderr, closed after
+    it; later tests' loggers must not write there."""
+    monkeypatch.setattr("gpuscope.daemon.logs.configure", lambda *a, **k: None)
+
+
 @pytest.fixture()
 def tier(tmp_path):
     """Four days of three hosts: node-a goes memory-bound at the roll-out,
