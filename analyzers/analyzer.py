@@ -577,7 +577,7 @@ class Analyzer:
     # -- the fleet tier ---------------------------------------------------------------------
     def _publish_job(self) -> None:
         try:
-            self.publisher.run_pass(keep_going=lambda: self._scheduler.running)
+            self.publisher.run_pass()        # drain() stops it between files
         except Exception as exc:  # a scheduled job: log, and try again at the next interval
             self.publisher.last_error = f"pass failed: {exc}"
             log.exception("fleet publish pass failed")

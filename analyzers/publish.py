@@ -114,10 +114,10 @@ class Publisher:
         self._stop.set()
 
     # -- the pass ----------------------------------------------------------------------------
-    def run_pass(self, keep_going: Callable[[], bool] = lambda: True) -> dict:
+    def run_pass(self, keep_going: Callable[[], bool] | None = None) -> dict:
         staged = self.stage()
         merged = self.compact()
-        uploaded = self.upload(keep_going)
+        uploaded = self.upload(keep_going or (lambda: not self._stop.is_set()))
         self.last_pass_at = self._clock()
         out = dict(rows_staged=staged, segments_merged=merged, files_uploaded=uploaded,
                    files_pending=len(self._pending))
