@@ -45,6 +45,10 @@ CLUSTERS = 4
 
 def _host_day(args) -> int:
     root, host_i, day_start, gpus = args
+    seg = lay.Segment("rollups", lay.date_of(day_start), f"c{host_i % CLUSTERS}", f"gpu-node-{host_i:04d}", 0, 1440)
+    path = Path(root) / seg.key
+    if path.exists():                                              # a generation cut off resumes
+        return path.stat().st_size
     rng = np.random.default_rng(host_i * 100_003 + int(day_start // 86400))
     minutes = 1440
     n = minutes * gpus
@@ -74,11 +78,10 @@ def _host_day(args) -> int:
               "gpm_dram_bw_util_ratio": np.round(rng.uniform(0, 1, n), 3)}
     for metric in cat.METRICS:
         cols[metric.name] = pa.array(filled[metric.name]) if metric.name in filled else pa.nulls(n, pa.float64())
-    host = f"gpu-node-{host_i:04d}"
-    seg = lay.Segment("rollups", lay.date_of(day_start), f"c{host_i % CLUSTERS}", host, 0, 1440)
-    path = Path(root) / seg.key
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table(cols), path, compression="zstd")     # as the publisher writes
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(pa.table(cols), tmp, compression="zstd")     # as the publisher writes
+    tmp.rename(path)
     return path.stat().st_size
 
 
@@ -88,7 +91,8 @@ def generate(root: Path, hosts: int, days: int, gpus: int, first_day: float, wor
     if marker.exists() and json.loads(marker.read_text()).get("shape") == shape:
         return json.loads(marker.read_text())
     t0 = time.perf_counter()
-    jobs = [(str(root), h, first_day + d * 86400.0, gpus) for d in range(days) for h in range(hosts)]
+    # newest day first: the last day's files are what --since 24h reads
+    jobs = [(str(root), h, first_day + d * 86400.0, gpus) for d in reversed(range(days)) for h in range(hosts)]
     with ProcessPoolExecutor(workers) as pool:
         size = sum(pool.map(_host_day, jobs, chunksize=64))
     info = dict(shape=shape, rows=hosts * days * gpus * 1440, files=len(jobs), bytes=size,
