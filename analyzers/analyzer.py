@@ -45,6 +45,7 @@ from .findings import FindingsTracker
 from .ingest import DecodedBatch, clean_command, decode
 from .links import pcie_link
 from .live import LiveWindows
+from .publish import PublishConfig, Publisher
 from .report import build_report, full_id
 from .retention import PassResult, Retention, RetentionConfig
 from .status import GpuRow, summarize as summarize_status
@@ -72,6 +73,7 @@ class AnalyzerConfig:
     retention_s: float = 14 * 86400       # raw samples kept this long (CLI: --retention 14d)
     rollup: bool = True                   # keep per-minute means of what retention deletes
     history_s: float = 365 * 86400        # rollups, closed findings, anomalies, decisions, captures
+    publish: PublishConfig | None = None  # the fleet tier (analyzers/publish.py); None: off
 
 
 def _owner(f: dict | None) -> tuple[str, str]:
@@ -110,6 +112,7 @@ class Analyzer:
                                                    history_s=config.history_s), clock=clock)
         self.store = Store(StoreConfig(config.db_path, config.memory_limit, config.threads))
         self.store.ensure_rollup_columns()
+        self.publisher = Publisher(config.publish, self.store.fleet_rows, clock=clock) if config.publish else None
         self.live = LiveWindows(self.window_s)
         self.gpus: dict[tuple[str, int], GpuState] = {}
         self._names: dict[tuple[str, int], str] = {}
@@ -234,9 +237,18 @@ class Analyzer:
         first = datetime.now(timezone.utc) + timedelta(seconds=min(60.0, self.retention.config.interval_s))
         self._scheduler.add_job(self._retention_job, "interval", seconds=self.retention.config.interval_s,
                                 max_instances=1, coalesce=True, id="retention", next_run_time=first)
+        if self.publisher is not None:
+            # its own thread in the scheduler's pool: a pass waiting on slow storage holds nothing else up
+            self._scheduler.add_job(self._publish_job, "interval", seconds=self.publisher.config.interval_s,
+                                    max_instances=1, coalesce=True, id="publish",
+                                    next_run_time=datetime.now(timezone.utc) + timedelta(seconds=10))
         self._scheduler.start()
         log.info("analyzer started", db=self.config.db_path, window_s=self.window_s,
                  retention_days=round(self.config.retention_s / 86400, 2), rollup=self.config.rollup)
+        if self.publisher is not None:
+            c = self.publisher.config
+            log.info("publishing the fleet tier", target=self.publisher.storage.loc.url, cluster=c.cluster,
+                     interval_s=c.interval_s, delay_s=c.delay_s, state_dir=c.state_dir)
 
     def submit(self, batch: pb.SampleBatch) -> Future:
         """Validate and queue; raises BatchError (nothing written) for invalid input."""
@@ -562,6 +574,14 @@ class Analyzer:
         self.writer.call(lambda _store: self.writer.reload_seqs())    # boots the pass pruned leave memory too
         return result
 
+    # -- the fleet tier ---------------------------------------------------------------------
+    def _publish_job(self) -> None:
+        try:
+            self.publisher.run_pass()        # drain() stops it between files
+        except Exception as exc:  # a scheduled job: log, and try again at the next interval
+            self.publisher.last_error = f"pass failed: {exc}"
+            log.exception("fleet publish pass failed")
+
     # -- queries ----------------------------------------------------------------------------
     def status(self, host: str = "", gpu_limit: int | None = None) -> dict:
         """Totals over the whole fleet, and the GPUs of `host` (all when
@@ -606,7 +626,8 @@ class Analyzer:
                     findings_open=len(self.findings.open),
                     db_path=self.config.db_path, window_seconds=self.window_s, anomalies=self.anomalies_total,
                     decisions=dict(self.decisions_total), captures_in_flight=self.policy.in_flight,
-                    agents_connected=len(self.commands.hosts), retention_seconds=self.config.retention_s)
+                    agents_connected=len(self.commands.hosts), retention_seconds=self.config.retention_s,
+                    publish=self.publisher.status() if self.publisher is not None else None)
 
     def live_finding(self, row: dict) -> dict:
         """A stored finding row as it is now: an open finding's running
@@ -695,6 +716,8 @@ class Analyzer:
 
     def drain(self, timeout_s: float = 6.0) -> None:
         """Stops taking batches and commits those queued, bounded in time."""
+        if self.publisher is not None:
+            self.publisher.stop()
         try:
             self._scheduler.shutdown(wait=False)
         except Exception:  # not started

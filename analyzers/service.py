@@ -241,6 +241,8 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                                  gpus_stale=s["gpus_stale"], hosts_stale=s["hosts_stale"],
                                  analysis_lag_seconds=s["analysis_lag_seconds"], gpus_total=s["gpus_total"],
                                  gpus_matching=s["gpus_matching"])
+        if s.get("publish"):
+            out.publish.CopyFrom(apb.PublishStatus(**s["publish"]))
         for g in s["gpus"]:
             m = out.gpus.add(host=g["host"], gpu=g["gpu"], name=g["name"] or "", verdict=g["verdict"],
                              confidence=g["confidence"], last_sample=g["last_sample"], flags=g["flags"],

@@ -655,6 +655,62 @@ class Store:
             raise
         return out
 
+    # == The fleet tier (analyzers/publish.py) ============================================
+    # What the publisher exports, read on a reader cursor: DuckDB's MVCC gives it a snapshot
+    # while the writer commits, so ingest never waits for it. One range is at most an hour.
+    def fleet_rows(self, table: str, lo: float, hi: float) -> pa.Table:
+        """Rows of a fleet table whose time is in [lo, hi), with `host`
+        (the publisher partitions by it and drops it from the file)."""
+        sql = {"rollups": self._fleet_rollups_sql, "findings": self._fleet_findings_sql,
+               "captures": self._fleet_captures_sql}[table]()
+        cur = self._con.cursor()       # as findings_table: a relation of its own, no extra copy
+        try:
+            rel = cur.sql(sql, params={"lo": lo, "hi": hi})
+            return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()     # DuckDB 2, 1.x
+        finally:
+            cur.close()
+
+    def _fleet_rollups_sql(self) -> str:
+        # Each GPU-minute: every metric's mean over raw samples and minutes retention rolled up
+        # (a minute is either, but merged by sample count as retention merges late samples), and
+        # the finding holding the minute's middle: its verdict, job and whose the job is.
+        names = [m.name for m in cat.METRICS]
+        means = ", ".join(f'avg("{n}") AS "{n}"' for n in names)
+        old = ", ".join(f'"{n}"' for n in names)
+        merged = ", ".join(f'sum("{n}" * n) / sum(CASE WHEN "{n}" IS NOT NULL THEN n END) AS "{n}"' for n in names)
+        label = "json_extract_string(f.attribution, '$.{}')"
+        return f"""
+            WITH m AS (
+              SELECT host, gpu, t, CAST(sum(n) AS BIGINT) AS samples, {merged}
+              FROM (SELECT host, gpu, floor(t / 60) * 60 AS t, count(*) AS n, {means}
+                    FROM samples WHERE t >= $lo AND t < $hi GROUP BY ALL
+                    UNION ALL
+                    SELECT host, gpu, t, samples AS n, {old} FROM samples_1m WHERE t >= $lo AND t < $hi)
+              GROUP BY host, gpu, t),
+            f AS (SELECT host, gpu, start, coalesce("end", 'infinity'::DOUBLE) AS fin, id, verdict, job, attribution
+                  FROM findings WHERE start < $hi AND coalesce("end", 'infinity'::DOUBLE) >= $lo)
+            SELECT m.host, m.gpu, m.t, m.samples, f.verdict, f.job, f.id AS finding_id,
+                   {label.format('namespace')} AS namespace, {label.format('pod')} AS pod,
+                   {label.format('slurm_job')} AS slurm_job, {', '.join(f'm."{n}"' for n in names)}
+            FROM m LEFT JOIN f ON f.host = m.host AND f.gpu = m.gpu AND f.start <= m.t + 30 AND m.t + 30 < f.fin
+            QUALIFY row_number() OVER (PARTITION BY m.host, m.gpu, m.t ORDER BY f.start DESC NULLS LAST) = 1
+            ORDER BY m.host, m.t, m.gpu"""
+
+    @staticmethod
+    def _fleet_findings_sql() -> str:
+        # closed findings, by when they closed: an open one still changes
+        label = "json_extract_string(attribution, '$.{}')"
+        cols = ", ".join(f'"{c}"' for c in FINDING_COLUMNS if c not in ("absorbed_until",))
+        return (f"SELECT {cols}, {label.format('namespace')} AS namespace, {label.format('pod')} AS pod, "
+                f"{label.format('slurm_job')} AS slurm_job FROM findings "
+                f'WHERE "end" >= $lo AND "end" < $hi ORDER BY host, "end", id')
+
+    @staticmethod
+    def _fleet_captures_sql() -> str:
+        cols = ", ".join(f'"{c}"' for c in CAPTURE_COLUMNS if c != "end")
+        return (f'SELECT {cols}, coalesce("end", start) AS "end" FROM captures '
+                f'WHERE coalesce("end", start) >= $lo AND coalesce("end", start) < $hi ORDER BY host, "end", id')
+
     def upsert_verdict_pair(self, row: dict) -> None:
         self._rows("verdict_pairs", VERDICT_PAIR_COLUMNS, [tuple(row.get(k) for k in VERDICT_PAIR_COLUMNS)],
                    replace=True)

@@ -24,6 +24,7 @@ from .cmd_accuracy import cmd_accuracy
 from .cmd_calibrate import add_calibrate_parser
 from .cmd_certs import add_certs_parser
 from .cmd_config import add_config_flag, add_config_parser
+from .cmd_fleet import add_fleet_parser
 from .cmd_offline import cmd_classify, cmd_metrics, cmd_trace_summarize
 from .cmd_oncall import (cmd_capture, cmd_captures, cmd_findings, cmd_jobs, cmd_query, cmd_records, cmd_report,
                          cmd_status, cmd_top, cmd_watch, render_report)
@@ -99,6 +100,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="raw samples older than this are rolled up to per-minute means and deleted "
                              "(e.g. 14d, 36h; default 14d)")
         sp.add_argument("--no-rollup", action="store_true", help="delete old samples without keeping per-minute means")
+        g = sp.add_argument_group("fleet tier", "per-minute rollups, closed findings and capture summaries as "
+                                                "hive-partitioned Parquet for `gpuscope fleet` (docs/fleet.md)")
+        g.add_argument("--publish", default=None, metavar="URL",
+                       help="publish to a directory, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX (default: off)")
+        g.add_argument("--cluster", default=None, metavar="NAME", help="this analyzer's cluster, a partition of "
+                                                                       "every file (required with --publish)")
+        g.add_argument("--publish-interval", type=positive_duration, default=300.0, metavar="DURATION",
+                       help="between publish passes (default 5m)")
+        g.add_argument("--publish-delay", type=duration, default=300.0, metavar="DURATION",
+                       help="minutes this recent wait for late samples and closing findings (default 5m)")
+        g.add_argument("--publish-backfill", type=duration, default=0.0, metavar="DURATION",
+                       help="on the first start, publish this much of what the DB already holds (default 0)")
+        g.add_argument("--publish-state", default=None, metavar="DIR",
+                       help="the outbox and watermarks (default: DB.publish/ beside --db)")
         g = sp.add_argument_group("alerts", "findings and anomalies posted as they happen (docs/operations.md, Alerts)")
         g.add_argument("--alertmanager", action="append", metavar="URL", default=[],
                        help="an Alertmanager to post to: its base URL (http://alertmanager:9093) or its "
@@ -303,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_certs_parser(sub)
     add_calibrate_parser(sub)
     add_config_parser(sub, build_parser)
+    add_fleet_parser(sub)
     return p
 
 

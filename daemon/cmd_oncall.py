@@ -98,6 +98,8 @@ def cmd_status(ns) -> int:
           f"since start, {human.many(s['captures_in_flight'], 'capture')} in flight, "
           f"{human.many(s['agents_connected'], 'agent')} on the command stream, analysis lag "
           f"{s.get('analysis_lag_seconds', 0):.0f} s, db {s['db_path']}")
+    if s.get("publish"):
+        print(publish_line(s["publish"]))
     if s.get("gpus"):
         print(f"  {'HOST/GPU':<20} {'VERDICT':<20} {'CONF':>4} {'SEEN':<12} {'FLAGS':<18} SOURCE")
     for g in s.get("gpus", []):
@@ -112,6 +114,19 @@ def cmd_status(ns) -> int:
     elif shown < matching:
         print(f"  ... {shown} of {matching} GPUs shown; --host HOST for one host, --limit N for more")
     return 0
+
+
+def publish_line(p: dict) -> str:
+    """The fleet tier in one line: where, how far behind, and why."""
+    line = (f"  fleet tier: cluster {p['cluster']} to {p['target']}, {age(p.get('lag_seconds') or 0)} behind, "
+            f"{human.many(int(p.get('files_pending') or 0), 'file')} waiting to upload, "
+            f"{int(p.get('files_uploaded') or 0):,} uploaded since start")
+    if p.get("consecutive_failures"):
+        line += (f"; STORAGE FAILING ({int(p['consecutive_failures'])} tries in a row, retried every pass; nothing "
+                 f"is lost meanwhile): {p.get('last_error', '')[:200]}")
+    elif p.get("last_error"):
+        line += f"; last error: {p['last_error'][:200]}"
+    return line
 
 
 def cmd_findings(ns) -> int:

@@ -141,7 +141,30 @@ def _analyzer_config(ns, dry_run: bool):
                             fleet_fraction=ns.fleet_fraction, capture_duration_ms=ns.capture_duration_ms)
     return AnalyzerConfig(ns.db, window_s=ns.window, memory_limit=ns.memory_limit,
                           threads=getattr(ns, "threads", 2), trigger=trigger, retention_s=ns.retention,
-                          rollup=not ns.no_rollup)
+                          rollup=not ns.no_rollup, publish=_publish_config(ns))
+
+
+def _publish_config(ns):
+    """--publish and its flags, checked before anything starts (a wrong
+    cluster name or a missing S3 library is found now, not at the first
+    pass); None without --publish."""
+    from gpuscope.analyzers.object_store import StorageError, filesystem, parse_location
+    from gpuscope.analyzers.publish import PublishConfig
+
+    if not ns.publish:
+        if ns.cluster:
+            raise UsageError("--cluster names what --publish writes; give --publish URL too")
+        return None
+    if not ns.cluster:
+        raise UsageError("--publish needs --cluster NAME: every file is partitioned by cluster")
+    try:
+        config = PublishConfig(url=ns.publish, cluster=ns.cluster, state_dir=ns.publish_state or f"{ns.db}.publish",
+                               interval_s=ns.publish_interval, delay_s=ns.publish_delay,
+                               backfill_s=ns.publish_backfill)
+        filesystem(parse_location(ns.publish))
+    except (ValueError, StorageError) as exc:
+        raise UsageError(f"--publish: {exc}") from None
+    return config
 
 
 def _metrics(ns, name: str, *collectors):

@@ -321,7 +321,7 @@ class GpuState(_message.Message):
     def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., name: _Optional[str] = ..., verdict: _Optional[str] = ..., confidence: _Optional[float] = ..., last_sample: _Optional[float] = ..., open_finding: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., lost: _Optional[bool] = ..., stale: _Optional[bool] = ..., last_seen_age_seconds: _Optional[float] = ..., source: _Optional[str] = ...) -> None: ...
 
 class AnalyzerStatus(_message.Message):
-    __slots__ = ("version", "started", "batches_committed", "batches_duplicate", "batches_rejected", "samples_committed", "hosts", "gpus", "findings_open", "db_path", "window_seconds", "anomalies", "decisions", "captures_in_flight", "agents_connected", "gpus_stale", "hosts_stale", "analysis_lag_seconds", "samples_stored", "gpus_total", "gpus_matching")
+    __slots__ = ("version", "started", "batches_committed", "batches_duplicate", "batches_rejected", "samples_committed", "hosts", "gpus", "findings_open", "db_path", "window_seconds", "anomalies", "decisions", "captures_in_flight", "agents_connected", "gpus_stale", "hosts_stale", "analysis_lag_seconds", "samples_stored", "gpus_total", "gpus_matching", "publish")
     class DecisionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -350,6 +350,7 @@ class AnalyzerStatus(_message.Message):
     SAMPLES_STORED_FIELD_NUMBER: _ClassVar[int]
     GPUS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     GPUS_MATCHING_FIELD_NUMBER: _ClassVar[int]
+    PUBLISH_FIELD_NUMBER: _ClassVar[int]
     version: str
     started: float
     batches_committed: int
@@ -371,7 +372,38 @@ class AnalyzerStatus(_message.Message):
     samples_stored: int
     gpus_total: int
     gpus_matching: int
-    def __init__(self, version: _Optional[str] = ..., started: _Optional[float] = ..., batches_committed: _Optional[int] = ..., batches_duplicate: _Optional[int] = ..., batches_rejected: _Optional[int] = ..., samples_committed: _Optional[int] = ..., hosts: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ..., findings_open: _Optional[int] = ..., db_path: _Optional[str] = ..., window_seconds: _Optional[float] = ..., anomalies: _Optional[int] = ..., decisions: _Optional[_Mapping[str, int]] = ..., captures_in_flight: _Optional[int] = ..., agents_connected: _Optional[int] = ..., gpus_stale: _Optional[int] = ..., hosts_stale: _Optional[int] = ..., analysis_lag_seconds: _Optional[float] = ..., samples_stored: _Optional[int] = ..., gpus_total: _Optional[int] = ..., gpus_matching: _Optional[int] = ...) -> None: ...
+    publish: PublishStatus
+    def __init__(self, version: _Optional[str] = ..., started: _Optional[float] = ..., batches_committed: _Optional[int] = ..., batches_duplicate: _Optional[int] = ..., batches_rejected: _Optional[int] = ..., samples_committed: _Optional[int] = ..., hosts: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ..., findings_open: _Optional[int] = ..., db_path: _Optional[str] = ..., window_seconds: _Optional[float] = ..., anomalies: _Optional[int] = ..., decisions: _Optional[_Mapping[str, int]] = ..., captures_in_flight: _Optional[int] = ..., agents_connected: _Optional[int] = ..., gpus_stale: _Optional[int] = ..., hosts_stale: _Optional[int] = ..., analysis_lag_seconds: _Optional[float] = ..., samples_stored: _Optional[int] = ..., gpus_total: _Optional[int] = ..., gpus_matching: _Optional[int] = ..., publish: _Optional[_Union[PublishStatus, _Mapping]] = ...) -> None: ...
+
+class PublishStatus(_message.Message):
+    __slots__ = ("target", "cluster", "interval_seconds", "staged_until", "files_pending", "lag_seconds", "last_upload", "last_pass", "files_uploaded", "rows_staged", "failures", "consecutive_failures", "last_error")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STAGED_UNTIL_FIELD_NUMBER: _ClassVar[int]
+    FILES_PENDING_FIELD_NUMBER: _ClassVar[int]
+    LAG_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LAST_UPLOAD_FIELD_NUMBER: _ClassVar[int]
+    LAST_PASS_FIELD_NUMBER: _ClassVar[int]
+    FILES_UPLOADED_FIELD_NUMBER: _ClassVar[int]
+    ROWS_STAGED_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    CONSECUTIVE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    cluster: str
+    interval_seconds: float
+    staged_until: float
+    files_pending: int
+    lag_seconds: float
+    last_upload: float
+    last_pass: float
+    files_uploaded: int
+    rows_staged: int
+    failures: int
+    consecutive_failures: int
+    last_error: str
+    def __init__(self, target: _Optional[str] = ..., cluster: _Optional[str] = ..., interval_seconds: _Optional[float] = ..., staged_until: _Optional[float] = ..., files_pending: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., last_upload: _Optional[float] = ..., last_pass: _Optional[float] = ..., files_uploaded: _Optional[int] = ..., rows_staged: _Optional[int] = ..., failures: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., last_error: _Optional[str] = ...) -> None: ...
 
 class FindingsRequest(_message.Message):
     __slots__ = ("host", "gpu", "verdicts", "start", "end", "open_only", "limit", "flags", "pod", "namespace", "slurm_job")
