@@ -103,7 +103,7 @@ def timeline_png(rep: dict, highlight: str | None = None) -> tuple[bytes, dict]:
     panels = _panels(rep, gpus)
     lane_in = 0.6 if len(gpus) <= 4 else 0.4
     heights = [max(lane_in * len(gpus), 0.8)] + [1.2] * len(panels)
-    top_in, bottom_in = 0.45, 0.65                  # the title above; tick labels and the axis' name below
+    top_in, bottom_in = 1.0, 0.65                   # the title and the legend above; ticks and the axis' name below
     total = sum(heights) * 1.1 + top_in + bottom_in
     fig = plt.figure(figsize=(WIDTH_IN, total), dpi=DPI)
     grid = fig.add_gridspec(len(heights), 1, height_ratios=heights, hspace=0.1, left=0.12, right=0.86,
@@ -153,16 +153,17 @@ def timeline_png(rep: dict, highlight: str | None = None) -> tuple[bytes, dict]:
     lanes.set_ylim(len(gpus), 0)
     lanes.set_yticks([i + 0.5 for i in range(len(gpus))], [_gpu_name(h, g) for h, g in gpus], fontsize=9)
     lanes.tick_params(axis="y", length=0)
-    lanes.set_title(f"verdict per GPU, {_when(rep['start'], tz)} to {_when(rep['end'], tz)}", fontsize=11,
-                    loc="left")
+    fig.text(0.12, 1 - 0.12 / total, f"verdict per GPU, {_when(rep['start'], tz)} to {_when(rep['end'], tz)}",
+             fontsize=11, va="top", ha="left")
     handles = [Patch(facecolor=c, edgecolor="none", label=v) for v, c in VERDICT_COLOURS.items()]
     handles += [Patch(facecolor=NO_WINDOW, edgecolor="#999999", label="no window"),
                 Patch(facecolor=FLAG_COLOURS["power-capped"], label="power-capped"),
                 Patch(facecolor=FLAG_COLOURS["thermal-throttled"], label="thermal-throttled"),
                 Patch(facecolor="#FFFFFF", edgecolor="#000000", label="finding (its verdict)"),
                 Line2D([], [], marker="v", color="#000000", linestyle="none", label="capture")]
-    lanes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False,
-                 borderaxespad=0)
+    # above the lanes, not beside them: one GPU's lane is shorter than the legend
+    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.12, 1 - 0.4 / total), ncol=6, fontsize=8,
+               frameon=False, borderaxespad=0, handlelength=1.5, columnspacing=1.2)
     axes = [lanes]
     for title, unit, label, draw in panels:
         ax = fig.add_subplot(grid[len(axes)], sharex=lanes)
@@ -188,6 +189,8 @@ def timeline_png(rep: dict, highlight: str | None = None) -> tuple[bytes, dict]:
         lanes.set_xlabel(f"time ({tz.tzname(None)})", fontsize=9)
     fig.canvas.draw()
     geometry = _geometry(fig, lanes, band, len(gpus), gpus, rep)
+    geometry["panels"] = ["verdict per GPU"] + [f"{title} ({label})" for title, _, label, _ in panels]
+    geometry["time_axis"] = f"time ({tz.tzname(None)})"
     out = io.BytesIO()
     fig.savefig(out, format="png", dpi=DPI)
     plt.close(fig)
@@ -297,13 +300,15 @@ def roofline_png(rep: dict) -> tuple[bytes, dict] | None:
         ax.plot(grid_x, np.minimum(p["flops_per_s"], p["bytes_per_s"] * grid_x), color="#000000", linestyle=style,
                 linewidth=1.4, label=f"{p['device'] or 'device'} roof ({p['source']})")
         ax.axvline(p["ridge"], color="#777777", linestyle=":", linewidth=1)
-        ax.annotate(f"ridge {p['ridge']:.0f} FLOP/B", (p["ridge"], p["flops_per_s"]), textcoords="offset points",
-                    xytext=(4, -12), fontsize=8, color="#444444")
+        ax.annotate(f"ridge point {p['ridge']:.0f} FLOP/byte", (p["ridge"], lo_y), textcoords="offset points",
+                    xytext=(4, 6), fontsize=8, color="#444444")
         ax.annotate(f"peak {human.si(p['flops_per_s'], 'FLOP/s')}", (hi_x, p["flops_per_s"]),
                     textcoords="offset points", xytext=(-4, 4), ha="right", fontsize=8)
-        ax.annotate(f"HBM {human.si(p['bytes_per_s'], 'B/s')}", (lo_x * 3, p["bytes_per_s"] * lo_x * 3),
-                    textcoords="offset points", xytext=(2, 6), fontsize=8, rotation=0)
+        ax.annotate(f"HBM {human.si(p['bytes_per_s'], 'B/s')}", (lo_x * 1.3, p["bytes_per_s"] * lo_x * 1.3),
+                    textcoords="offset points", xytext=(-2, 10), fontsize=8)
     markers = "osD^vP*X"
+    from matplotlib.lines import Line2D
+    captured = []
     for n, c in enumerate(rep["captures"], 1):
         mine = [op for m, _, op in points if m == n]
         if not mine:
@@ -311,11 +316,13 @@ def roofline_png(rep: dict) -> tuple[bytes, dict] | None:
         ax.scatter([op["intensity_flops_per_byte"] for op in mine], [op["achieved_flops_per_s"] for op in mine],
                    s=[30 + 400 * (op.get("time_fraction") or 0) for op in mine], marker=markers[(n - 1) % 8],
                    c=[VERDICT_COLOURS.get(f"{op.get('bound')}-bound", UNKNOWN_BOUND) for op in mine],
-                   edgecolors="#000000", linewidths=0.6, zorder=3, label=f"C{n} ops")
+                   edgecolors="#000000", linewidths=0.6, zorder=3)
+        captured.append(Line2D([], [], marker=markers[(n - 1) % 8], color="#FFFFFF", markeredgecolor="#000000",
+                               markersize=7, linestyle="none", label=f"C{n}'s ops"))
         top = mine[0]
         ax.annotate(f"C{n} {top.get('op') or top.get('kernel', '')[:24]}",
                     (top["intensity_flops_per_byte"], top["achieved_flops_per_s"]), textcoords="offset points",
-                    xytext=(7, -3), fontsize=8)
+                    xytext=(12, -3), fontsize=8)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo_x, hi_x)
@@ -331,7 +338,7 @@ def roofline_png(rep: dict) -> tuple[bytes, dict] | None:
                  "time", fontsize=9, loc="left")
     from matplotlib.patches import Patch
     handles, _ = ax.get_legend_handles_labels()
-    handles += [Patch(facecolor=VERDICT_COLOURS["compute-bound"], label="op above the ridge (compute)"),
+    handles += captured + [Patch(facecolor=VERDICT_COLOURS["compute-bound"], label="op above the ridge (compute)"),
                 Patch(facecolor=VERDICT_COLOURS["memory-bound"], label="op below the ridge (memory)")]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.canvas.draw()
@@ -397,6 +404,12 @@ def page(rep: dict, *, title: str, story: str | None = None, generated: float | 
         parts.append(_img(timeline, "timeline", "Each GPU's verdict window by window (lanes), findings as outlined "
                                                 "spans under them, captures as triangles, and the counters behind "
                                                 "the verdicts on the same time axis"))
+        g = timeline[1]
+        parts.append(f"<p class=\"meta\">Top to bottom: {esc('; '.join(g['panels']))}; across: "
+                     f"{esc(g['time_axis'])}. Each lane is a GPU: its verdict window by window (a power cap or "
+                     "thermal throttle as a strip under it), its findings as outlined spans below, captures as "
+                     "triangles labelled as in the tables. Host CPU is that of the processes holding the GPU "
+                     "(1 = one core).</p>")
     if story:                   # the charts first: they say at a glance what the story then tells in numbers
         parts.append(f"<h2>The finding</h2><pre>{esc(story)}</pre>")
     parts.append("<h2>Roofline of the captured ops</h2>")
