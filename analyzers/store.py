@@ -544,7 +544,7 @@ class Store:
         w = (" WHERE " + " AND ".join(where)) if where else ""
         row = self.reader().execute(
             f"SELECT least((SELECT min(t) FROM samples{w}), (SELECT min(t) FROM samples_1m{w})), "
-            f"greatest((SELECT max(t) FROM samples{w}), (SELECT max(t) FROM samples_1m{w}))", args + args).fetchone()
+            f"greatest((SELECT max(t) FROM samples{w}), (SELECT max(t) FROM samples_1m{w}))", args * 4).fetchone()
         return None if row[0] is None else (float(row[0]), float(row[1]))
 
     def window_counts(self, start: float, end: float, gpus: Sequence[tuple[str, int]]) -> int:

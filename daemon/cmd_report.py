@@ -183,12 +183,12 @@ def _steps(enabled: bool, total: int):
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
-        task = progress.add_task("report", total=total)
+        task = progress.add_task("starting", total=total)
         started = [False]
 
         def step(words: str) -> None:
             if started[0]:
                 progress.advance(task)
             started[0] = True
-            progress.update(task, description=words)
+            progress.update(task, description=words, refresh=True)     # shown now, however short the step
         yield step
