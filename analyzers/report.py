@@ -165,6 +165,8 @@ def _lanes(store: Store, start: float, end: float, keys: list[tuple[str, int]], 
     flag_runs: list[dict] = []
     for w in store.verdict_windows(start, end, keys, step):
         w_start, w_end = max(w["start"], start), min(w["end"], end)
+        if w_end <= w_start:        # a window that only touches the range's end
+            continue
         _extend(runs, dict(host=w["host"], gpu=w["gpu"], start=w_start, end=w_end, verdict=w["verdict"]))
         for flag in json.loads(w["flags"] or "[]"):
             if flag in DRAWN_FLAGS:
