@@ -106,7 +106,7 @@ RANGE_METRICS = ("gpm_sm_util_ratio", "gpm_tensor_util_ratio", "gpm_dram_bw_util
                  "procs_cpu_cores", "power_watts")
 MAX_POINTS, MAX_GPUS = 1000, 16          # a chart about 1,200 pixels wide; 16 lanes still read as lanes
 LIMITS = dict(points=(50, 10_000), gpus=(1, 64))
-MAX_FINDINGS, MAX_CAPTURES = 500, 100
+MAX_FINDINGS, FINDINGS_LOOKED_AT, MAX_CAPTURES = 500, 5000, 100
 
 
 def build_range_report(store: Store, start: float, end: float, host: str = "", gpu: int | None = None,
@@ -138,11 +138,15 @@ def build_range_report(store: Store, start: float, end: float, host: str = "", g
     out["lanes"] = _lanes(store, start, end, keys, max_points, out["notes"])
     out["counters"] = _counters(store, start, end, keys, span / max_points, out["notes"])
     drawn = set(keys)
-    rows = [f for f in store.findings(host, gpu, start=start, end=end, limit=MAX_FINDINGS + 1)
+    rows = [f for f in store.findings(host, gpu, start=start, end=end, limit=FINDINGS_LOOKED_AT)
             if (f["host"], f["gpu"]) in drawn]
     if len(rows) > MAX_FINDINGS:
-        out["notes"].append(f"the newest {MAX_FINDINGS} findings shown; there are more in the range")
-        rows = rows[:MAX_FINDINGS]
+        # the longest: a cut by time would draw the newest part of the range only
+        looked = (f" of the newest {FINDINGS_LOOKED_AT:,}" if len(rows) >= FINDINGS_LOOKED_AT else
+                  f" of {len(rows):,}")
+        out["notes"].append(f"findings: the {MAX_FINDINGS} longest{looked} in the range drawn and listed")
+        rows = sorted(rows, key=lambda f: (f["end"] if f["end"] is not None else end) - f["start"],
+                      reverse=True)[:MAX_FINDINGS]
     out["findings_total"] = len(rows)
     out["findings"] = [dict(f, what_to_try=what_to_try(f["verdict"], f.get("flags") or ()))
                        for f in sorted(rows, key=lambda f: (f["start"], f["host"], f["gpu"]))]

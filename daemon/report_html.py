@@ -63,9 +63,13 @@ def _tz(t: float) -> timezone:
     return timezone(timedelta(seconds=lt.tm_gmtoff), lt.tm_zone)
 
 
-def _x(t: float, tz: timezone):
-    """matplotlib's date number of a Unix time, as a local wall clock."""
-    return datetime.fromtimestamp(t, tz).replace(tzinfo=None)
+def _x(t, tz: timezone):
+    """matplotlib's date numbers (days since its epoch) of Unix times, as the
+    zone's wall clock; arrays stay arrays (a day of 8 GPUs is 10^5 points)."""
+    import matplotlib.dates as mdates
+    import numpy as np
+    base = mdates.date2num(datetime(1970, 1, 1))
+    return base + (np.asarray(t, dtype=float) + tz.utcoffset(None).total_seconds()) / 86400.0
 
 
 def _when(t: float | None, tz: timezone | None = None) -> str:
@@ -109,46 +113,43 @@ def timeline_png(rep: dict, highlight: str | None = None) -> tuple[bytes, dict]:
     grid = fig.add_gridspec(len(heights), 1, height_ratios=heights, hspace=0.1, left=0.12, right=0.86,
                             top=1 - top_in / total, bottom=bottom_in / total)
     tz = _tz(rep["start"])
-    x0, x1 = _x(rep["start"], tz), _x(rep["end"], tz)
+    x0, x1 = float(_x(rep["start"], tz)), float(_x(rep["end"], tz))
     lanes = fig.add_subplot(grid[0])
     lanes.xaxis_date()
     lane_of = {k: i for i, k in enumerate(gpus)}
     band = (0.08, 0.55)         # a lane's verdict band (of 1); flags above the findings, findings below
     for i in range(len(gpus)):
-        lanes.add_patch(_rect(mdates, x0, x1, i + band[0], band[1], NO_WINDOW))
-    for r in rep["lanes"]["runs"]:
-        i = lane_of.get((r["host"], r["gpu"]))
-        if i is not None:
-            lanes.add_patch(_rect(mdates, _x(r["start"], tz), _x(r["end"], tz), i + band[0], band[1],
-                                  VERDICT_COLOURS.get(r["verdict"], UNKNOWN_BOUND)))
-    for r in rep["lanes"].get("flag_runs", ()):
-        i = lane_of.get((r["host"], r["gpu"]))
-        if i is not None:
-            lanes.add_patch(_rect(mdates, _x(r["start"], tz), _x(r["end"], tz), i + band[0] + band[1], 0.07,
-                                  FLAG_COLOURS[r["flag"]]))
+        lanes.broken_barh([(x0, x1 - x0)], (i + band[0], band[1]), facecolors=NO_WINDOW)
+    # one collection per lane and colour: a day of windows is thousands of runs
+    _bars(lanes, rep["lanes"]["runs"], lane_of, tz, "verdict", lambda v: VERDICT_COLOURS.get(v, UNKNOWN_BOUND),
+          band[0], band[1])
+    _bars(lanes, rep["lanes"].get("flag_runs", ()), lane_of, tz, "flag", FLAG_COLOURS.get, band[0] + band[1], 0.07)
+    findings = [dict(f, start=max(f["start"], rep["start"]),
+                     end=min(f["end"] if f["end"] is not None else rep["end"], rep["end"])) for f in rep["findings"]]
+    _bars(lanes, [f for f in findings if f["id"] != highlight], lane_of, tz, "verdict",
+          lambda v: VERDICT_COLOURS.get(v, UNKNOWN_BOUND), 0.7, 0.22, edge=0.6)
+    _bars(lanes, [f for f in findings if f["id"] == highlight], lane_of, tz, "verdict",
+          lambda v: VERDICT_COLOURS.get(v, UNKNOWN_BOUND), 0.7, 0.22, edge=2.0)
+    shaded = next(((float(_x(f["start"], tz)), float(_x(f["end"], tz))) for f in findings if f["id"] == highlight),
+                  None)
     span_px = (WIDTH_IN * DPI) * 0.70
-    shaded = None
-    for f in rep["findings"]:
+    labelled = 0
+    for f in findings:
         i = lane_of.get((f["host"], f["gpu"]))
-        if i is None:
-            continue
-        s, e = max(f["start"], rep["start"]), min(f["end"] if f["end"] is not None else rep["end"], rep["end"])
-        mine = f["id"] == highlight
-        lanes.add_patch(_rect(mdates, _x(s, tz), _x(e, tz), i + 0.7, 0.22,
-                              VERDICT_COLOURS.get(f["verdict"], UNKNOWN_BOUND), edge="#000000",
-                              width=2.0 if mine else 0.6))
-        if mine:
-            shaded = (_x(s, tz), _x(e, tz))
-        if (e - s) / (rep["end"] - rep["start"]) * span_px > 60:      # the id where it fits
-            lanes.text(_x(s, tz), i + 0.81, " " + f["id"][:6], fontsize=7, va="center", ha="left", clip_on=True)
+        wide = (f["end"] - f["start"]) / (rep["end"] - rep["start"]) * span_px > 60
+        if i is not None and wide and labelled < 200:      # the id where it fits
+            lanes.text(float(_x(f["start"], tz)), i + 0.81, " " + f["id"][:6], fontsize=7, va="center", ha="left",
+                       clip_on=True)
+            labelled += 1
     for n, c in enumerate(rep["captures"], 1):
         for g in c["gpus"] or [None]:
             i = lane_of.get((c["host"], g)) if g is not None else next(
                 (lane_of[k] for k in gpus if k[0] == c["host"]), None)
             if i is None:
                 continue
-            lanes.plot([_x(c["start"], tz)], [i + 0.04], marker="v", color="#000000", markersize=8, clip_on=False)
-            lanes.text(_x(c["start"], tz), i + 0.04, f"  C{n}", fontsize=8, va="center", ha="left",
+            lanes.plot([float(_x(c["start"], tz))], [i + 0.04], marker="v", color="#000000", markersize=8,
+                       clip_on=False)
+            lanes.text(float(_x(c["start"], tz)), i + 0.04, f"  C{n}", fontsize=8, va="center", ha="left",
                        fontweight="bold")
     lanes.set_ylim(len(gpus), 0)
     lanes.set_yticks([i + 0.5 for i in range(len(gpus))], [_gpu_name(h, g) for h, g in gpus], fontsize=9)
@@ -165,14 +166,18 @@ def timeline_png(rep: dict, highlight: str | None = None) -> tuple[bytes, dict]:
     fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.12, 1 - 0.4 / total), ncol=6, fontsize=8,
                frameon=False, borderaxespad=0, handlelength=1.5, columnspacing=1.2)
     axes = [lanes]
+    colours = _gpu_colours(gpus)
     for title, unit, label, draw in panels:
         ax = fig.add_subplot(grid[len(axes)], sharex=lanes)
-        draw(ax)
+        legend = draw(ax)
+        if len(axes) == 1 and len(gpus) > 1:        # the GPUs' colours, once: the same in every panel
+            legend = [Line2D([], [], color=colours[k], label=_gpu_name(*k)) for k in gpus] + legend
         ax.set_ylabel(f"{title}\n({label})", fontsize=8)
         ax.grid(True, color="#E5E5E5", linewidth=0.6)
         ax.tick_params(labelsize=8)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, frameon=False, borderaxespad=0)
+        if legend:
+            ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, frameon=False,
+                      borderaxespad=0)
         axes.append(ax)
     if shaded:
         for ax in axes[1:]:           # the counters of the episode, under the finding drawn thick above
@@ -197,10 +202,18 @@ def timeline_png(rep: dict, highlight: str | None = None) -> tuple[bytes, dict]:
     return out.getvalue(), geometry
 
 
-def _rect(mdates, x0, x1, y, h, colour, edge: str = "none", width: float = 0.6):
-    from matplotlib.patches import Rectangle
-    a, b = mdates.date2num(x0), mdates.date2num(x1)
-    return Rectangle((a, y), max(b - a, 0.0), h, facecolor=colour, edgecolor=edge, linewidth=width)
+def _bars(ax, runs, lane_of: dict, tz, key: str, colour, y: float, h: float, edge: float = 0.0) -> None:
+    """Runs (host, gpu, start, end and `key`) as bars of lane height h at y
+    in each lane, coloured by colour(run[key])."""
+    drawn = [(lane_of[(r["host"], r["gpu"])], r) for r in runs
+             if (r["host"], r["gpu"]) in lane_of and r["end"] > r["start"]]
+    starts, ends = _x([r["start"] for _, r in drawn], tz), _x([r["end"] for _, r in drawn], tz)
+    groups: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    for (i, r), a, b in zip(drawn, starts.tolist(), ends.tolist()):
+        groups.setdefault((i, r[key]), []).append((a, b - a))
+    for (i, value), spans in groups.items():
+        ax.broken_barh(spans, (i + y, h), facecolors=colour(value) or UNKNOWN_BOUND,
+                       edgecolors="#000000" if edge else "none", linewidths=edge)
 
 
 def _geometry(fig, lanes, band, n: int, gpus, rep) -> dict:
@@ -214,8 +227,10 @@ def _geometry(fig, lanes, band, n: int, gpus, rep) -> dict:
 
 
 def _panels(rep: dict, gpus: list[tuple[str, int]]) -> list[tuple]:
-    """The counter panels that have something to show: (title, unit label,
-    label, draw(ax))."""
+    """The counter panels that have something to show: (title, unit, the
+    axis' unit label, draw(ax)). A GPU's colour is the same in every panel
+    (one legend, by the first); a line's style says which counter it is
+    where a panel holds two (PCIe in and out, NVML's util standing in)."""
     by = {}
     for s in rep["counters"]["series"]:
         by[(s["host"], s["gpu"], s["metric"])] = s
@@ -223,21 +238,21 @@ def _panels(rep: dict, gpus: list[tuple[str, int]]) -> list[tuple]:
     tz = _tz(rep["start"])
     out = []
     for title, unit, metrics, fallback in PANELS:
-        lines = []        # (x, y, colour, label, style)
+        lines, styles = [], {}        # (x, y, colour, style); style -> what it draws
         for h, g in gpus:
-            chosen = [(m, lab) for m, lab in metrics if (h, g, m) in by]
+            chosen = [(m, lab, "-" if j == 0 else "--") for j, (m, lab) in enumerate(metrics) if (h, g, m) in by]
             if not chosen and fallback and (h, g, fallback[0]) in by:
-                chosen = [fallback]
-            for j, (m, lab) in enumerate(chosen):
+                chosen = [(fallback[0], fallback[1], ":")]
+            for m, lab, style in chosen:
                 s = by[(h, g, m)]
-                who = _gpu_name(h, g) if len(gpus) > 1 else ""
-                lines.append(([_x(t, tz) for t in s["t"]], s["v"], colours[(h, g)],
-                              " ".join(x for x in (who, lab) if x), "-" if j == 0 else "--"))
+                lines.append((_x(s["t"], tz), s["v"], colours[(h, g)], style))
+                if lab:
+                    styles[style] = lab
         if not lines:
             continue
         top = max((max(v) for _, v, *_ in lines if v), default=0.0)
         scale, label = _axis_unit(unit, top)
-        out.append((title, unit, label, _drawer(lines, scale, unit)))
+        out.append((title, unit, label, _drawer(lines, scale, unit, styles)))
     return out
 
 
@@ -252,14 +267,18 @@ def _axis_unit(unit: str, top: float) -> tuple[float, str]:
     return 1.0, {"watts": "W", "cores": "cores"}.get(unit, unit)
 
 
-def _drawer(lines, scale: float, unit: str):
-    def draw(ax) -> None:
-        for x, y, colour, label, style in lines:
-            ax.plot(x, [v / scale for v in y], color=colour, linestyle=style, linewidth=1.0, label=label or None)
+def _drawer(lines, scale: float, unit: str, styles: dict[str, str]):
+    import numpy as np
+    from matplotlib.lines import Line2D
+
+    def draw(ax) -> list:
+        for x, y, colour, style in lines:
+            ax.plot(x, np.asarray(y, dtype=float) / scale, color=colour, linestyle=style, linewidth=1.0)
         if unit == "ratio":
             ax.set_ylim(0, 105)
         else:
             ax.set_ylim(bottom=0)
+        return [Line2D([], [], color="#222222", linestyle=st, label=lab) for st, lab in styles.items()]
     return draw
 
 
