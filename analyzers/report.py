@@ -138,13 +138,12 @@ def build_range_report(store: Store, start: float, end: float, host: str = "", g
     out["lanes"] = _lanes(store, start, end, keys, max_points, out["notes"])
     out["counters"] = _counters(store, start, end, keys, span / max_points, out["notes"])
     drawn = set(keys)
-    rows = [f for f in store.findings(host, gpu, start=start, end=end, limit=FINDINGS_LOOKED_AT)
-            if (f["host"], f["gpu"]) in drawn]
+    # of the GPUs drawn only: the fleet's newest findings could all be of others
+    rows = store.findings(start=start, end=end, limit=FINDINGS_LOOKED_AT, gpus=keys)
     if len(rows) > MAX_FINDINGS:
         # the longest: a cut by time would draw the newest part of the range only
-        looked = (f" of the newest {FINDINGS_LOOKED_AT:,}" if len(rows) >= FINDINGS_LOOKED_AT else
-                  f" of {len(rows):,}")
-        out["notes"].append(f"findings: the {MAX_FINDINGS} longest{looked} in the range drawn and listed")
+        looked = f"the newest {len(rows):,}" if len(rows) >= FINDINGS_LOOKED_AT else f"{len(rows):,}"
+        out["notes"].append(f"findings: the {MAX_FINDINGS} longest of {looked} in the range drawn and listed")
         rows = sorted(rows, key=lambda f: (f["end"] if f["end"] is not None else end) - f["start"],
                       reverse=True)[:MAX_FINDINGS]
     out["findings_total"] = len(rows)

@@ -348,19 +348,21 @@ class Store:
 
     def findings(self, host: str = "", gpu: int | None = None, verdicts: Iterable[str] = (),
                  start: float | None = None, end: float | None = None, open_only: bool = False,
-                 limit: int = 1000, **owner: str) -> list[dict]:
+                 limit: int = 1000, **owner) -> list[dict]:
         return finding_dicts(self.findings_table(host, gpu, verdicts, start, end, open_only, limit, **owner))
 
     def findings_table(self, host: str = "", gpu: int | None = None, verdicts: Iterable[str] = (),
                        start: float | None = None, end: float | None = None, open_only: bool = False,
                        limit: int = 1000, flags: Iterable[str] = (), pod: str = "", namespace: str = "",
-                       slurm_job: str = "") -> pa.Table:
+                       slurm_job: str = "", gpus: Sequence[tuple[str, int]] = ()) -> pa.Table:
         """The matching rows as stored (JSON fields as text), newest first:
         DuckDB builds the table without the GIL, and `finding_dicts` turns it
         into rows wherever the caller is (the gRPC process, not this one).
         pod: a pod's name, or namespace/name; namespace, slurm_job: the
-        job's, as its attribution says."""
+        job's, as its attribution says; gpus: (host, gpu) pairs, any of them."""
         where, args = _where_host_gpu([], [], host, gpu)
+        if gpus:
+            _where_gpus(where, args, gpus)
         if "/" in pod:
             namespace, pod = pod.split("/", 1)
         for label, value in (("pod", pod), ("namespace", namespace), ("slurm_job", slurm_job)):
