@@ -46,7 +46,7 @@ from .ingest import DecodedBatch, clean_command, decode
 from .links import pcie_link
 from .live import LiveWindows
 from .publish import PublishConfig, Publisher
-from .report import build_report, full_id
+from .report import build_range_report, build_report, full_id
 from .retention import PassResult, Retention, RetentionConfig
 from .status import GpuRow, summarize as summarize_status
 from .store import FINDING_COLUMNS, Store, StoreConfig, finding_group, finding_row, merge_live
@@ -698,6 +698,12 @@ class Analyzer:
         are now; the id may be its first characters."""
         fid = full_id(self.store, finding_id)
         return None if fid is None else build_report(self.store, fid, context_s, lookup=self.finding)
+
+    def range_report(self, start: float, end: float, host: str = "", gpu: int | None = None,
+                     max_points: int = 0, max_gpus: int = 0) -> dict:
+        """The picture of a time range (analyzers/report.py); 0: the defaults."""
+        kw = {k: v for k, v in (("max_points", max_points), ("max_gpus", max_gpus)) if v}
+        return build_range_report(self.store, start, end, host, gpu, **kw)
 
     def analysis_lag(self) -> float:
         """How far live analysis is behind the newest samples received: per

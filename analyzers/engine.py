@@ -49,6 +49,7 @@ from .writer import DEFAULT_QUEUE_BYTES, StoreUnavailable
 log = structlog.get_logger("gpuscope.engine")
 
 START_TIMEOUT_S = 300.0       # opening a large store (a first gpu_state scan) takes a while
+RANGE_REPORT_TIMEOUT_S = 60.0
 CALL_TIMEOUT_S = 8.0          # a query the child does not answer by then is UNAVAILABLE (clients wait 10 s)
 CAPTURE_TIMEOUT_S = 60.0      # summarizing a large trace takes seconds
 RESTART_DELAY_S = 2.0
@@ -59,8 +60,8 @@ RESTART_DELAY_S = 2.0
 SWITCH_INTERVAL_S = 0.0005
 LOCK_WAIT_S = 20.0            # how long a new child waits for the store's lock held by a dying one
 # What the parent may call in the child, by name: nothing else crosses.
-CALLS = {"status", "list_findings", "findings_payload", "finding", "report", "report_capture", "top",
-         "store.captures", "store.metric", "store.records", "store.verdict_pairs", "store.count"}
+CALLS = {"status", "list_findings", "findings_payload", "finding", "report", "range_report", "report_capture",
+         "top", "store.captures", "store.metric", "store.records", "store.verdict_pairs", "store.count"}
 
 
 class EngineUnavailable(StoreUnavailable):
@@ -520,6 +521,11 @@ class EngineClient:
 
     def report(self, finding_id: str, context_s: float = 0.0) -> dict | None:
         return self.call("report", finding_id, context_s)
+
+    def range_report(self, start: float, end: float, host: str = "", gpu: int | None = None,
+                     max_points: int = 0, max_gpus: int = 0) -> dict:
+        # a month of a host's samples is a few scans of millions of rows: longer than a lookup's 8 s
+        return self.call("range_report", start, end, host, gpu, max_points, max_gpus, timeout=RANGE_REPORT_TIMEOUT_S)
 
     def top(self, start: float, end: float, host: str = "", by: str = "gpu", limit: int = 20) -> list[dict]:
         return self.call("top", start, end, host, by, limit)

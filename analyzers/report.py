@@ -1,15 +1,23 @@
 """The story of one incident: what the counters showed before, during and
 after a finding, what decided its verdict, the captures and their traces,
 the anomalies and capture decisions around it, and what changed against the
-job's own baseline (the `before` window)."""
+job's own baseline (the `before` window).
+
+And the picture of a time range (`build_range_report`): each GPU's verdict
+window by window, the counters behind it, the findings and captures in it
+and the ops of those captures against the device's peaks, bounded in size
+whatever the range (`gpuscope report --html` draws it)."""
 from __future__ import annotations
 
 import json
 import time
 from typing import Callable
 
+from gpuscope.collectors import catalogue as cat
+
+from .roofline import datasheet_peaks
 from .rules import what_to_try
-from .store import Store
+from .store import DRAWN_FLAGS, Store
 
 KEY_METRICS = ("util_gpu_ratio", "util_mem_ratio", "gpm_sm_util_ratio", "gpm_sm_occupancy_ratio",
                "gpm_tensor_util_ratio", "gpm_dram_bw_util_ratio", "gpm_pcie_tx_bytes_per_second",
@@ -89,3 +97,160 @@ def _changes(before: dict, during: dict) -> list[dict]:
     top = [r for r in out if r["_rank"] >= 0.1][:6]
     named = top + [r for r in out if r not in top and r["metric"] in ALWAYS_NAMED and r["_rank"] >= 0.05]
     return [{k: v for k, v in r.items() if k != "_rank"} for r in named]
+
+
+# The counters a range report draws: SM, tensor and DRAM activity tell compute from memory; PCIe and the
+# host CPU of the GPU's processes tell communication and host starvation; NVML's util stands in for GPM.
+RANGE_METRICS = ("gpm_sm_util_ratio", "gpm_tensor_util_ratio", "gpm_dram_bw_util_ratio", "util_gpu_ratio",
+                 "util_mem_ratio", "gpm_pcie_rx_bytes_per_second", "gpm_pcie_tx_bytes_per_second",
+                 "procs_cpu_cores", "power_watts")
+MAX_POINTS, MAX_GPUS = 1000, 16          # a chart about 1,200 pixels wide; 16 lanes still read as lanes
+LIMITS = dict(points=(50, 10_000), gpus=(1, 64))
+MAX_FINDINGS, FINDINGS_LOOKED_AT, MAX_CAPTURES = 500, 5000, 100
+
+
+def build_range_report(store: Store, start: float, end: float, host: str = "", gpu: int | None = None,
+                       max_points: int = MAX_POINTS, max_gpus: int = MAX_GPUS) -> dict:
+    """What happened on the GPUs of [start, end]: `lanes` (runs of one
+    verdict, and of the flags drawn beside it), `counters` (bucketed means
+    of RANGE_METRICS), `findings` (with what to try), `captures` (with their
+    traces' roofline and top ops) and `peaks` (from the traces, else the
+    datasheet). Never more than `max_points` per GPU and series, nor more
+    than `max_gpus` GPUs (the most bottlenecked first); `notes` says where
+    it left anything out or merged it."""
+    out: dict = dict(start=start, end=end, host=host, gpu=gpu, notes=[], gpus=[], lanes=dict(step=None, runs=[],
+                     flag_runs=[]), counters=dict(step=None, samples_per_point=0, series=[]), findings=[],
+                     findings_total=0, captures=[], peaks=[])
+    found = store.gpus_in_range(start, end, host, gpu)
+    out["gpus_in_range"] = len(found)
+    if not found:
+        extent = store.sample_extent(host, gpu)
+        out["extent"] = dict(first=extent[0], last=extent[1]) if extent else None
+        return out
+    if len(found) > max_gpus:
+        found = sorted(found, key=lambda g: (-g["bottleneck_seconds"], g["host"], g["gpu"]))[:max_gpus]
+        found.sort(key=lambda g: (g["host"], g["gpu"]))
+        out["notes"].append(f"{max_gpus} of {out['gpus_in_range']} GPUs drawn: those bottlenecked "
+                            "longest in the range (--host or --gpu for others)")
+    out["gpus"] = found
+    keys = [(g["host"], g["gpu"]) for g in found]
+    span = max(end - start, 1e-3)
+    out["lanes"] = _lanes(store, start, end, keys, max_points, out["notes"])
+    out["counters"] = _counters(store, start, end, keys, span / max_points, out["notes"])
+    drawn = set(keys)
+    # of the GPUs drawn only: the fleet's newest findings could all be of others
+    rows = store.findings(start=start, end=end, limit=FINDINGS_LOOKED_AT, gpus=keys)
+    if len(rows) > MAX_FINDINGS:
+        # the longest: a cut by time would draw the newest part of the range only
+        looked = f"the newest {len(rows):,}" if len(rows) >= FINDINGS_LOOKED_AT else f"{len(rows):,}"
+        out["notes"].append(f"findings: the {MAX_FINDINGS} longest of {looked} in the range drawn and listed")
+        rows = sorted(rows, key=lambda f: (f["end"] if f["end"] is not None else end) - f["start"],
+                      reverse=True)[:MAX_FINDINGS]
+    out["findings_total"] = len(rows)
+    out["findings"] = [dict(f, what_to_try=what_to_try(f["verdict"], f.get("flags") or ()))
+                       for f in sorted(rows, key=lambda f: (f["start"], f["host"], f["gpu"]))]
+    out["captures"] = _captures(store, start, end, host, drawn)
+    out["peaks"] = _peaks(out["captures"], found)
+    return out
+
+
+def _lanes(store: Store, start: float, end: float, keys: list[tuple[str, int]], max_points: int,
+           notes: list[str]) -> dict:
+    """Runs of one verdict per GPU (windows that follow each other merged);
+    past `max_points` windows a GPU, one bucket of the range each instead."""
+    most = store.window_counts(start, end, keys)
+    step = None
+    if most > max_points:
+        step = (end - start) / max_points
+        notes.append(f"verdict lanes: the verdict that held most of each {_span(step)} (up to {most:,} windows "
+                     f"a GPU in the range, {max_points:,} buckets drawn)")
+    runs: list[dict] = []
+    flag_runs: list[dict] = []
+    for w in store.verdict_windows(start, end, keys, step):
+        w_start, w_end = max(w["start"], start), min(w["end"], end)
+        if w_end <= w_start:        # a window that only touches the range's end
+            continue
+        _extend(runs, dict(host=w["host"], gpu=w["gpu"], start=w_start, end=w_end, verdict=w["verdict"]))
+        for flag in json.loads(w["flags"] or "[]"):
+            if flag in DRAWN_FLAGS:
+                _extend(flag_runs, dict(host=w["host"], gpu=w["gpu"], start=w_start, end=w_end, flag=flag),
+                        key="flag")
+    return dict(step=step, windows=most, runs=runs, flag_runs=flag_runs)
+
+
+def _extend(runs: list[dict], r: dict, key: str = "verdict") -> None:
+    """Appends `r`, or lengthens the run it continues (same GPU and value,
+    starting where that run ends: a silent GPU's gap stays a gap)."""
+    for last in reversed(runs[-4:]):         # flags of a window interleave: look a few back
+        if (last["host"], last["gpu"], last[key]) == (r["host"], r["gpu"], r[key]) and \
+                r["start"] <= last["end"] + 1e-6:
+            last["end"] = max(last["end"], r["end"])
+            return
+    runs.append(r)
+
+
+def _counters(store: Store, start: float, end: float, keys: list[tuple[str, int]], step: float,
+              notes: list[str]) -> dict:
+    rows = store.series(RANGE_METRICS, start, end, step, keys)
+    by_gpu: dict[tuple[str, int], dict[str, tuple[list, list]]] = {}
+    most = 0
+    for r in rows:
+        most = max(most, r["n"])
+        metrics = by_gpu.setdefault((r["host"], r["gpu"]), {})
+        for m in RANGE_METRICS:
+            v = r.get(m)
+            if v is not None:
+                t, vs = metrics.setdefault(m, ([], []))
+                t.append(r["bucket"] + step / 2)         # drawn at the middle of what it averages
+                vs.append(v)
+    if most > 2:           # two samples in a bucket is the sampling's jitter, not a summary
+        notes.append(f"counters: means over {_span(step)} (up to {most:,} samples each)")
+    series = [dict(host=h, gpu=g, metric=m, t=t, v=v) for (h, g), ms in by_gpu.items() for m, (t, v) in ms.items()]
+    return dict(step=step, samples_per_point=most, series=series,
+                units={m: cat.BY_NAME[m].unit for m in RANGE_METRICS})
+
+
+def _captures(store: Store, start: float, end: float, host: str, keys: set[tuple[str, int]]) -> list[dict]:
+    out = []
+    for c in store.captures_between(start, end, host, MAX_CAPTURES):
+        gpus = json.loads(c["gpus"]) if c.get("gpus") else []
+        if gpus and not any((c["host"], g) in keys for g in gpus):
+            continue
+        s = json.loads(c["summary"]) if c.get("summary") else {}
+        devices = s.get("devices") or []
+        out.append(dict({k: v for k, v in c.items() if k not in ("summary", "gpus")}, gpus=gpus,
+                        trace_summary=s.get("summary"), roofline=s.get("roofline"), top_ops=s.get("top_ops") or [],
+                        device=devices[0].get("name") if devices else None))
+    return out
+
+
+def _peaks(captures: list[dict], gpus: list[dict]) -> list[dict]:
+    """The rooflines to draw: each distinct pair of peaks the traces give,
+    else the datasheet's for the GPUs' names."""
+    seen: dict[tuple, dict] = {}
+    for c in captures:
+        r = c.get("roofline") or {}
+        flops, nbytes = r.get("peak_flops_per_s"), r.get("peak_bytes_per_s")
+        if flops and nbytes:
+            seen.setdefault((round(flops, -9), round(nbytes, -9)), dict(
+                device=c.get("device") or "", flops_per_s=flops, bytes_per_s=nbytes, ridge=flops / nbytes,
+                source="trace", how="from the trace's device properties: SMs x clock x the dense BF16 rate per SM "
+                                    "of its compute capability; HBM bandwidth as the trace states it"))
+    if seen:
+        return list(seen.values())
+    for g in gpus:
+        found = datasheet_peaks(g.get("name"))
+        if found:
+            part, p = found
+            seen.setdefault((part,), dict(device=g["name"], flops_per_s=p.flops_per_s, bytes_per_s=p.bytes_per_s,
+                                          ridge=p.ridge, source="datasheet",
+                                          how=f"NVIDIA's datasheet for the {part} (SXM): dense BF16 tensor "
+                                              "throughput and HBM bandwidth"))
+    return list(seen.values())
+
+
+def _span(seconds: float) -> str:
+    for n, unit in ((86400, "d"), (3600, "h"), (60, "min")):
+        if seconds >= n:
+            return f"{seconds / n:.3g} {unit}"
+    return f"{seconds:.3g} s"

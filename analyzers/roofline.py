@@ -35,6 +35,22 @@ class Peaks:
         return None
 
 
+# Where no trace gives a device's peaks: NVIDIA's published dense BF16 tensor
+# throughput and HBM bandwidth of the SXM part, by a fragment of the name NVML
+# gives (first match wins: "H100 NVL" and PCIe parts are slower than these).
+DATASHEET = (("GH200", 989e12, 4.0e12), ("H200", 989e12, 4.8e12), ("H100", 989e12, 3.35e12),
+             ("B200", 2.25e15, 8.0e12), ("A100", 312e12, 2.039e12), ("L40S", 362e12, 0.864e12),
+             ("V100", 125e12, 0.9e12))
+
+
+def datasheet_peaks(name: str | None) -> tuple[str, Peaks] | None:
+    """(the datasheet part matched, its peaks) for a device name; None when unknown."""
+    for part, flops, nbytes in DATASHEET:
+        if name and part.lower() in name.lower():
+            return part, Peaks(flops, nbytes)
+    return None
+
+
 def device_peaks(dev: DeviceTimeline) -> Peaks:
     p = dev.props
     major, minor = _positive(p.get("cc_major")), _positive(p.get("cc_minor"), zero_ok=True)

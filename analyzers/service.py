@@ -25,7 +25,7 @@ from gpuscope.security.context import current_caller
 from gpuscope.security.redact import command_label
 
 from .analyzer import Analyzer
-from .report import MIN_PREFIX, AmbiguousId
+from .report import LIMITS, MIN_PREFIX, AmbiguousId
 from .events import Watch
 from .ingest import BatchError, validate_capture_record
 from .store import AGGREGATES, FINDING_GROUPS, PROCESS_GROUPS
@@ -378,6 +378,21 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                                                            "(`gpuscope findings` lists them; give an id whole, or "
                                                            "its first 4 characters or more)")
         return apb.ReportResponse(json=json.dumps(_for_caller(report), default=str))
+
+    @_unavailable_as_status
+    async def RangeReport(self, request, context):
+        start, end = await _optional_range(request, context)
+        end = time.time() if end is None else end
+        start = end - 3600 if start is None else start
+        if start >= end:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "start: not before end")
+        points, gpus = request.max_points, request.max_gpus
+        for name, value, (lo, hi) in (("max_points", points, LIMITS["points"]), ("max_gpus", gpus, LIMITS["gpus"])):
+            if value and not lo <= value <= hi:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {value}, expected {lo} to {hi}")
+        rep = await self._query(self.analyzer.range_report, start, end, request.host,
+                                request.gpu if request.HasField("gpu") else None, points, gpus)
+        return apb.ReportResponse(json=json.dumps(_for_caller(rep), default=str))
 
     @_unavailable_as_status
     async def Top(self, request, context):

@@ -70,6 +70,7 @@ VERDICT_PAIR_COLUMNS = ("capture_id", "t", "host", "gpu", "model", "counters_ver
                         "trace_verdict", "trace_confidence", "finding_id")
 ANOMALY_COLUMNS = ("id", "t", "host", "gpu", "job", "kind", "kinds", "reason", "details", "finding_id")
 DECISION_COLUMNS = ("id", "t", "host", "gpu", "job", "anomaly_id", "action", "reason", "status", "capture_id", "updated")
+DRAWN_FLAGS = ("power-capped", "thermal-throttled")     # a window's flags a report draws beside its verdict
 RECORD_TABLES = {"anomalies": ("kinds", "details"), "decisions": ()}
 CAPTURE_COLUMNS = ("id", "host", "target", "pid", "gpus", "job", "start", "end", "duration_ms", "path", "size_bytes",
                    "status", "error", "trigger", "verdict", "confidence", "summary", "finding_id", "kind")
@@ -357,19 +358,21 @@ class Store:
 
     def findings(self, host: str = "", gpu: int | None = None, verdicts: Iterable[str] = (),
                  start: float | None = None, end: float | None = None, open_only: bool = False,
-                 limit: int = 1000, **owner: str) -> list[dict]:
+                 limit: int = 1000, **owner) -> list[dict]:
         return finding_dicts(self.findings_table(host, gpu, verdicts, start, end, open_only, limit, **owner))
 
     def findings_table(self, host: str = "", gpu: int | None = None, verdicts: Iterable[str] = (),
                        start: float | None = None, end: float | None = None, open_only: bool = False,
                        limit: int = 1000, flags: Iterable[str] = (), pod: str = "", namespace: str = "",
-                       slurm_job: str = "") -> pa.Table:
+                       slurm_job: str = "", gpus: Sequence[tuple[str, int]] = ()) -> pa.Table:
         """The matching rows as stored (JSON fields as text), newest first:
         DuckDB builds the table without the GIL, and `finding_dicts` turns it
         into rows wherever the caller is (the gRPC process, not this one).
         pod: a pod's name, or namespace/name; namespace, slurm_job: the
-        job's, as its attribution says."""
+        job's, as its attribution says; gpus: (host, gpu) pairs, any of them."""
         where, args = _where_host_gpu([], [], host, gpu)
+        if gpus:
+            _where_gpus(where, args, gpus)
         if "/" in pod:
             namespace, pod = pod.split("/", 1)
         for label, value in (("pod", pod), ("namespace", namespace), ("slurm_job", slurm_job)):
@@ -530,6 +533,103 @@ class Store:
                    f"FROM j GROUP BY grp ORDER BY \"group\"")
             params = args
         return _dicts(self.reader().execute(sql, params))
+
+    # -- a time range drawn (analyzers/report.py, build_range_report) --------------------
+    def gpus_in_range(self, start: float, end: float, host: str = "", gpu: int | None = None) -> list[dict]:
+        """GPUs with samples in [start, end] (rolled-up minutes included):
+        host, gpu, name (as its agent said), samples, and bottleneck_seconds
+        (judged windows in any verdict but idle, within the range)."""
+        where, args = _where_host_gpu(["t BETWEEN ? AND ?"], [start, end], host, gpu)
+        w = " AND ".join(where)
+        seen = f"SELECT host, gpu, 1 AS n FROM samples WHERE {w}"
+        if self._rolled_up_before(start):
+            seen += f" UNION ALL SELECT host, gpu, samples AS n FROM samples_1m WHERE {w}"
+            args = args + args
+        ww, wargs = _where_host_gpu(['"end" >= ?', "start <= ?", "verdict <> 'idle'"], [start, end], host, gpu)
+        sql = (f"WITH s AS (SELECT host, gpu, CAST(sum(n) AS BIGINT) AS samples FROM ({seen}) GROUP BY ALL), "
+               f"b AS (SELECT host, gpu, sum(least(\"end\", ?) - greatest(start, ?)) AS secs FROM windows "
+               f"WHERE {' AND '.join(ww)} GROUP BY ALL) "
+               "SELECT s.host, s.gpu, d.name, s.samples, coalesce(b.secs, 0.0) AS bottleneck_seconds FROM s "
+               "LEFT JOIN b ON s.host = b.host AND s.gpu = b.gpu "
+               "LEFT JOIN devices d ON s.host = d.host AND s.gpu = d.gpu ORDER BY s.host, s.gpu")
+        return _dicts(self.reader().execute(sql, args + [end, start] + wargs))
+
+    def sample_extent(self, host: str = "", gpu: int | None = None) -> tuple[float, float] | None:
+        """The first and last sample time (raw or rolled up) of a host, a GPU
+        or the fleet; None when there is none."""
+        where, args = _where_host_gpu([], [], host, gpu)
+        w = (" WHERE " + " AND ".join(where)) if where else ""
+        row = self.reader().execute(
+            f"SELECT least((SELECT min(t) FROM samples{w}), (SELECT min(t) FROM samples_1m{w})), "
+            f"greatest((SELECT max(t) FROM samples{w}), (SELECT max(t) FROM samples_1m{w}))", args * 4).fetchone()
+        return None if row[0] is None else (float(row[0]), float(row[1]))
+
+    def window_counts(self, start: float, end: float, gpus: Sequence[tuple[str, int]]) -> int:
+        """The most judged windows any of `gpus` has in [start, end]."""
+        if not gpus:
+            return 0
+        where, args = _where_gpus(['"end" >= ?', "start <= ?"], [start, end], gpus)
+        row = self.reader().execute(f"SELECT max(n) FROM (SELECT count(*) AS n FROM windows WHERE "
+                                    f"{' AND '.join(where)} GROUP BY host, gpu)", args).fetchone()
+        return int(row[0] or 0)
+
+    def verdict_windows(self, start: float, end: float, gpus: Sequence[tuple[str, int]],
+                        step: float | None = None) -> list[dict]:
+        """Judged windows of `gpus` overlapping [start, end], in time order:
+        host, gpu, start, end, verdict, flags (a JSON list). With `step`, one
+        row per GPU and step-wide bucket instead (a window counts in the
+        bucket it starts in): the verdict that held most of the bucket's
+        seconds, and each flag that held half of them or more."""
+        if not gpus:
+            return []
+        where, args = _where_gpus(['"end" >= ?', "start <= ?"], [start, end], gpus)
+        w = " AND ".join(where)
+        if step is None:
+            return _dicts(self.reader().execute(
+                f'SELECT host, gpu, start, "end", verdict, flags FROM windows WHERE {w} ORDER BY host, gpu, start',
+                args))
+        flagged = ", ".join(f"""sum(CASE WHEN contains(flags, '"{f}"') THEN secs END) >= sum(secs) / 2 AS "{f}" """
+                            for f in DRAWN_FLAGS)
+        flag_cols = ", ".join(f'f."{f}"' for f in DRAWN_FLAGS)
+        sql = (f"WITH per AS (SELECT host, gpu, floor(start / ?) AS b, verdict, flags, \"end\" - start AS secs "
+               f"FROM windows WHERE {w}), "
+               "v AS (SELECT host, gpu, b, verdict, sum(secs) AS vs FROM per GROUP BY ALL), "
+               "top AS (SELECT host, gpu, b, arg_max(verdict, (vs, verdict)) AS verdict FROM v GROUP BY ALL), "
+               f"f AS (SELECT host, gpu, b, {flagged} FROM per GROUP BY ALL) "
+               f"SELECT top.host, top.gpu, top.b * ? AS start, (top.b + 1) * ? AS \"end\", top.verdict, "
+               f"{flag_cols} FROM top JOIN f USING (host, gpu, b) "
+               "ORDER BY top.host, top.gpu, top.b")
+        rows = _dicts(self.reader().execute(sql, [step] + args + [step, step]))
+        for r in rows:
+            r["flags"] = json.dumps([f for f in DRAWN_FLAGS if r.pop(f)])
+        return rows
+
+    def series(self, metrics: Sequence[str], start: float, end: float, step: float,
+               gpus: Sequence[tuple[str, int]]) -> list[dict]:
+        """Bucketed means of several gauges of `gpus` in one scan: host, gpu,
+        bucket (its start), n (samples in it) and one column per metric
+        (rolled-up minutes weigh as the samples they had)."""
+        ms = [m for m in metrics if m in cat.BY_NAME]
+        if not gpus or not ms:
+            return []
+        cols = ", ".join(f'"{m}"' for m in ms)
+        where, args = _where_gpus(["t BETWEEN ? AND ?"], [start, end], gpus)
+        w = " AND ".join(where)
+        source = f"SELECT host, gpu, t, {cols}, 1 AS n FROM samples WHERE {w}"
+        if self._rolled_up_before(start):
+            source += f" UNION ALL SELECT host, gpu, t, {cols}, samples AS n FROM samples_1m WHERE {w}"
+            args = args + args
+        means = ", ".join(f'sum("{m}" * n) / sum(CASE WHEN "{m}" IS NOT NULL THEN n END) AS "{m}"' for m in ms)
+        sql = (f"SELECT host, gpu, floor(t / ?) * ? AS bucket, CAST(sum(n) AS BIGINT) AS n, {means} "
+               f"FROM ({source}) GROUP BY ALL ORDER BY host, gpu, bucket")
+        return _dicts(self.reader().execute(sql, [step, step] + args))
+
+    def captures_between(self, start: float, end: float, host: str = "", limit: int = 100) -> list[dict]:
+        """Captures that ran within [start, end] (by their start and end), oldest first."""
+        where, args = _where_host_gpu([], [], host, None)
+        _where_range(where, args, 'coalesce("end", start)', "start", start, end)
+        sql = "SELECT * FROM captures WHERE " + " AND ".join(where) + " ORDER BY start LIMIT ?"
+        return _dicts(self.reader().execute(sql, args + [limit]))
 
     def count(self, table: str) -> int:
         return int(self.reader().execute(f"SELECT count(*) FROM {table}").fetchone()[0])
@@ -781,6 +881,14 @@ def _where_host_gpu(where: list[str], args: list, host: str, gpu: int | None) ->
     if gpu is not None:
         where.append("gpu = ?")
         args.append(gpu)
+    return where, args
+
+
+def _where_gpus(where: list[str], args: list, gpus: Sequence[tuple[str, int]]) -> tuple[list[str], list]:
+    """Rows of any of `gpus` ((host, gpu) pairs; a report draws a few dozen)."""
+    where.append("(" + " OR ".join("(host = ? AND gpu = ?)" for _ in gpus) + ")")
+    for host, gpu in gpus:
+        args += [host, gpu]
     return where, args
 
 

@@ -17,21 +17,23 @@ def si(value: float | None, unit: str) -> str:
     """`value` in `unit` with an SI prefix; "—" when unknown."""
     if value is None or not math.isfinite(value):
         return "—"
+    scale, prefix = si_scale(value)
+    return f"{_three(value / scale)} {prefix}{unit}"
+
+
+def si_scale(value: float) -> tuple[float, str]:
+    """The SI prefix `si` writes `value` with, and its scale: (1e9, "G")
+    for 4.2e9. A chart's axis takes the prefix of its largest value."""
     mag = abs(value)
-    scale, prefix = 1.0, ""
     for s, p in _UP:
         if mag >= s:
-            scale, prefix = s, p
-            break
-    else:
-        if 0 < mag < 1:
-            for s, p in _DOWN:
-                if mag >= s:
-                    scale, prefix = s, p
-                    break
-            else:
-                scale, prefix = _DOWN[-1]
-    return f"{_three(value / scale)} {prefix}{unit}"
+            return s, p
+    if 0 < mag < 1:
+        for s, p in _DOWN:
+            if mag >= s:
+                return s, p
+        return _DOWN[-1]
+    return 1.0, ""
 
 
 def _three(x: float) -> str:

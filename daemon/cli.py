@@ -26,8 +26,9 @@ from .cmd_certs import add_certs_parser
 from .cmd_config import add_config_flag, add_config_parser
 from .cmd_fleet import add_fleet_parser
 from .cmd_offline import cmd_classify, cmd_metrics, cmd_trace_summarize
-from .cmd_oncall import (cmd_capture, cmd_captures, cmd_findings, cmd_jobs, cmd_query, cmd_records, cmd_report,
-                         cmd_status, cmd_top, cmd_watch, render_report)
+from .cmd_oncall import (cmd_capture, cmd_captures, cmd_findings, cmd_jobs, cmd_query, cmd_records, cmd_status,
+                         cmd_top, cmd_watch, render_report)
+from .cmd_report import cmd_report
 from .cmd_serve import cmd_agent, cmd_analyzer, cmd_up
 from .security_flags import add_client_flags, add_server_flags
 from .serve import ListenError
@@ -289,11 +290,29 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--limit", type=positive_int, default=200, metavar="N")
         sp.set_defaults(fn=cmd_records)
 
-    sp = sub.add_parser("report", help="the story of one finding: counters, verdicts, captures, anomalies")
-    sp.add_argument("finding_id")
+    sp = sub.add_parser("report", help="the story of one finding: counters, verdicts, captures, anomalies; "
+                                       "--html/--png: pictures of a time range or of a finding's context",
+                        description="gpuscope report FINDING_ID prints the story of one finding. With --html FILE "
+                                    "(one self-contained page: a timeline of each GPU's verdict, the counters "
+                                    "behind it, findings and captures on it, a roofline of the captured ops, the "
+                                    "findings with what to try) or --png FILE (the timeline alone), it draws a "
+                                    "time range (--since 2h, or --start/--end) or the finding's context. "
+                                    "docs/operations.md, Reports with pictures.")
+    sp.add_argument("finding_id", nargs="?", default=None, help="a finding's id (its first 4 characters do)")
     server_args(sp)
     sp.add_argument("--context", type=duration, default=None, help="seconds shown before and after the episode (default or 0: the episode's length, "
                          "at least 60 s and at most 30 min)")
+    sp.add_argument("--since", type=positive_duration, default=None, help="a range from this long ago, e.g. 2h")
+    sp.add_argument("--start", type=float, default=None, help="a range from this Unix time")
+    sp.add_argument("--end", type=float, default=None, help="...to this Unix time (default now)")
+    sp.add_argument("--host", default="", help="the range's host (default: the fleet)")
+    sp.add_argument("--gpu", type=number(0, 65535, int), default=None, help="the range's GPU index")
+    sp.add_argument("--html", metavar="FILE", default=None, help="write the report as one HTML page that opens offline")
+    sp.add_argument("--png", metavar="FILE", default=None, help="write the timeline as a PNG (for a ticket)")
+    sp.add_argument("--max-gpus", type=number(1, 64, int), default=None, metavar="N",
+                    help="GPUs drawn, those bottlenecked longest first (default 16)")
+    sp.add_argument("--points", type=number(50, 10_000, int), default=None, metavar="N",
+                    help="points per GPU and counter, and windows per lane before they are merged (default 1000)")
     sp.set_defaults(fn=cmd_report)
 
     sp = sub.add_parser("accuracy", help="how often counters verdicts agreed with the traces taken at the time")

@@ -185,6 +185,18 @@ def report(server: str, finding_id: str, context_s: float = 0.0, *, security: Cl
                             timeout=60, security=security).json)
 
 
+def range_report(server: str, start: float | None = None, end: float | None = None, host: str = "",
+                 gpu: int | None = None, max_points: int = 0, max_gpus: int = 0, *,
+                 security: ClientSecurity = INSECURE) -> dict:
+    """The picture of a time range (the analyzer's analyzers/report.py,
+    build_range_report): unset start/end are the last hour."""
+    req = _in_range(apb.RangeReportRequest(host=host, max_points=max_points, max_gpus=max_gpus), start, end)
+    if gpu is not None:
+        req.gpu = gpu
+    return json.loads(_call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).RangeReport(req, timeout=t),
+                            timeout=90, security=security).json)
+
+
 def report_capture(analyzer: str, record, xspace: bytes, *, security: ClientSecurity = INSECURE) -> None:
     """Agent -> analyzer: the capture and its trace, to store and link
     (the agent presents its own certificate: security_flags.agent_security)."""

@@ -483,15 +483,6 @@ def cmd_records(ns) -> int:
     return 0
 
 
-def cmd_report(ns) -> int:
-    rep = clients.report(ns.server, ns.finding_id, ns.context or 0.0, security=client_security(ns))
-    if ns.json:
-        print_json(rep)
-        return 0
-    print(render_report(rep))
-    return 0
-
-
 def _when(t: float | None, today: float | None = None) -> str:
     """A local time: the clock alone today, with the date and zone before."""
     if not t:

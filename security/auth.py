@@ -74,6 +74,7 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
     "/gpuscope.v1.Analyzer/Watch": _READ,
     "/gpuscope.v1.Analyzer/ListRecords": _READ,
     "/gpuscope.v1.Analyzer/Report": _READ,
+    "/gpuscope.v1.Analyzer/RangeReport": _READ,
     "/gpuscope.v1.Analyzer/GetAccuracy": _READ,
     "/gpuscope.v1.Analyzer/Top": _READ,
     # an agent's own API

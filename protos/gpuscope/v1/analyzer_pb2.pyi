@@ -193,6 +193,22 @@ class ReportResponse(_message.Message):
     json: str
     def __init__(self, json: _Optional[str] = ...) -> None: ...
 
+class RangeReportRequest(_message.Message):
+    __slots__ = ("start", "end", "host", "gpu", "max_points", "max_gpus")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    MAX_POINTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_GPUS_FIELD_NUMBER: _ClassVar[int]
+    start: float
+    end: float
+    host: str
+    gpu: int
+    max_points: int
+    max_gpus: int
+    def __init__(self, start: _Optional[float] = ..., end: _Optional[float] = ..., host: _Optional[str] = ..., gpu: _Optional[int] = ..., max_points: _Optional[int] = ..., max_gpus: _Optional[int] = ...) -> None: ...
+
 class CaptureReport(_message.Message):
     __slots__ = ("record", "xspace")
     RECORD_FIELD_NUMBER: _ClassVar[int]

@@ -91,6 +91,11 @@ class AnalyzerStub:
                 request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.ReportRequest.SerializeToString,
                 response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.ReportResponse.FromString,
                 _registered_method=True)
+        self.RangeReport = channel.unary_unary(
+                '/gpuscope.v1.Analyzer/RangeReport',
+                request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.RangeReportRequest.SerializeToString,
+                response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.ReportResponse.FromString,
+                _registered_method=True)
         self.GetAccuracy = channel.unary_unary(
                 '/gpuscope.v1.Analyzer/GetAccuracy',
                 request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.AccuracyRequest.SerializeToString,
@@ -181,6 +186,14 @@ class AnalyzerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RangeReport(self, request, context):
+        """The picture of a time range: each GPU's verdict window by window, the counters behind it,
+        the findings and captures in it, the captured ops against the device's peaks (bounded in size).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetAccuracy(self, request, context):
         """Stated accuracy: counters verdicts against the verdicts of traces taken at the time.
         """
@@ -251,6 +264,11 @@ def add_AnalyzerServicer_to_server(servicer, server):
             'Report': grpc.unary_unary_rpc_method_handler(
                     servicer.Report,
                     request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.ReportRequest.FromString,
+                    response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.ReportResponse.SerializeToString,
+            ),
+            'RangeReport': grpc.unary_unary_rpc_method_handler(
+                    servicer.RangeReport,
+                    request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.RangeReportRequest.FromString,
                     response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.ReportResponse.SerializeToString,
             ),
             'GetAccuracy': grpc.unary_unary_rpc_method_handler(
@@ -561,6 +579,33 @@ class Analyzer:
             target,
             '/gpuscope.v1.Analyzer/Report',
             gpuscope_dot_v1_dot_analyzer__pb2.ReportRequest.SerializeToString,
+            gpuscope_dot_v1_dot_analyzer__pb2.ReportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RangeReport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuscope.v1.Analyzer/RangeReport',
+            gpuscope_dot_v1_dot_analyzer__pb2.RangeReportRequest.SerializeToString,
             gpuscope_dot_v1_dot_analyzer__pb2.ReportResponse.FromString,
             options,
             channel_credentials,
