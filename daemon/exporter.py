@@ -214,6 +214,23 @@ class FleetCollector:
                               "samples")
         g.add_metric([], s.get("analysis_lag_seconds") or 0.0)
         yield g
+        yield from _publishing(s.get("publish"))
+
+
+def _publishing(p: dict | None) -> Iterable:
+    """The fleet tier (--publish), when on: how far behind it is and how its
+    uploads fare, labelled by cluster (one series per analyzer)."""
+    if not p:
+        return
+    for name, help_, key, family in (
+            ("publish_lag_seconds", "age of the oldest row not yet in object storage", "lag_seconds", GaugeMetricFamily),
+            ("publish_pending_files", "Parquet files staged, waiting for upload", "files_pending", GaugeMetricFamily),
+            ("publish_uploads", "Parquet files uploaded since start", "files_uploaded", CounterMetricFamily),
+            ("publish_failures", "publish passes that failed since start (storage down, refused)", "failures",
+             CounterMetricFamily)):
+        m = family(PREFIX + "analyzer_" + name, help_, labels=["cluster"])
+        m.add_metric([p.get("cluster") or ""], p.get(key) or 0)
+        yield m
 
 
 class AlertCollector:

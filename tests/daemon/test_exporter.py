@@ -131,6 +131,14 @@ def test_the_fleet_view_is_a_verdict_per_gpu():
                                                                               pod="trainer-0")
     assert {s.labels["verdict"]: s.value for s in fams["gpuscope_findings_open"].samples}["memory-bound"] == 1
     assert [s.value for s in fams["gpuscope_gpu_stale"].samples] == [0.0, 1.0]
+    assert not any(n.startswith("gpuscope_analyzer_publish") for n in fams)     # no fleet tier: no series
+    status["publish"] = dict(cluster="c1", lag_seconds=42.0, files_pending=3, files_uploaded=17, failures=2)
+    fams = _families(generate_latest(registry(FleetCollector(lambda: status))).decode())
+    assert {n: (f.samples[0].labels, f.samples[0].value) for n, f in fams.items() if "publish" in n} == {
+        "gpuscope_analyzer_publish_lag_seconds": ({"cluster": "c1"}, 42.0),
+        "gpuscope_analyzer_publish_pending_files": ({"cluster": "c1"}, 3.0),
+        "gpuscope_analyzer_publish_uploads": ({"cluster": "c1"}, 17.0),
+        "gpuscope_analyzer_publish_failures": ({"cluster": "c1"}, 2.0)}
 
 
 def test_beyond_loopback_only_tls_with_a_client_certificate(tmp_path, agent):
