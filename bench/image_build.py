@@ -34,6 +34,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.deploy.test_dockerfile import instructions  # noqa: E402  (the one reading of a Dockerfile)
 OUT = ROOT / "bench" / "out" / "image"
 SLIM_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*", "/usr/share/locale/*",
                  "/usr/share/lintian/*", "/usr/share/linda/*")
@@ -54,20 +57,6 @@ def remove(path: Path) -> None:
 def size_mb(path: Path) -> float:
     out = sh("du", "-s", "--apparent-size", "--block-size=1", "-x", str(path), capture_output=True, text=True)
     return int(out.stdout.split()[0]) / 1e6
-
-
-def instructions(dockerfile: Path) -> list[tuple[str, str]]:
-    out, pending = [], ""
-    for line in dockerfile.read_text().splitlines():
-        if not pending and (not line.strip() or line.lstrip().startswith("#")):
-            continue
-        if line.rstrip().endswith("\\"):
-            pending += line.rstrip()[:-1] + " "
-            continue
-        word, _, rest = (pending + line).strip().partition(" ")
-        out.append((word.upper(), rest.strip()))
-        pending = ""
-    return out
 
 
 def base_rootfs() -> Path:

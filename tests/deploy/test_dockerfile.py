@@ -8,6 +8,7 @@ import fnmatch
 import re
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -17,10 +18,11 @@ DOCKERFILE = ROOT / "Dockerfile"
 SECRET_WORDS = re.compile(r"key|token|secret|password|passwd|credential", re.I)
 
 
-def instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
+def instructions(dockerfile: Path = DOCKERFILE) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order, continuation lines joined, comments
+    dropped (bench/image_build.py runs them)."""
     out, pending = [], ""
-    for line in DOCKERFILE.read_text().splitlines():
+    for line in dockerfile.read_text().splitlines():
         if not pending and (not line.strip() or line.lstrip().startswith("#")):
             continue
         if line.rstrip().endswith("\\"):
