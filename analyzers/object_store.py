@@ -16,6 +16,7 @@ multipart upload) completes, or not at all.
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import urllib.parse
@@ -107,6 +108,30 @@ class ObjectStore:
                 self.fs.put_file(local, dest)
         except Exception as exc:  # every library raises its own; the publisher retries any of them
             raise StorageError(describe(exc, self.loc)) from exc
+
+    def probe(self) -> None:
+        """Writes and deletes a small object at the root: start-up refuses a
+        target it cannot write (a read-only file system, a missing bucket,
+        no credentials) instead of failing at the first pass, minutes later.
+        Raises StorageError saying what to do."""
+        key = f".gpuscope-probe-{uuid.uuid4().hex[:12]}"
+        try:
+            if self.fs is None:
+                os.makedirs(self.loc.root, exist_ok=True)
+                path = os.path.join(self.loc.root, key)
+                with open(path, "wb") as f:
+                    f.write(b"gpuscope")
+                os.unlink(path)
+            else:
+                with self.fs.open(self.loc.join(key), "wb") as f:
+                    f.write(b"gpuscope")
+                self.fs.rm_file(self.loc.join(key))
+        except Exception as exc:  # every library raises its own
+            why = describe(exc, self.loc)
+            if self.fs is None and isinstance(exc, OSError) and exc.errno == errno.EROFS:
+                why += ("; under systemd the unit's ProtectSystem=strict leaves only its own state directory "
+                        f"writable: add ReadWritePaths={self.loc.root} in a drop-in (docs/fleet.md)")
+            raise StorageError(why) from exc
 
     def delete(self, key: str) -> None:
         dest = self.loc.join(key)

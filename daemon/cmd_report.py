@@ -151,7 +151,11 @@ def render_range(rep: dict) -> str:
 def _write(path: str, data: bytes) -> tuple[str, int]:
     """Whole or not at all: a browser or a ticket never gets half a file."""
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".gpuscope-report-")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".gpuscope-report-")
+    except OSError as exc:          # found in a trial: a traceback
+        raise UsageError(f"{path}: cannot write there ({exc.strerror or exc}); give a path in a directory "
+                         f"you can write") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -148,7 +148,7 @@ def _publish_config(ns):
     """--publish and its flags, checked before anything starts (a wrong
     cluster name or a missing S3 library is found now, not at the first
     pass); None without --publish."""
-    from gpuscope.analyzers.object_store import StorageError, filesystem, parse_location
+    from gpuscope.analyzers.object_store import ObjectStore, StorageError, parse_location
     from gpuscope.analyzers.publish import PublishConfig
 
     if not ns.publish:
@@ -161,7 +161,7 @@ def _publish_config(ns):
         config = PublishConfig(url=ns.publish, cluster=ns.cluster, state_dir=ns.publish_state or f"{ns.db}.publish",
                                interval_s=ns.publish_interval, delay_s=ns.publish_delay,
                                backfill_s=ns.publish_backfill)
-        filesystem(parse_location(ns.publish))
+        ObjectStore(parse_location(ns.publish)).probe()       # a target it cannot write: refused now
     except (ValueError, StorageError) as exc:
         raise UsageError(f"--publish: {exc}") from None
     return config
@@ -195,6 +195,21 @@ def _metrics_address_free(ns) -> None:
     if getattr(ns, "metrics_listen", None):
         parse_hostport(ns.metrics_listen, "--metrics-listen")
         ensure_free(ns.metrics_listen, "--metrics-listen")
+
+
+def _db_directory(ns) -> None:
+    """--db's directory, made if need be; one line naming the flag when it
+    cannot be (found in a trial: a traceback)."""
+    from .config_checks import writable_file
+
+    why = writable_file(ns.db)
+    try:
+        if why is None:
+            Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = f"cannot create {Path(ns.db).parent}: {exc.strerror or exc}"
+    if why:
+        raise UsageError(f"--db {ns.db}: {why}")
 
 
 def _early_checks(ns):
@@ -387,7 +402,7 @@ def cmd_up(ns) -> int:
     stop = _install_signals()
     parse_hostport(ns.listen, "--listen")
     alerts = _early_checks(ns)
-    Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
+    _db_directory(ns)
     log_path = _logs_beside_the_view(ns)
     # the source first: a wrong --source is the user's to fix whatever holds the port
     attribution = make_attribution(ns)
@@ -524,7 +539,7 @@ def cmd_analyzer(ns) -> int:
     alerts = _early_checks(ns)
     security = _server_security(ns, "analyzer", ns.listen)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    Path(ns.db).parent.mkdir(parents=True, exist_ok=True)
+    _db_directory(ns)
     config = _analyzer_config(ns, dry_run=ns.dry_run)
     if ns.engine == "process":
         analyzer = EngineClient(config, init=logs.configure, init_args=(ns.log_level, ns.json_logs))

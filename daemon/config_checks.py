@@ -96,6 +96,7 @@ def problems(command: str, values: dict, configured: set[str]) -> list[tuple[str
         why = writable_file(values["db"])
         if why:
             out.append(("db", why))
+    out += _publishing(values, configured)
     if "capture_dir" in configured and values.get("capture_dir"):
         why = _capture_dir(values["capture_dir"])
         if why:
@@ -114,6 +115,35 @@ def problems(command: str, values: dict, configured: set[str]) -> list[tuple[str
             TokenStore.load(values["tokens"])
         except (ValueError, OSError) as exc:
             out.append(("tokens", str(exc)))
+    return out
+
+
+def _publishing(values: dict, configured: set[str]) -> list[tuple[str, str]]:
+    """The fleet tier's keys: a URL of a kind it writes (no credentials in
+    it), a cluster beside it, directories this user can write. Remote storage
+    is tried by the analyzer at start-up, not here: a check writes nothing."""
+    from gpuscope.analyzers.object_store import parse_location
+
+    out = []
+    url = values.get("publish")
+    if "publish" in configured and url:
+        try:
+            loc = parse_location(url)
+        except ValueError as exc:
+            out.append(("publish", str(exc)))
+        else:
+            why = creatable_dir(loc.root) if loc.scheme == "file" else None
+            if why:
+                out.append(("publish", why))
+    if url and not values.get("cluster") and configured & {"publish", "cluster"}:
+        out.append(("publish", "needs cluster too: every file is partitioned by cluster") if "cluster" not in
+                   configured else ("cluster", "required with publish: every file is partitioned by cluster"))
+    if values.get("cluster") and not url and "cluster" in configured:
+        out.append(("cluster", "names what publish writes; give publish too"))
+    if "publish_state" in configured and values.get("publish_state"):
+        why = creatable_dir(values["publish_state"])
+        if why:
+            out.append(("publish_state", why))
     return out
 
 

@@ -86,9 +86,27 @@ def test_publish_flags_refused_before_start(flags, error):
         _analyzer_config(ns, dry_run=False)
 
 
-def test_publish_flags_make_the_config():
-    ns = build_parser().parse_args(["analyzer", "--db", "/var/lib/g/a.duckdb", "--publish", "s3://fleet/gpuscope",
-                                    "--cluster", "east", "--publish-interval", "1m", "--publish-delay", "2m"])
-    p = _analyzer_config(ns, dry_run=False).publish
+def test_publish_flags_make_the_config(monkeypatch):
+    from tests.fleet_data import s3_server
+    with s3_server(monkeypatch):
+        ns = build_parser().parse_args(["analyzer", "--db", "/var/lib/g/a.duckdb", "--publish", "s3://fleet/gpuscope",
+                                        "--cluster", "east", "--publish-interval", "1m", "--publish-delay", "2m"])
+        p = _analyzer_config(ns, dry_run=False).publish
     assert (p.url, p.cluster, p.interval_s, p.delay_s, p.state_dir) == \
         ("s3://fleet/gpuscope", "east", 60.0, 120.0, "/var/lib/g/a.duckdb.publish")
+
+
+def test_a_target_it_cannot_write_is_refused_at_start(tmp_path, monkeypatch):
+    """Found in a trial: an unwritable directory and an unreachable S3 were
+    accepted, and failed at the first pass with rows, minutes later."""
+    for url, words in ((str(tmp_path / "file" / "x"), "Not a directory|not a directory|File exists"),
+                       ("/proc/gpuscope-fleet", "No such file|Permission denied|Read-only|not permitted"),
+                       ("s3://nobucket/x", "nobucket|NoSuchBucket|credentials|Could not connect|endpoint")):
+        (tmp_path / "file").write_text("x")
+        ns = build_parser().parse_args(["analyzer", "--db", str(tmp_path / "a.duckdb"), "--publish", url,
+                                        "--cluster", "east"])
+        monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+        with pytest.raises(UsageError, match=f"--publish: .*({words})"):
+            _analyzer_config(ns, dry_run=False)

@@ -38,6 +38,11 @@ def test_classify_json_shape(fixture_dir):
     (["findings", "--server", "127.0.0.1:1"], "cannot reach 127.0.0.1:1"),
     (["query", "--server", "127.0.0.1:1", "--metric", "nope"], "unknown 'nope'"),
     (["status", "--limit", "0"], "'0' is not a whole number from 1"),
+    # found in a trial: tracebacks
+    (["analyzer", "--insecure", "--db", "/etc/passwd/x.duckdb"], "--db /etc/passwd/x.duckdb: /etc/passwd is not a "
+                                                                 "directory"),
+    (["agent", "--insecure", "--metrics-listen", "bogus", "--source", f"replay:{SAMPLES}"],
+     "--metrics-listen: 'bogus' is not HOST:PORT"),
 ])
 def test_bad_input_gets_a_clear_message_and_nonzero_exit(fixture_dir, args, message, tmp_path):
     r = run(*args, "--db", str(tmp_path / "x.duckdb")) if args[0] == "up" else run(*args)

@@ -193,6 +193,18 @@ def test_paths_the_configuration_names_are_checked_before_start(tmp_path):
     # a DB whose directory is still to be made is fine (the analyzer makes it), and so is `up`'s TLS directory
     f = write(tmp_path / "g.toml", f'[analyzer]\ndb = "{tmp_path}/new/g.duckdb"\n[up]\ntls_dir = "{tmp_path}/t"\n')
     assert problems(f) == []
+    # the fleet tier (found in a trial: config check passed all of these)
+    f = write(tmp_path / "g.toml", f'[analyzer]\npublish = "s3://u:p@bucket/x"\n')
+    assert problems(f) == [f"{f}: [analyzer] publish: s3://bucket/...: credentials and options go in the "
+                           "environment (docs/fleet.md), not in the URL",
+                           f"{f}: [analyzer] publish: needs cluster too: every file is partitioned by cluster"]
+    f = write(tmp_path / "g.toml", f'[analyzer]\npublish = "ftp://x/y"\ncluster = "c1"\n'
+                                   f'publish_state = "{afile}/state"\n')
+    assert problems(f) == [f"{f}: [analyzer] publish: 'ftp://x/y': expected a directory, s3://BUCKET/PREFIX or "
+                           "gs://BUCKET/PREFIX",
+                           f"{f}: [analyzer] publish_state: cannot create {afile}/state: {afile} is not a directory"]
+    f = write(tmp_path / "g.toml", f'[analyzer]\npublish = "{afile}/fleet"\ncluster = "c1"\n')
+    assert problems(f) == [f"{f}: [analyzer] publish: cannot create {afile}/fleet: {afile} is not a directory"]
     # flags keep their own behaviour: checked where they are used, as before
     resolved(["analyzer", "--db", f"{afile}/g.duckdb"])
 
@@ -262,7 +274,7 @@ def test_the_shipped_example_holds_every_default_the_flags_have(tmp_path):
     text = (ROOT / "deploy" / "gpuscope.toml").read_text()
     assert tomllib.loads(text) == {"agent": {}, "analyzer": {}, "up": {}}        # everything commented out
     placeholder = ('"HOST', '"DIR"', '"FILE"', '"NAME"', '"DURATION"', '["', '"SOURCE"', '"CAPTURE_DIR"',
-                   '"INTERVAL"', '"WINDOW"')
+                   '"INTERVAL"', '"WINDOW"', '"URL"')
     lines = [ln[1:] if ln.startswith("#") and " = " in ln and not ln[1:].split(" = ")[1].startswith(placeholder)
              and not ln.startswith(("#json_logs", "#alert_webhook_file", "#alertmanager_file")) else ln
              for ln in text.splitlines()]

@@ -154,3 +154,13 @@ def test_many_gpus_stay_one_lane_each(gpus):
     for i, lane in enumerate(g["lanes"]):
         y = round((lane["y0"] + lane["y1"]) / 2)
         assert _near(img.getpixel((_x(g, T0 + 300), y)), rh.VERDICT_COLOURS[VERDICTS[i % len(VERDICTS)]])
+
+
+def test_a_page_that_cannot_be_written_is_one_line_not_a_traceback(tmp_path):
+    """Found in a trial: --html into a directory one cannot write gave a PermissionError traceback."""
+    from gpuscope.daemon.cliutil import UsageError
+    from gpuscope.daemon.cmd_report import _write
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UsageError, match=r"cannot write there \(Not a directory\); give a path"):
+        _write(str(tmp_path / "file" / "r.html"), b"<html>")
+    assert _write(str(tmp_path / "r.html"), b"<html>") == (str(tmp_path / "r.html"), 6)
