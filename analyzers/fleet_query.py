@@ -162,7 +162,7 @@ class FleetReader:
         of the hosts they ran on (a second scan of a few files, not all)."""
         hosts = {h for r in rows for h in r["_on"]}
         self.view(Scan(scan.table, [f for f, h in zip(scan.files, scan.hosts) if h in hosts], 0, []))
-        self._progress(f"the top {len(rows)}' activity means")
+        self._progress(f"activity means of the top {len(rows)}")
         have = self._columns("rollups")          # files of an older catalogue lack newer metrics: NULL
         means = ", ".join((f'avg("{m}")' if m in have else "NULL::DOUBLE") + f' AS "{m}"' for m in SHOWN_MEANS)
         k = ", ".join(keys)

@@ -240,6 +240,7 @@ class Publisher:
                 continue
             if self.consecutive_failures:
                 log.info("fleet storage answers again; publishing resumed", after_failures=self.consecutive_failures)
+                self.last_error = ""        # history now (the log has it): status says what is wrong now
             self.consecutive_failures = 0
             self.files_uploaded += 1
             self.last_upload_at = self._clock()

@@ -198,7 +198,7 @@ def render_rows(rows: list[dict]) -> str:
     if not rows:
         return "(no rows)"
     names = list(rows[0])
-    cells = [[_cell(r[n]) for n in names] for r in rows]
+    cells = [[_time_cell(r[n]) if _is_time(n) else _cell(r[n]) for n in names] for r in rows]
     widths = [min(60, max(len(n), *(len(c[i]) for c in cells))) for i, n in enumerate(names)]
     numeric = [all(isinstance(r[n], (int, float)) or r[n] is None for r in rows) for n in names]
 
@@ -206,6 +206,18 @@ def render_rows(rows: list[dict]) -> str:
         return "  ".join((_cut(v, w).rjust(w) if num else _cut(v, w).ljust(w))
                          for v, w, num in zip(values, widths, numeric)).rstrip()
     return "\n".join([line(names)] + [line(c) for c in cells])
+
+
+def _is_time(column: str) -> bool:
+    """The tables' times are Unix seconds in columns named so (t, start, end,
+    *_at): shown as dates, not as 1,796,105,580 (found in a trial)."""
+    return column in ("t", "start", "end", "minute") or column.endswith(("_at", "_t", "_start", "_end"))
+
+
+def _time_cell(v) -> str:
+    if isinstance(v, (int, float)) and 1e9 <= v < 1e10:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v))
+    return _cell(v)
 
 
 def _cell(v) -> str:

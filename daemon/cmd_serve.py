@@ -571,9 +571,11 @@ def cmd_analyzer(ns) -> int:
     try:
         _wait(stop, ns.duration)
     finally:
+        logs.say("analyzer: stopping (committing what it holds, then closing the store)")
         if metrics is not None:
             metrics.shutdown()
         _stop_analyzer(server, servicer, analyzer, alerter)
+    logs.say("analyzer: stopped")
     return 0
 
 

@@ -242,6 +242,20 @@ def _table(doc: dict, path: Path, command: str, all_schemas: dict[str, dict[str,
     return out
 
 
+def _may_hold_a_key(value) -> bool:
+    """A receiver URL with user info, a query, or a path other than
+    Alertmanager's API: its key may hide anywhere in it."""
+    import urllib.parse
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if isinstance(v, str) and v:
+            u = urllib.parse.urlsplit(v)
+            if u.username or u.password or u.query or u.path.rstrip("/") not in ("", "/api/v2/alerts",
+                                                                                    "/api/v1/alerts"):
+                return True
+    return False
+
+
 def _carries_a_credential(value) -> bool:
     """What a log would redact of an alert receiver's URL: user info, query
     values, key-like path segments (Slack's webhook key)."""
@@ -328,7 +342,9 @@ def resolve(parser: argparse.ArgumentParser, ns: argparse.Namespace, given: set[
         else:
             settings[key] = from_env.get(key) or from_file.get(key) or Effective(getattr(ns, s.dest), DEFAULT)
         e = settings[key]
-        if s.secret and e.secret_from is None and _carries_a_credential(e.value):
+        # a webhook's key may be any path segment (found in a trial: `.../T1/B1/secretsecretsecret` was
+        # printed): shown only when it has no path beyond Alertmanager's own
+        if s.secret and e.secret_from is None and e.kind != DEFAULT and _may_hold_a_key(e.value):
             e.secret_from = "the command line" if e.kind == FLAG else e.where
     problems += _insecure_or_tls(settings, schema)
     configured = {k for k, e in settings.items() if e.kind in (FILE, ENV)}

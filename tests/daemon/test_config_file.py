@@ -234,6 +234,9 @@ def test_secrets_stay_out_of_files_others_can_read_and_are_never_shown(tmp_path)
         "env:GPUSCOPE_ANALYZER_ALERT_WEBHOOK_FILE"
     _, res = resolved(["analyzer", "--alert-webhook", SLACK])
     assert res.shown("alert_webhook") == "<redacted from the command line>"
+    # a key that looks like no key (found in a trial: shown in full)
+    _, res = resolved(["analyzer", "--alert-webhook", "https://hooks.example/T1/B1/secretsecretsecret"])
+    assert res.shown("alert_webhook") == "<redacted from the command line>"
     f = write(tmp_path / "g.toml", 'token = "s3cr3t"\n')
     assert problems(f) == [f"{f}: token: a token is never written in this file: put it in a file only you can read "
                            "(chmod 600) and name that file with token_file"]
