@@ -109,6 +109,29 @@ LIMITS = dict(points=(50, 10_000), gpus=(1, 64))
 MAX_FINDINGS, FINDINGS_LOOKED_AT, MAX_CAPTURES = 500, 5000, 100
 
 
+def _held(store: Store, start: float, end: float, host: str, gpu: int | None, out: dict) -> tuple[float, float]:
+    """The range narrowed to the samples it holds when they fill less than
+    80 % of it (found in a trial: 30 minutes asked, 2.5 held, 90 % of every
+    chart empty); `out` gets the new range and a note."""
+    extent = store.sample_extent(host, gpu)
+    if extent is None:
+        return start, end
+    first, last = max(start, extent[0]), min(end, extent[1])
+    if last <= first or last - first >= 0.8 * (end - start):
+        return start, end
+    pad = 0.02 * (last - first) + 1.0
+    s, e = max(start, first - pad), min(end, last + pad)
+    out["start"], out["end"] = s, e
+    out["notes"].append(f"drawn over the {_span_words(e - s)} that hold samples, of the "
+                        f"{_span_words(end - start)} asked for")
+    return s, e
+
+
+def _span_words(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.1f} min" if seconds >= 90 \
+        else f"{seconds:.0f} s"
+
+
 def build_range_report(store: Store, start: float, end: float, host: str = "", gpu: int | None = None,
                        max_points: int = MAX_POINTS, max_gpus: int = MAX_GPUS) -> dict:
     """What happened on the GPUs of [start, end]: `lanes` (runs of one
@@ -134,6 +157,7 @@ def build_range_report(store: Store, start: float, end: float, host: str = "", g
                             "longest in the range (--host or --gpu for others)")
     out["gpus"] = found
     keys = [(g["host"], g["gpu"]) for g in found]
+    start, end = _held(store, start, end, host, gpu, out)
     span = max(end - start, 1e-3)
     out["lanes"] = _lanes(store, start, end, keys, max_points, out["notes"])
     out["counters"] = _counters(store, start, end, keys, span / max_points, out["notes"])

@@ -299,7 +299,7 @@ def roofline_png(rep: dict) -> tuple[bytes, dict] | None:
     image's pixels, origin top left; xlim/ylim as FLOP/byte and FLOP/s)."""
     points = [(n, c, op) for n, c in enumerate(rep["captures"], 1) for op in c["top_ops"]
               if op.get("intensity_flops_per_byte") and op.get("achieved_flops_per_s")]
-    if not rep["captures"]:
+    if not points:              # no captured op with FLOPs and bytes: an empty chart says nothing
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(10, 5.6), dpi=DPI)
@@ -436,7 +436,8 @@ def page(rep: dict, *, title: str, story: str | None = None, generated: float | 
         parts.append(_img(roofline, "roofline", "The captured ops by arithmetic intensity and achieved FLOP/s, "
                                                 "under the device's compute and bandwidth roofs"))
     else:
-        parts.append("<p class=\"meta\">No captures in this range: nothing to place on a roofline "
+        parts.append(f"<p class=\"meta\">{'No captured op with FLOPs and bytes' if rep['captures'] else 'No captures'}"
+                     " in this range: nothing to place on a roofline "
                      "(<code>gpuscope capture</code> takes one, and the detector takes them when a GPU "
                      "changes).</p>")
     parts += _peaks_html(rep)
