@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscope.daemon.cliutil import VERDICTS
+from gpuscope.daemon.report_html import VERDICT_COLOURS
 from tests.conftest import ROOT, free_port
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "gpuscope.json"
@@ -164,3 +165,15 @@ def test_the_dashboard_is_whole():
         cells |= mine
         if p["type"] != "row":
             assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"} and p["targets"]
+
+
+def test_verdict_colours_are_the_html_reports():
+    """A verdict is one colour everywhere (daemon/report_html.py's Okabe–Ito
+    table): someone who reads the report and then the dashboard must not
+    have to translate."""
+    [timeline] = [p for p in _panels(_dashboard()) if p["type"] == "state-timeline"]
+    options = timeline["fieldConfig"]["defaults"]["mappings"][0]["options"]
+    colours = {m["text"]: m["color"] for m in options.values()}
+    assert set(VERDICT_COLOURS) == set(VERDICTS)
+    for verdict in VERDICTS:
+        assert colours[verdict].upper() == VERDICT_COLOURS[verdict].upper(), verdict
