@@ -32,7 +32,7 @@ predict_linear rate resets round scalar sgn sort sort_desc sqrt time timestamp v
 min_over_time max_over_time sum_over_time count_over_time quantile_over_time stddev_over_time last_over_time
 present_over_time label_values inf nan""".split())
 # labels a series gets from its scrape, not from gpuscope: `host` by the relabelling of
-# deploy/prometheus/scrape.yml and the chart's agent ServiceMonitor
+# deploy/prometheus/scrape.yml, scrape-systemd.yml and the chart's agent ServiceMonitor
 TARGET_LABELS = {"job", "instance", "host"}
 
 
