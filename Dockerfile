@@ -15,11 +15,17 @@
 ARG BASE=debian:bookworm-slim
 
 FROM ${BASE} AS build
+# Extras of pyproject.toml to install besides gpuscope: `fleet` for the fleet
+# tier on S3 or GCS (`--publish s3://...`; a directory needs none):
+#   docker build --build-arg EXTRAS=fleet -t REGISTRY/gpuscope:VERSION-fleet .
+# None by default: s3fs and gcsfs bring botocore and google's libraries,
+# ~60 MB, and the image is at 388 MB of its 400 (docs/kubernetes.md).
+ARG EXTRAS=
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3-venv binutils \
  && rm -rf /var/lib/apt/lists/*
 COPY . /src
-RUN sh /src/deploy/container/install.sh /opt/gpuscope /src
+RUN EXTRAS="${EXTRAS}" sh /src/deploy/container/install.sh /opt/gpuscope /src
 
 FROM ${BASE}
 RUN apt-get update \

@@ -3,12 +3,17 @@
 # environment at PREFIX, without what no gpuscope process loads, compiled.
 # The Dockerfile's builder stage runs it; bench/image_size.py runs the same
 # script to measure what the image holds (no Docker engine on our machines).
+# EXTRAS (environment, e.g. EXTRAS=fleet; the Dockerfile's build arg): extras
+# of pyproject.toml installed too. None by default: `fleet` (s3fs, gcsfs,
+# botocore) adds ~60 MB to an image at 388 MB of its 400 (docs/kubernetes.md).
 set -eu
 prefix=$1
 source=${2:-.}
+extras=${EXTRAS:-}
 
 python3 -m venv "$prefix"
-"$prefix/bin/pip" install --no-cache-dir --no-compile --disable-pip-version-check -q "$source"
+"$prefix/bin/pip" install --no-cache-dir --no-compile --disable-pip-version-check -q \
+    "$source${extras:+[$extras]}"
 # pip and setuptools only install things: a running gpuscope never imports them
 "$prefix/bin/pip" uninstall -y -q pip setuptools
 

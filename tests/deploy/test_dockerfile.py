@@ -153,3 +153,30 @@ def test_install_sh_is_posix_sh():
         out = subprocess.run(["sh", "-n", str(ROOT / script)], capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         assert shlex.split((ROOT / script).read_text().splitlines()[0]) == ["#!/bin/sh"]
+
+
+def test_extras_are_a_build_arg_off_by_default(tmp_path):
+    """`docker build --build-arg EXTRAS=fleet` makes the fleet tier's image;
+    the default installs no extra (the fleet one is ~60 MB, the image is
+    at 388 of its 400). install.sh turns EXTRAS into pip's SOURCE[EXTRAS]:
+    run here with a stand-in python3 whose venv's pip records its words."""
+    build = stages()[0]
+    assert ("ARG", "EXTRAS=") in build, "declared in the build stage, empty"
+    [install] = [a for w, a in build if w == "RUN" and "install.sh" in a]
+    assert install.startswith('EXTRAS="${EXTRAS}" '), install
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"
+    # `python3 -m venv PREFIX` makes PREFIX/bin/pip, which logs; `python -c` prints a site dir
+    fake.write_text('#!/bin/sh\nmkdir -p "$3/bin" "$3/site"\n'
+                    'printf \'#!/bin/sh\\necho "$*" >> %s/pip.log\\n\' > "$3/bin/pip"\n'
+                    'printf \'#!/bin/sh\\necho %s/prefix/site\\n\' > "$3/bin/python"\n'
+                    'chmod +x "$3/bin/pip" "$3/bin/python"\n' % (tmp_path, tmp_path))
+    fake.chmod(0o755)
+    script = ROOT / "deploy" / "container" / "install.sh"
+    for extras, wanted in (("", "/src"), ("fleet", "/src[fleet]")):
+        (tmp_path / "pip.log").unlink(missing_ok=True)
+        subprocess.run(["sh", str(script), str(tmp_path / "prefix"), "/src"], check=True, capture_output=True,
+                       env={"PATH": f"{bin_dir}:/usr/bin:/bin", "EXTRAS": extras})
+        first = (tmp_path / "pip.log").read_text().splitlines()[0].split()
+        assert first[0] == "install" and first[-1] == wanted, first

@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscope.daemon.cliutil import VERDICTS
+from gpuscope.daemon.report_html import VERDICT_COLOURS
 from tests.conftest import ROOT, free_port
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "gpuscope.json"
@@ -31,7 +32,7 @@ predict_linear rate resets round scalar sgn sort sort_desc sqrt time timestamp v
 min_over_time max_over_time sum_over_time count_over_time quantile_over_time stddev_over_time last_over_time
 present_over_time label_values inf nan""".split())
 # labels a series gets from its scrape, not from gpuscope: `host` by the relabelling of
-# deploy/prometheus/scrape.yml and the chart's agent ServiceMonitor
+# deploy/prometheus/scrape.yml, scrape-systemd.yml and the chart's agent ServiceMonitor
 TARGET_LABELS = {"job", "instance", "host"}
 
 
@@ -164,3 +165,15 @@ def test_the_dashboard_is_whole():
         cells |= mine
         if p["type"] != "row":
             assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"} and p["targets"]
+
+
+def test_verdict_colours_are_the_html_reports():
+    """A verdict is one colour everywhere (daemon/report_html.py's Okabe–Ito
+    table): someone who reads the report and then the dashboard must not
+    have to translate."""
+    [timeline] = [p for p in _panels(_dashboard()) if p["type"] == "state-timeline"]
+    options = timeline["fieldConfig"]["defaults"]["mappings"][0]["options"]
+    colours = {m["text"]: m["color"] for m in options.values()}
+    assert set(VERDICT_COLOURS) == set(VERDICTS)
+    for verdict in VERDICTS:
+        assert colours[verdict].upper() == VERDICT_COLOURS[verdict].upper(), verdict

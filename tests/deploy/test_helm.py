@@ -146,7 +146,7 @@ def test_the_analyzer_is_one_replica_on_a_persistent_volume(objects):
     mount = next(m for m in container(sts)["volumeMounts"] if m["mountPath"] == db_dir)
     claims = {c["metadata"]["name"]: c for c in sts["spec"]["volumeClaimTemplates"]}
     assert mount["name"] in claims and claims[mount["name"]]["spec"]["resources"]["requests"]["storage"]
-    assert {e["name"]: e["value"] for e in container(sts)["env"]}["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert {e["name"]: e.get("value") for e in container(sts)["env"]}["NVIDIA_VISIBLE_DEVICES"] == "void"
 
 
 def test_without_persistence_the_db_lives_in_an_empty_dir():
@@ -248,3 +248,76 @@ def test_service_monitors_scrape_over_tls_with_the_names_the_certificates_carry(
         assert (tls["ca"]["secret"]["key"], tls["cert"]["secret"]["key"], tls["keySecret"]["key"]) == \
             ("ca.pem", "client.pem", "client.key")
     assert not [o for o in render("default") if o["kind"] == "ServiceMonitor"], "off unless asked: it needs the CRD"
+
+
+# -- the fleet tier -------------------------------------------------------------------------
+
+def _analyzer_ns(objects):
+    return build_parser().parse_args(container(one(objects, "StatefulSet", "-analyzer"))["args"])
+
+
+def test_publishing_is_off_by_default():
+    objs = render("default")
+    ns = _analyzer_ns(objs)
+    assert ns.publish is None and ns.cluster is None
+    assert [e["name"] for e in container(one(objs, "StatefulSet"))["env"]] == ["NVIDIA_VISIBLE_DEVICES"]
+    assert not [sa for sa in objs if sa["kind"] == "ServiceAccount" and sa["metadata"].get("annotations")]
+
+
+@pytest.mark.parametrize("values", ["fleet", "publish-dir"])
+def test_publish_values_become_flags_the_analyzer_accepts(values):
+    """The rendered flags parse, and make a PublishConfig as the analyzer's
+    start-up does (cluster name, URL, interval checked); the objects' strict
+    validation is test_every_object_is_valid_against_the_api_schemas'."""
+    from gpuscope.analyzers.publish import PublishConfig
+
+    objs = render(values)
+    ns = _analyzer_ns(objs)
+    assert ns.publish and ns.cluster
+    PublishConfig(url=ns.publish, cluster=ns.cluster, state_dir=f"{ns.db}.publish",
+                  interval_s=ns.publish_interval, delay_s=ns.publish_delay)
+    data = next(m for m in container(one(objs, "StatefulSet"))["volumeMounts"] if m["name"] == "data")
+    assert f"{ns.db}.publish".startswith(data["mountPath"] + "/"), "the outbox must outlive the pod, beside the DB"
+
+
+def test_fleet_values_publish_to_s3_with_keys_from_a_secret():
+    objs = render("fleet")
+    ns = _analyzer_ns(objs)
+    assert ns.publish.startswith("s3://") and ns.cluster == "us-east-h200"
+    env = {e["name"]: e for e in container(one(objs, "StatefulSet"))["env"]}
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert "value" not in env[key] and env[key]["valueFrom"]["secretKeyRef"]["name"], key
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "void", "the chart's own env stays"
+
+
+def test_a_directory_target_is_mounted_and_the_account_annotated():
+    objs = render("publish-dir")
+    sts = one(objs, "StatefulSet")
+    ns = _analyzer_ns(objs)
+    mounts = {m["mountPath"]: m["name"] for m in container(sts)["volumeMounts"]}
+    assert mounts[ns.publish] in {v["name"] for v in pod_spec(sts)["volumes"]}
+    annotated = {sa["metadata"]["name"]: sa["metadata"].get("annotations") for sa in objs if sa["kind"] == "ServiceAccount"}
+    assert annotated[pod_spec(sts)["serviceAccountName"]] == \
+        {"iam.gke.io/gcp-service-account": "gpuscope@lab.iam.gserviceaccount.com"}
+    assert annotated[pod_spec(one(objs, "DaemonSet"))["serviceAccountName"]] is None, "only the analyzer publishes"
+
+
+def test_publish_without_a_cluster_is_refused_by_name():
+    out = run("helm", "template", "gpuscope", str(CHART), "--set", "analyzer.publish.url=s3://b/p", check=False)
+    assert out.returncode != 0 and "analyzer.publish.cluster" in out.stderr, out.stderr
+
+
+def test_env_set_on_the_command_line_passes_the_schema():
+    objs = render("default", "analyzer.env[0].name=AWS_REGION", "analyzer.env[0].value=us-east-1")
+    env = container(one(objs, "StatefulSet"))["env"]
+    assert env[-1] == {"name": "AWS_REGION", "value": "us-east-1"}
+    for version in KUBE_VERSIONS:
+        _validate(one(objs, "StatefulSet"), version)
+
+
+@pytest.mark.parametrize("bad", ["analyzer.publish.clustr=x", "analyzer.publish.url=s3://user:pw@bucket/p",
+                                 "analyzer.publish.cluster=-lead", "analyzer.env[0].nam=X",
+                                 "analyzer.serviceAccount.annotation.x=y"])
+def test_misspelt_or_unsafe_fleet_values_are_refused(bad):
+    out = run("helm", "template", "gpuscope", str(CHART), "--set", bad, check=False)
+    assert out.returncode != 0 and "schema" in out.stderr, (bad, out.stderr)

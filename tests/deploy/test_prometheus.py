@@ -1,9 +1,11 @@
-"""deploy/prometheus/scrape.yml, checked without promtool (not installable
-here): every key is one Prometheus' configuration documents for where it
-sits, the keep rules select exactly the chart's metrics Service of each
-component (applied to the labels Prometheus' endpoints discovery derives
-from the rendered Services), and TLS is set as the ServiceMonitors set it,
-with the files the Secret from make-secrets.sh holds."""
+"""deploy/prometheus/scrape.yml and scrape-systemd.yml, checked without
+promtool (not installable here): every key is one Prometheus' configuration
+documents for where it sits, the keep rules select exactly the chart's
+metrics Service of each component (applied to the labels Prometheus'
+endpoints discovery derives from the rendered Services), TLS is set as the
+ServiceMonitors set it, with the files the Secret from make-secrets.sh
+holds, and every agent job gives its series the `host` the dashboard
+groups by."""
 import re
 
 import yaml
@@ -13,6 +15,7 @@ from tests.conftest import ROOT
 from .chart import one, render
 
 SCRAPE = ROOT / "deploy" / "prometheus" / "scrape.yml"
+SYSTEMD = ROOT / "deploy" / "prometheus" / "scrape-systemd.yml"
 # From Prometheus' configuration reference (scrape_config, tls_config,
 # kubernetes_sd_config, relabel_config): the keys this file may use.
 KNOWN = {
@@ -26,8 +29,8 @@ ACTIONS = {"replace", "keep", "drop", "keepequal", "dropequal", "hashmod", "labe
            "lowercase", "uppercase"}
 
 
-def _jobs() -> dict:
-    return {j["job_name"]: j for j in yaml.safe_load(SCRAPE.read_text())["scrape_configs"]}
+def _jobs(path=SCRAPE) -> dict:
+    return {j["job_name"]: j for j in yaml.safe_load(path.read_text())["scrape_configs"]}
 
 
 def _sd_labels(service: dict) -> dict:
@@ -48,11 +51,26 @@ def _kept(job: dict, labels: dict) -> bool:
     return True
 
 
+def _relabel(job: dict, labels: dict) -> dict:
+    """The target's labels after the job's replace rules, as Prometheus
+    applies them (the regex anchored, $1 or ${1} for its groups)."""
+    labels = dict(labels)
+    for rule in job["relabel_configs"]:
+        if rule.get("action", "replace") != "replace":
+            continue
+        value = rule.get("separator", ";").join(labels.get(l, "") for l in rule["source_labels"])
+        m = re.fullmatch(rule.get("regex", "(.*)"), value)
+        if m:
+            labels[rule["target_label"]] = re.sub(r"\$\{?(\w+)\}?", lambda g: m.group(int(g.group(1))) or "",
+                                                  rule.get("replacement", "$1"))
+    return labels
+
+
 def test_every_key_is_one_prometheus_knows():
-    for job in _jobs().values():
+    for job in [*_jobs().values(), *_jobs(SYSTEMD).values()]:
         assert set(job) <= KNOWN["scrape"], set(job) - KNOWN["scrape"]
         assert set(job["tls_config"]) <= KNOWN["tls"]
-        for sd in job["kubernetes_sd_configs"]:
+        for sd in job.get("kubernetes_sd_configs", []):
             assert set(sd) <= KNOWN["sd"] and sd["role"] == "endpoints"
         for rule in job["relabel_configs"]:
             assert set(rule) <= KNOWN["relabel"] and rule.get("action", "replace") in ACTIONS
@@ -85,3 +103,28 @@ def test_tls_is_what_the_service_monitors_use():
                          ep["tlsConfig"]["keySecret"]["key"]]
         relabel = {r.get("target_label") for r in job["relabel_configs"]}
         assert ("host" in relabel) == ("relabelings" in ep)
+
+
+def test_systemd_agents_are_labelled_with_their_host():
+    """Without `host` the dashboard's agent panels add up every host's GPU 0
+    into one line: the target's name without its port is the host's."""
+    [job] = _jobs(SYSTEMD).values()
+    assert job["job_name"] == "gpuscope-agent-hosts" and "kubernetes_sd_configs" not in job
+    targets = [t for sc in job["static_configs"] for t in sc["targets"]]
+    assert targets
+    for target in targets:
+        host, _, port = target.rpartition(":")
+        assert port == "9464", target
+        assert _relabel(job, {"__address__": target})["host"] == host
+    for address, host in (("gpu-host-7.example.com:9464", "gpu-host-7.example.com"), ("gpu-host-7", "gpu-host-7"),
+                          ("[fd00::7]:9464", "[fd00::7]")):
+        assert _relabel(job, {"__address__": address})["host"] == host
+
+
+def test_systemd_agents_are_scraped_as_the_cluster_agents_are():
+    """The same client certificate and the same honor_labels as scrape.yml's
+    agent job; no server_name: each certificate names its host, the target."""
+    [job] = _jobs(SYSTEMD).values()
+    k8s = _jobs()["gpuscope-agent"]
+    assert job["scheme"] == "https" and job["honor_labels"] is k8s["honor_labels"] is True
+    assert job["tls_config"] == {k: v for k, v in k8s["tls_config"].items() if k != "server_name"}
