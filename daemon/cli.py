@@ -13,12 +13,13 @@ import sys
 # grpc loads; GRPC_VERBOSITY in the environment still wins.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
+from gpuscope.analyzers.object_store import parse_location
 from gpuscope.collectors.kubelet import DEFAULT_SOCKET as KUBELET_SOCKET
 from gpuscope.collectors.nvml import SourceUnavailable
 from gpuscope.collectors.recording import RecordingError
 from gpuscope.collectors.xspace_reader import TraceError
 
-from . import client_config, clients, config_file, logs
+from . import client_config, clients, config_checks, config_file, logs
 from .cliutil import VERDICTS, UsageError, default_db, duration, number, positive_duration, positive_float, positive_int
 from .cmd_accuracy import cmd_accuracy
 from .cmd_calibrate import add_calibrate_parser
@@ -32,6 +33,8 @@ from .cmd_report import cmd_report
 from .cmd_serve import cmd_agent, cmd_analyzer, cmd_up
 from .security_flags import add_client_flags, add_server_flags
 from .serve import ListenError
+
+config_checks.parse_location = parse_location      # `config check` and start-up judge --publish as the analyzer does
 
 __all__ = ["main", "build_parser", "render_report"]
 

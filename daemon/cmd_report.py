@@ -74,7 +74,13 @@ def cmd_report(ns) -> int:
             else:
                 print(render_range(rep))
             return 0
-        from . import report_html as rh          # matplotlib: only when there is something to draw
+        try:
+            import matplotlib  # noqa: F401  (only when there is something to draw)
+        except ImportError:
+            raise UsageError("--html/--png draw with matplotlib, which this installation lacks (the container "
+                             "image leaves it out): run the report where `pip install gpuscope` put it, or build "
+                             "the image with --build-arg EXTRAS=report") from None
+        from . import report_html as rh
         step("drawing the timeline")
         fid = story["finding"]["id"] if story else None
         timeline = rh.timeline_png(rep, highlight=fid)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, Callable
 
 from gpuscope.security.auth import TokenStore
 from gpuscope.security.tls import TlsConfigError, tls_files
@@ -16,6 +17,10 @@ from gpuscope.security.tls import TlsConfigError, tls_files
 from .safe_files import UnsafePath, open_root
 from .serve import parse_hostport
 from .sources import KINDS
+
+# analyzers.object_store.parse_location, wired in by the command line (daemon's
+# modules import no analyzer): what the fleet tier accepts as --publish
+parse_location: Callable[[str], Any] | None = None
 
 TLS_FILES = ("ca", "cert", "key")
 ADDRESSES = ("listen", "analyzer", "metrics_listen", "oncall_listen")
@@ -122,11 +127,9 @@ def _publishing(values: dict, configured: set[str]) -> list[tuple[str, str]]:
     """The fleet tier's keys: a URL of a kind it writes (no credentials in
     it), a cluster beside it, directories this user can write. Remote storage
     is tried by the analyzer at start-up, not here: a check writes nothing."""
-    from gpuscope.analyzers.object_store import parse_location
-
     out = []
     url = values.get("publish")
-    if "publish" in configured and url:
+    if "publish" in configured and url and parse_location is not None:
         try:
             loc = parse_location(url)
         except ValueError as exc:

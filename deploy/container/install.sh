@@ -14,6 +14,13 @@ extras=${EXTRAS:-}
 python3 -m venv "$prefix"
 "$prefix/bin/pip" install --no-cache-dir --no-compile --disable-pip-version-check -q \
     "$source${extras:+[$extras]}"
+# The image runs agents and analyzers; reports with pictures are drawn where
+# on-call people run `gpuscope report --html` (matplotlib, its fonts and
+# Pillow: ~80 MB). EXTRAS=report keeps them.
+case ",$extras," in
+    *,report,*) ;;
+    *) "$prefix/bin/pip" uninstall -y -q matplotlib fonttools pillow kiwisolver contourpy cycler ;;
+esac
 # pip and setuptools only install things: a running gpuscope never imports them
 "$prefix/bin/pip" uninstall -y -q pip setuptools
 
