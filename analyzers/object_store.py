@@ -128,9 +128,9 @@ class ObjectStore:
                 self.fs.rm_file(self.loc.join(key))
         except Exception as exc:  # every library raises its own
             why = describe(exc, self.loc)
-            if self.fs is None and isinstance(exc, OSError) and exc.errno == errno.EROFS:
-                why += ("; under systemd the unit's ProtectSystem=strict leaves only its own state directory "
-                        f"writable: add ReadWritePaths={self.loc.root} in a drop-in (docs/fleet.md)")
+            if self.fs is None and isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.EACCES) and \
+                    os.environ.get("INVOCATION_ID"):           # a systemd service
+                why += _under_systemd(self.loc.root)
             raise StorageError(why) from exc
 
     def delete(self, key: str) -> None:
@@ -185,6 +185,14 @@ class ObjectStore:
     def url_of(self, key: str) -> str:
         """What DuckDB reads: a path, or a URL its registered filesystem serves."""
         return self.loc.join(key) if self.fs is None else f"{self.loc.scheme}://{self.loc.join(key)}"
+
+
+def _under_systemd(root: str) -> str:
+    """What the shipped unit needs to write a directory outside its state
+    directory (found in a trial: ReadWritePaths= alone was not enough)."""
+    return ("; the gpuscope-analyzer unit writes only its state directory: publish under it "
+            "(--publish /var/lib/gpuscope/fleet), or give the unit a user that owns the directory and "
+            f"ReadWritePaths={root} in a drop-in (docs/fleet.md, systemd)")
 
 
 def describe(exc: BaseException, loc: Location) -> str:

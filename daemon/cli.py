@@ -13,6 +13,7 @@ import sys
 # grpc loads; GRPC_VERBOSITY in the environment still wins.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
+from gpuscope.analyzers.fleet_layout import check_cluster
 from gpuscope.analyzers.object_store import parse_location
 from gpuscope.collectors.kubelet import DEFAULT_SOCKET as KUBELET_SOCKET
 from gpuscope.collectors.nvml import SourceUnavailable
@@ -35,6 +36,15 @@ from .security_flags import add_client_flags, add_server_flags
 from .serve import ListenError
 
 config_checks.parse_location = parse_location      # `config check` and start-up judge --publish as the analyzer does
+
+
+def _cluster_name(text: str) -> str:
+    """--cluster as the fleet tier's partitions take it, refused by the flag
+    (and by `config check` for the file's key), not later as --publish's."""
+    try:
+        return check_cluster(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("cluster name ")) from None
 
 __all__ = ["main", "build_parser", "render_report"]
 
@@ -108,8 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "hive-partitioned Parquet for `gpuscope fleet` (docs/fleet.md)")
         g.add_argument("--publish", default=None, metavar="URL",
                        help="publish to a directory, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX (default: off)")
-        g.add_argument("--cluster", default=None, metavar="NAME", help="this analyzer's cluster, a partition of "
-                                                                       "every file (required with --publish)")
+        g.add_argument("--cluster", type=_cluster_name, default=None, metavar="NAME",
+                       help="this analyzer's cluster, a partition of every file (required with --publish)")
         g.add_argument("--publish-interval", type=positive_duration, default=300.0, metavar="DURATION",
                        help="between publish passes (default 5m)")
         g.add_argument("--publish-delay", type=duration, default=300.0, metavar="DURATION",

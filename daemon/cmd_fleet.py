@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import time
 
 from gpuscope.collectors import human
@@ -208,15 +209,20 @@ def render_rows(rows: list[dict]) -> str:
     return "\n".join([line(names)] + [line(c) for c in cells])
 
 
+_TIME_COLUMN = re.compile(r"(?:^|\W)(?:t|start|end|minute|first_t|last_t)(?:$|\W)|_at$|_t$|_start$|_end$")
+
+
 def _is_time(column: str) -> bool:
     """The tables' times are Unix seconds in columns named so (t, start, end,
-    *_at): shown as dates, not as 1,796,105,580 (found in a trial)."""
-    return column in ("t", "start", "end", "minute") or column.endswith(("_at", "_t", "_start", "_end"))
+    *_at), also inside an expression (`max(t)`): shown as dates, not as
+    1,796,105,580 (found in a trial)."""
+    return bool(_TIME_COLUMN.search(column))
 
 
 def _time_cell(v) -> str:
+    """In UTC, as the partitions' dates and --start/--end read them."""
     if isinstance(v, (int, float)) and 1e9 <= v < 1e10:
-        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v))
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(v))
     return _cell(v)
 
 

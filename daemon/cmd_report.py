@@ -155,22 +155,27 @@ def render_range(rep: dict) -> str:
 
 
 def _write(path: str, data: bytes) -> tuple[str, int]:
-    """Whole or not at all: a browser or a ticket never gets half a file."""
+    """Whole or not at all: a browser or a ticket never gets half a file.
+    What the file system refuses is one line (found in a trial: tracebacks
+    for a directory, a full disk, a path that cannot be written)."""
+    if os.path.isdir(path):
+        raise UsageError(f"{path} is a directory: give a file name (e.g. {os.path.join(path, 'report.html')})")
     directory = os.path.dirname(os.path.abspath(path))
+    tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".gpuscope-report-")
-    except OSError as exc:          # found in a trial: a traceback
-        raise UsageError(f"{path}: cannot write there ({exc.strerror or exc}); give a path in a directory "
-                         f"you can write") from None
-    try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        tmp = None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot write there ({exc.strerror or exc}); give a path in a directory "
+                         f"you can write") from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
     return path, len(data)
 
 

@@ -164,6 +164,11 @@ def _publish_config(ns):
         ObjectStore(parse_location(ns.publish)).probe()       # a target it cannot write: refused now
     except (ValueError, StorageError) as exc:
         raise UsageError(f"--publish: {exc}") from None
+    try:
+        os.makedirs(config.state_dir, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--publish-state {config.state_dir}: cannot create it ({exc.strerror or exc}); the "
+                         f"outbox and watermarks go there") from None
     return config
 
 

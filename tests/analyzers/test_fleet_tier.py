@@ -74,10 +74,15 @@ def test_the_analyzer_publishes_on_its_scheduler_and_says_how_far_it_got(tmp_pat
         off.close()
 
 
+def test_a_cluster_name_the_partitions_cannot_take_is_refused_by_its_flag(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["analyzer", "--publish", "/tmp/x", "--cluster", "east/1"])
+    assert "argument --cluster: 'east/1': letters, digits" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flags, error", [
     (["--publish", "/tmp/x"], "--publish needs --cluster NAME"),
     (["--cluster", "east"], "--cluster names what --publish writes"),
-    (["--publish", "/tmp/x", "--cluster", "east/1"], "cluster name"),
     (["--publish", "s3://k:s@bucket/x", "--cluster", "east"], "credentials and options go in the environment"),
 ])
 def test_publish_flags_refused_before_start(flags, error):

@@ -177,3 +177,13 @@ def test_verdict_colours_are_the_html_reports():
     assert set(VERDICT_COLOURS) == set(VERDICTS)
     for verdict in VERDICTS:
         assert colours[verdict].upper() == VERDICT_COLOURS[verdict].upper(), verdict
+    # ... and in every panel drawn by verdict (found in a trial: the bar gauge and the findings' series
+    # took Grafana's own palette)
+    by_verdict = [p for p in _panels(_dashboard()) if any("by (verdict)" in t.get("expr", "")
+                                                           for t in p.get("targets", ()))]
+    assert len(by_verdict) >= 2
+    for panel in by_verdict:
+        fixed = {o["matcher"]["options"]: o["properties"][0]["value"]["fixedColor"]
+                 for o in panel["fieldConfig"]["overrides"] if o["matcher"]["id"] == "byName"}
+        assert {v: c.upper() for v, c in fixed.items()} == {v: VERDICT_COLOURS[v].upper() for v in VERDICTS}, \
+            panel["title"]
