@@ -39,8 +39,8 @@ def test_classify_json_shape(fixture_dir):
     (["query", "--server", "127.0.0.1:1", "--metric", "nope"], "unknown 'nope'"),
     (["status", "--limit", "0"], "'0' is not a whole number from 1"),
     # found in a trial: tracebacks
-    (["analyzer", "--insecure", "--db", "/etc/passwd/x.duckdb"], "--db /etc/passwd/x.duckdb: /etc/passwd is not a "
-                                                                 "directory"),
+    (["analyzer", "--insecure", "--listen", "127.0.0.1:0", "--db", "/etc/passwd/x.duckdb"],
+     "--db /etc/passwd/x.duckdb: /etc/passwd is not a directory"),
     (["agent", "--insecure", "--metrics-listen", "bogus", "--source", f"replay:{SAMPLES}"],
      "--metrics-listen: 'bogus' is not HOST:PORT"),
 ])
