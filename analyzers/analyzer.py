@@ -469,7 +469,8 @@ class Analyzer:
 
         def store(st: Store) -> dict:
             f = self.findings.attach_capture(record.host, list(record.gpus), record.id, verdict, confidence,
-                                             summary.get("summary", "") if summary else "")
+                                             summary.get("summary", "") if summary else "",
+                                             ended=record.end or record.start)
             if f is not None:
                 row["finding_id"] = f["id"]
                 self._persist_findings([f])

@@ -200,12 +200,15 @@ class FindingsTracker:
         return f
 
     def attach_capture(self, host: str, gpus: list[int], capture_id: str, verdict: str | None,
-                       confidence: float, summary: str) -> dict | None:
+                       confidence: float, summary: str, ended: float = 0.0) -> dict | None:
         """Link a capture to the open finding of one of its GPUs; returns the
-        finding if one was open."""
+        finding if one was open. `ended`: when the capture's trace ends (0:
+        not said); a capture over before the open finding began traced
+        another episode, and must not decide this one (found in a trial:
+        captures reported late turned a newer finding's verdict)."""
         for gpu in gpus:
             f = self.open.get((host, gpu))
-            if f is None:
+            if f is None or (ended and ended < f["start"]):
                 continue
             f["captures"] = list(f.get("captures") or []) + [capture_id]
             if verdict is not None:

@@ -68,3 +68,23 @@ def test_foreign_protobuf_is_not_taken_for_a_trace():
     foreign = pb.CaptureRecord(id="x", host="h", target="t", status="ok").SerializeToString()
     with pytest.raises(TraceError):
         parse_xspace(foreign, "foreign.pb")
+
+
+def test_a_capture_over_before_the_open_finding_began_does_not_decide_it(fixture_dir, tmp_path):
+    """Found in a trial: captures reported after the GPU moved on (an agent
+    buffering its reports through an outage) turned the newer finding's
+    verdict."""
+    srv = AnalyzerServer(tmp_path / "late.duckdb")
+    try:
+        a = srv.analyzer
+        window = Classification(gpu=0, start=200.0, end=205.0, verdict="compute-bound", confidence=0.9,
+                                summary="tensor pipes busy", evidence={"tensor_util_ratio": 0.8})
+        a.writer.call(lambda st: a._record([("h1", window, "pid:461 python train.py", {})])).result()
+        late = pb.CaptureRecord(id="old", host="h1", target="127.0.0.1:9012", pid=461, gpus=[0], start=150.0,
+                                end=150.5, duration_ms=500, status="ok", trigger="on-call")
+        row = a.report_capture(late, _launch_trace())
+        assert row["verdict"] == "launch-bound" and row["finding_id"] is None        # stored, linked to nothing
+        f = a.list_findings(host="h1")[0]
+        assert f["verdict"] == "compute-bound" and f["decided_by"] == "counters" and not f["captures"]
+    finally:
+        srv.stop()
