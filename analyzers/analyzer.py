@@ -320,8 +320,9 @@ class Analyzer:
                     self._source_down[(host, gpu)] = detail
                 elif kind == "recovered":
                     self._source_down.pop((host, gpu), None)
-            for g in newest_of:
-                self._source_down.pop((b.host, g), None)
+            if self._source_down:               # samples again: the source is back (nothing to do, mostly)
+                for g in newest_of:
+                    self._source_down.pop((b.host, g), None)
             health = [self.detector.health(host, gpu, kind.replace("_uncorrected", ""), detail, t,
                                            (self.findings.open.get((host, gpu)) or {}).get("job", ""))
                       for host, gpu, t, kind, detail, _code in b.health if kind in ("xid", "ecc_uncorrected", "gpu_lost")]

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from gpuscope.collectors import catalogue as cat
-from gpuscope.collectors.records import ATTRIBUTION_FIELDS, MAX_ATTRIBUTION_BYTES
+from gpuscope.collectors.records import ATTRIBUTION_FIELDS, MAX_ATTRIBUTION_BYTES, pod_job
 from gpuscope.security.redact import redact_command
 from gpuscope.v1 import samples_pb2 as pb
 
@@ -286,8 +286,7 @@ def _gpu_owners(batch: pb.SampleBatch, attributions: list[tuple[str | None, ...]
         if d.HasField("attribution") and d.gpu not in job:
             labels = {k: v for k, v in zip(ATTRIBUTION_FIELDS, attributions[d.attribution]) if v is not None}
             if labels.get("pod"):
-                job[d.gpu] = (f"pod {labels.get('namespace', '?')}/{labels['pod']}"
-                              + (f" container {labels['container']}" if labels.get("container") else ""))
+                job[d.gpu] = pod_job(labels.get("namespace", ""), labels["pod"], labels.get("container", ""))
                 owner[d.gpu] = labels
                 named.add(d.gpu)
     return frozenset(named)

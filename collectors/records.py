@@ -39,6 +39,15 @@ ATTRIBUTION_FIELDS = tuple(f.name for f in fields(Attribution))
 # the analyzer refuses a batch that breaks it (a bug of the agent).
 MAX_ATTRIBUTION_BYTES = 256
 
+# The job of a GPU whose source names its pod and lists no process (dcgm-exporter's
+# labels): `pod NS/NAME [container C]`. It holds no command line (readers see it whole)
+# and names the pod already (said once).
+POD_JOB_PREFIX = "pod "
+
+
+def pod_job(namespace: str, pod: str, container: str = "") -> str:
+    return f"{POD_JOB_PREFIX}{namespace or '?'}/{pod}" + (f" container {container}" if container else "")
+
 
 @dataclass(frozen=True, slots=True)
 class ProcessRecord:

@@ -8,6 +8,8 @@ import os
 import re
 import sys
 
+from gpuscope.collectors.records import POD_JOB_PREFIX
+
 VERDICTS = ("compute-bound", "memory-bound", "launch-bound", "host-bound", "communication-bound", "idle")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 
@@ -100,7 +102,7 @@ def print_json(obj) -> None:
 def whose_beside(job: str | None, a: dict | None) -> str:
     """whose(a) beside a job's name; nothing when the job is the pod its
     source named (`pod ml/trainer-0 container main`: it would say it twice)."""
-    return "" if (job or "").startswith("pod ") else whose(a)
+    return "" if (job or "").startswith(POD_JOB_PREFIX) else whose(a)
 
 
 def whose(a: dict | None) -> str:

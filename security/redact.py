@@ -32,6 +32,8 @@ from __future__ import annotations
 import re
 import urllib.parse
 
+from gpuscope.collectors.records import POD_JOB_PREFIX
+
 REDACTED = "<redacted>"
 
 _WORD = r"[a-z0-9]+"
@@ -69,7 +71,7 @@ _CLUES = ("token", "key", "secret", "passw", "credential", "auth", "private", ":
 def command_label(job: str) -> str:
     """What a reader (not an operator) is shown of a job: its pid and
     executable, `pid:123 /usr/bin/python3 train.py --lr 3e-4` -> `pid:123 python3`."""
-    if job.startswith("pod "):          # a GPU its source names the pod of: no command line in it
+    if job.startswith(POD_JOB_PREFIX):  # a GPU its source names the pod of: no command line in it
         return job
     head, _, rest = job.partition(" ")
     if not head.startswith("pid:"):
