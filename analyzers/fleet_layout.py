@@ -124,14 +124,19 @@ def parse_key(key: str) -> Segment | None:
     return Segment(values["table"], values["date"], values["cluster"], values["host"], lo, hi)
 
 
+def by_partition(segments) -> dict[tuple, list[Segment]]:
+    """The segments grouped by their partition directory (table, date, cluster, host)."""
+    out: dict[tuple, list[Segment]] = {}
+    for s in segments:
+        out.setdefault((s.table, s.date, s.cluster, s.host), []).append(s)
+    return out
+
+
 def maximal(segments) -> list[Segment]:
     """Per partition directory, the segments no other one contains: what
     a reader reads, so that nothing is counted twice."""
-    by_dir: dict[tuple, list[Segment]] = {}
-    for s in segments:
-        by_dir.setdefault((s.table, s.date, s.cluster, s.host), []).append(s)
     out = []
-    for group in by_dir.values():
+    for group in by_partition(segments).values():
         # widest first: a segment is dropped if one already kept contains it
         kept: list[Segment] = []
         for s in sorted(set(group), key=lambda s: (s.lo, -s.hi)):

@@ -183,14 +183,15 @@ class Publisher:
         into one. Returns how many segments were merged."""
         local = self._local()
         merged = 0
-        for group in _by_dir(local).values():
+        for group in lay.by_partition(local).values():
             first = group[0]
             wm = self.watermarks.get(first.table, -math.inf)
-            day_end = lay.day_start(first.date) + lay.DAY_S
-            blocks = [(0, 1440)] if day_end <= wm else [
-                (h * 60, h * 60 + 60) for h in range(24) if lay.day_start(first.date) + (h + 1) * lay.HOUR_S <= wm]
+            day = lay.day_start(first.date)
+            blocks = [(0, 1440)] if day + lay.DAY_S <= wm else [
+                (h * 60, h * 60 + 60) for h in range(24) if day + (h + 1) * lay.HOUR_S <= wm]
+            kept = lay.maximal(group)          # once per directory, not per hour
             for lo, hi in blocks:
-                inside = [s for s in lay.maximal(group) if lo <= s.lo and s.hi <= hi]
+                inside = [s for s in kept if lo <= s.lo and s.hi <= hi]
                 if len(inside) < 2:
                     continue
                 block = lay.Segment(first.table, first.date, first.cluster, first.host, lo, hi)
@@ -251,11 +252,13 @@ class Publisher:
         """Segments another one contains: never uploaded ones are dropped;
         uploaded ones are deleted from storage once their container is
         there. A day that is one segment in storage needs no local copy."""
+        kept = lay.by_partition(keep)       # looked up per directory: a fleet retires tens of thousands at once
         for seg, path in local.items():
             if seg in keep:
                 continue
             if seg in sent:
-                container = next((k for k in keep if k.directory == seg.directory and k.contains(seg)), None)
+                container = next((k for k in kept.get((seg.table, seg.date, seg.cluster, seg.host), ())
+                                  if k.contains(seg)), None)
                 if container is None or container not in sent:
                     continue
                 try:
@@ -264,7 +267,7 @@ class Publisher:
                     self.last_error = str(exc)
                     continue
             path.unlink(missing_ok=True)
-        for group in _by_dir({s: p for s, p in local.items() if s in keep}).values():
+        for group in lay.by_partition(s for s in local if s in keep).values():
             first = group[0]
             closed = lay.day_start(first.date) + lay.DAY_S <= self.watermarks.get(first.table, -math.inf)
             if closed and len(group) == 1 and first in sent:
@@ -278,7 +281,7 @@ class Publisher:
         marks = [self.watermarks.get(t) for t in lay.TABLES]
         staged_until = min((m for m in marks if m is not None), default=None)
         oldest = min((s.start for s in self._pending), default=None)
-        behind = min(x for x in (oldest, staged_until) if x is not None) if (oldest or staged_until) else None
+        behind = min((x for x in (oldest, staged_until) if x is not None), default=None)
         return dict(target=self.storage.loc.url, cluster=self.config.cluster, interval_seconds=self.config.interval_s,
                     staged_until=staged_until or 0.0, files_pending=len(self._pending),
                     lag_seconds=max(0.0, now - behind) if behind is not None else 0.0,
@@ -286,9 +289,3 @@ class Publisher:
                     files_uploaded=self.files_uploaded, rows_staged=self.rows_staged, failures=self.failures,
                     consecutive_failures=self.consecutive_failures, last_error=self.last_error)
 
-
-def _by_dir(segments) -> dict[tuple, list[lay.Segment]]:
-    out: dict[tuple, list[lay.Segment]] = {}
-    for s in segments:
-        out.setdefault((s.table, s.date, s.cluster, s.host), []).append(s)
-    return out

@@ -36,7 +36,7 @@ _RANK = {DEFAULT: 0, FILE: 1, ENV: 2, FLAG: 3}
 # other way round) instead of refusing the pair.
 TLS_MATERIAL = ("tls_dir", "ca", "cert", "key", "tokens", "oncall_listen")
 # Keys whose values are paths: ~ is expanded, as a shell does for a flag's.
-PATHS = ("db", "capture_dir", "tls_dir", "ca", "cert", "key", "tokens", "kubelet_socket")
+PATHS = ("db", "capture_dir", "tls_dir", "ca", "cert", "key", "tokens", "kubelet_socket", "publish", "publish_state")
 # Variables of the GPUSCOPE_<COMMAND>_ form that are not ours: the systemd
 # units' extra flags, and the links Kubernetes makes for a Service named
 # gpuscope-agent or gpuscope-analyzer (..._SERVICE_HOST, ..._PORT_9400_TCP).
