@@ -145,6 +145,8 @@ class DeviceFacts(NamedTuple):
     gpm_supported: bool
     lost: bool
     source: str = ""                 # where its samples come from (an older agent sends none)
+    pcie_max_generation: int | None = None
+    pcie_max_width: int | None = None
 
 
 @dataclass
@@ -295,7 +297,8 @@ def _gpu_owners(batch: pb.SampleBatch, attributions: list[tuple[str | None, ...]
 def _facts(d: pb.Device) -> "DeviceFacts":
     opt = lambda f: getattr(d, f) if d.HasField(f) else None  # noqa: E731
     return DeviceFacts(d.gpu, d.uuid, d.name, d.architecture, opt("memory_total_bytes"), opt("power_limit_watts"),
-                       opt("pcie_generation"), opt("pcie_width"), d.gpm_supported, d.lost, d.source)
+                       opt("pcie_generation"), opt("pcie_width"), d.gpm_supported, d.lost, d.source,
+                       opt("pcie_max_generation"), opt("pcie_max_width"))
 
 
 def _check_header(batch: pb.SampleBatch) -> None:
@@ -346,10 +349,12 @@ def _check_devices(batch: pb.SampleBatch) -> set[int]:
         if d.HasField("power_limit_watts") and not 0 < d.power_limit_watts <= MAX_POWER_LIMIT_WATTS:
             raise BatchError(f"{where}.power_limit_watts: {d.power_limit_watts!r} is outside "
                              f"(0, {MAX_POWER_LIMIT_WATTS:.0f}] W")
-        if d.HasField("pcie_generation"):
-            _int(f"{where}.pcie_generation", d.pcie_generation, 1, MAX_PCIE_GENERATION, "a PCIe generation")
-        if d.HasField("pcie_width"):
-            _int(f"{where}.pcie_width", d.pcie_width, 1, MAX_PCIE_WIDTH, "PCIe lanes")
+        for name in ("pcie_generation", "pcie_max_generation"):
+            if d.HasField(name):
+                _int(f"{where}.{name}", getattr(d, name), 1, MAX_PCIE_GENERATION, "a PCIe generation")
+        for name in ("pcie_width", "pcie_max_width"):
+            if d.HasField(name):
+                _int(f"{where}.{name}", getattr(d, name), 1, MAX_PCIE_WIDTH, "PCIe lanes")
         if d.HasField("attribution") and d.attribution >= len(batch.attributions):
             raise BatchError(f"{where}.attribution: {d.attribution} is not one of the batch's "
                              f"{len(batch.attributions)} attributions")

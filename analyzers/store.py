@@ -20,7 +20,7 @@ from gpuscope.collectors.records import ATTRIBUTION_FIELDS
 
 from .seqset import SeqSet
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # Columns added after a table first shipped: files created earlier gain them on open.
 ADDED_COLUMNS = {"findings": ("counters_verdict", "trace_verdict", "captures",     # 2: captures refine findings
                               "absorbed_until DOUBLE",        # 5: the last window end the row's numbers hold
@@ -29,7 +29,8 @@ ADDED_COLUMNS = {"findings": ("counters_verdict", "trace_verdict", "captures",  
                  "captures": ("kind",),                                          # 3: capture kinds
                  "agents": ("committed",),                                       # 4: exact committed seqs
                  "processes": ATTRIBUTION_FIELDS,                                # 6: whose each process is
-                 "devices": ("source",)}                                         # 7: where its samples come from
+                 "devices": ("source",                                           # 7: where its samples come from
+                             "pcie_max_generation INTEGER", "pcie_max_width INTEGER")}   # 8: the link's best
 # What findings and queries group by, beside GPUs: the key's SQL over a findings row's
 # attribution JSON (NULL where the job's attribution does not say)
 _LABEL = "json_extract_string(attribution, '$.{}')"
@@ -59,7 +60,8 @@ AGGREGATES = {"mean": "avg({m})", "min": "min({m})", "max": "max({m})",
               "p99": "quantile_cont({m}, 0.99)", "last": "arg_max({m}, t)"}
 AGENT_COLUMNS = ("host", "boot_id", "max_seq", "last_seen", "dropped_samples", "committed")
 DEVICE_COLUMNS = ("host", "gpu", "uuid", "name", "architecture", "memory_total_bytes", "power_limit_watts",
-                  "pcie_generation", "pcie_width", "gpm_supported", "lost", "source", "last_seen")
+                  "pcie_generation", "pcie_width", "gpm_supported", "lost", "source", "pcie_max_generation",
+                  "pcie_max_width", "last_seen")
 HEALTH_COLUMNS = ("host", "gpu", "t", "kind", "detail", "code")
 WINDOW_COLUMNS = ("host", "gpu", "start", "end", "verdict", "confidence", "flags", "summary")
 GPU_OWNER_COLUMNS = ("host", "gpu", "t_start", "t_end", "job", "namespace", "pod", "container", "slurm_job")

@@ -61,7 +61,8 @@ PROFILING_CORE = tuple(i for i in PROFILING if i <= 1012)
 _DEVICE = [f for f in df.FIELDS if f.id not in PROFILING]
 FAST = tuple(f.id for f in _DEVICE if not cat.BY_NAME[f.metric].slow)
 SLOW = tuple(f.id for f in _DEVICE if cat.BY_NAME[f.metric].slow)
-PCIE_LINK = (237, 238)                    # DCGM_FI_DEV_PCIE_LINK_GEN, _WIDTH: for DeviceInfo, read once
+# DCGM_FI_DEV_PCIE_LINK_GEN, _WIDTH, then _MAX_LINK_GEN, _MAX_LINK_WIDTH: for DeviceInfo, read once
+PCIE_LINK = (237, 238, 235, 236)
 _ECC_UNCORRECTED = "ecc_uncorrected_total"
 MIB = 1048576
 
@@ -220,6 +221,7 @@ class DcgmCollector:
                           memory_total_bytes=fb * MIB if 0 < fb < blank32 else None,
                           power_limit_watts=float(limit) if 0 < limit < blank32 else None,
                           pcie_generation=link.get(PCIE_LINK[0]), pcie_width=link.get(PCIE_LINK[1]),
+                          pcie_max_generation=link.get(PCIE_LINK[2]), pcie_max_width=link.get(PCIE_LINK[3]),
                           source="dcgm")
 
     def _pcie_link(self, sess: _Session, gpu: int) -> dict[int, int]:

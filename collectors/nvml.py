@@ -231,6 +231,8 @@ class NvmlCollector:
         limit = dev.call("power_limit", scrape, n.nvmlDeviceGetEnforcedPowerLimit, h)
         gen = dev.call("pcie_gen", scrape, n.nvmlDeviceGetCurrPcieLinkGeneration, h)
         width = dev.call("pcie_width", scrape, n.nvmlDeviceGetCurrPcieLinkWidth, h)
+        max_gen = dev.call("pcie_max_gen", scrape, n.nvmlDeviceGetMaxPcieLinkGeneration, h)
+        max_width = dev.call("pcie_max_width", scrape, n.nvmlDeviceGetMaxPcieLinkWidth, h)
         gpm = False
         if self.config.gpm:
             support = dev.call("gpm_support", scrape, n.nvmlGpmQueryDeviceSupport, h)
@@ -253,7 +255,8 @@ class NvmlCollector:
             architecture=ARCHITECTURES.get(arch, "") if arch is not None else "",
             memory_total_bytes=getattr(mem, "total", None),
             power_limit_watts=cat.normalise(_M["power_limit_watts"], limit) if limit is not None else None,
-            pcie_generation=gen, pcie_width=width, gpm_supported=gpm,
+            pcie_generation=gen, pcie_width=width, pcie_max_generation=max_gen, pcie_max_width=max_width,
+            gpm_supported=gpm,
             source="nvml (GPM)" if gpm else "nvml (no GPM: utilisation ratios only)")
 
     def _start_events(self) -> None:

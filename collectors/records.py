@@ -87,6 +87,11 @@ class DeviceInfo:
     # whose the GPU is when the source names it without processes (dcgm-exporter's pod labels):
     # findings of a GPU with no process seen take it as their job's
     attribution: Attribution | None = None
+    # the fastest link this GPU and its slot can train to (NVML's max, not the GPU's alone): a
+    # width under it is a badly seated card or a bad riser; a generation under it while busy, a
+    # link that trained down (at idle the generation drops to save power, so only busy counts)
+    pcie_max_generation: int | None = None
+    pcie_max_width: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,10 @@ def device_pb(d: DeviceInfo) -> pb.Device:
         m.pcie_generation = d.pcie_generation
     if d.pcie_width is not None:
         m.pcie_width = d.pcie_width
+    if d.pcie_max_generation is not None:
+        m.pcie_max_generation = d.pcie_max_generation
+    if d.pcie_max_width is not None:
+        m.pcie_max_width = d.pcie_max_width
     return m
 
 

@@ -103,6 +103,8 @@ BAD = [
     ("devices[0].pcie_generation", 2**32 - 1, ""),
     ("devices[0].pcie_width", 65, r"65 is outside \[1, 64\]"),
     ("devices[0].pcie_width", 0, ""),
+    ("devices[0].pcie_max_generation", 17, r"17 is outside \[1, 16\]"),
+    ("devices[0].pcie_max_width", 128, r"128 is outside \[1, 64\]"),
     ("devices[0].name", "N" * 257, "longer than 256 bytes"),
     ("devices[0].name", "N" * 50_000_000, "longer than 256 bytes"),
     ("devices[0].name", "NVIDIA\nH200", r"'NVIDIA\\nH200' holds a control"),

@@ -121,3 +121,16 @@ def test_processes_carry_host_cpu_from_proc(tmp_path):
     assert s.processes[0].cpu_cores == pytest.approx(1.5)
     assert s.values["procs_cpu_cores"] == pytest.approx(1.5)
     assert s.processes[0].used_memory_bytes == 1 << 30
+
+
+def test_the_link_s_best_is_read_beside_the_link_it_trained_to():
+    """A card seated at x8 in an x16 slot: NVML's max width says what it could be."""
+    _, c = started(h200(pcie_width=8, pcie_gen=4))
+    d = c.devices()[0]
+    assert (d.pcie_generation, d.pcie_width, d.pcie_max_generation, d.pcie_max_width) == (4, 8, 5, 16)
+
+
+def test_a_driver_without_the_max_link_calls_leaves_them_unknown():
+    _, c = started(h200(unsupported={"nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth"}))
+    d = c.devices()[0]
+    assert d.pcie_max_generation is None and d.pcie_max_width is None and d.pcie_width == 16

@@ -35,6 +35,8 @@ class FakeGpu:
     clock_reasons: int = 0
     pcie_gen: int = 5
     pcie_width: int = 16
+    pcie_max_gen: int = 5
+    pcie_max_width: int = 16
     # field id -> raw value (NVML units); ids absent here answer NOT_SUPPORTED
     fields: dict[int, float] = field(default_factory=lambda: {
         186: 120_000, 197: 0, 198: 0, 82: 35, 74: 0, 76: 0, 269: 0, 83: 1_000_000, 270: 0, 271: 0, 94: 0})
@@ -128,6 +130,12 @@ class FakeNvml:
 
     def nvmlDeviceGetCurrPcieLinkWidth(self, h):
         return self._gpu(h, "nvmlDeviceGetCurrPcieLinkWidth").pcie_width
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h):
+        return self._gpu(h, "nvmlDeviceGetMaxPcieLinkGeneration").pcie_max_gen
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h):
+        return self._gpu(h, "nvmlDeviceGetMaxPcieLinkWidth").pcie_max_width
 
     # -- fast path ---------------------------------------------------------------------------
     def nvmlDeviceGetUtilizationRates(self, h):
