@@ -334,7 +334,12 @@ def stack(windows: Sequence[tuple[int, float, float, np.ndarray, Columns, dict]]
                  end=np.array([w[2] for w in windows], float),
                  t=t, names=names, matrix=matrix,
                  offsets=np.array(offsets, np.int64),
-                 pcie_generation=np.array([_nan(d.get("pcie_generation")) for d in dev], float),
+                 # The line rate is the link's best generation where known: the agent reads the
+                 # current one once, and an idle GPU's link idles at Gen1 to save power, which
+                 # would make any later traffic look like a saturated link. (A link that really
+                 # trained down is a degraded GPU, found as such, not a busier link.)
+                 pcie_generation=np.fmax([_nan(d.get("pcie_generation")) for d in dev],
+                                         [_nan(d.get("pcie_max_generation")) for d in dev]),
                  pcie_width=np.array([_nan(d.get("pcie_width")) for d in dev], float),
                  power_limit_watts=np.array([_nan(d.get("power_limit_watts")) for d in dev], float))
 

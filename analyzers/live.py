@@ -45,6 +45,7 @@ class LiveWindows:
             if self._seen.get(key) != d:     # every batch repeats its devices; they seldom change
                 self._seen[key] = d
                 self.devices[key] = dict(pcie_generation=d.pcie_generation, pcie_width=d.pcie_width,
+                                         pcie_max_generation=d.pcie_max_generation,
                                          power_limit_watts=d.power_limit_watts)
         newest: dict[int, float] = {}
         if not b.count:

@@ -47,6 +47,7 @@ def judge_newest(samples: Sequence[GpuSample], window_s: float,
         matrix = np.array([list(map(s.values.get, names)) for s in rows], float).reshape(len(rows), -1)
         d = (devices or {}).get(gpu)
         facts = dict(pcie_generation=d.pcie_generation, pcie_width=d.pcie_width,
+                     pcie_max_generation=d.pcie_max_generation,
                      power_limit_watts=d.power_limit_watts) if d is not None else {}
         parts.append((gpu, end - window_s, end, np.array([s.t for s in rows], float), Columns(names, matrix), facts))
     windows = compute_windows(stack(parts)) if parts else []

@@ -353,8 +353,10 @@ class Store:
 
     # -- queries (any thread) ------------------------------------------------------------
     def host_links(self, host: str) -> dict[int, tuple[int | None, int | None, str | None]]:
-        """GPU -> (PCIe generation, width, name) of one host, as its agent said."""
-        rows = self.reader().execute("SELECT gpu, pcie_generation, pcie_width, name FROM devices WHERE host = ?",
+        """GPU -> (PCIe generation, width, name) of one host, as its agent said; the generation is the
+        link's best where known (an idle link's Gen1 is power saving, not its line rate)."""
+        rows = self.reader().execute("SELECT gpu, greatest(pcie_generation, pcie_max_generation), pcie_width, name "
+                                     "FROM devices WHERE host = ?",
                                      [host]).fetchall()
         return {int(g): (gen, width, name) for g, gen, width, name in rows}
 

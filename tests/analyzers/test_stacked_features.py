@@ -143,3 +143,17 @@ def test_features_read_only_their_declared_inputs(fixture_dir):
     m = feature_matrix(stack(parts))
     np.testing.assert_array_equal(m[:8], m[8:])
     assert set(INPUTS) <= set(cat.NAMES)
+
+
+def test_an_idle_link_s_gen1_reading_does_not_shrink_the_line_rate():
+    """The agent read Gen1 while the GPU idled (ASPM); traffic later is measured against the
+    link's best generation, or 20 GB/s would read as 5x a Gen1 x16 link."""
+    t = np.arange(0.0, 5.0, 0.5)
+    n = len(t)
+    cols = Columns.from_dict({"util_gpu_ratio": np.full(n, 0.9), "gpm_pcie_tx_bytes_per_second": np.full(n, 20e9),
+                              "gpm_pcie_rx_bytes_per_second": np.full(n, 20e9)}, n)
+    facts = dict(pcie_generation=1, pcie_width=16, power_limit_watts=700.0)
+    idle_read = compute_windows(stack([(0, 0.0, 5.0, t, cols, dict(facts, pcie_max_generation=5))]))[0]
+    assert idle_read.features["pcie_link_util_ratio"] == pytest.approx(20e9 / (3.938e9 * 16))
+    unknown_best = compute_windows(stack([(0, 0.0, 5.0, t, cols, facts)]))[0]
+    assert unknown_best.features["pcie_link_util_ratio"] == pytest.approx(20e9 / (0.25e9 * 16))
