@@ -43,10 +43,12 @@ KEY_COLUMNS = ("host", "gpu", "model", "driver")
 
 @dataclass(frozen=True)
 class DegradedConfig:
-    # A GPU counts only when both hold: the fraction keeps a very tight group
-    # from flagging differences nobody would act on; the z bound keeps a noisy
-    # group from flagging its own noise (with 3 % noise, 8 % is 2.7 sigma).
-    min_shortfall: float = 0.08
+    # A GPU counts only when both hold. The fraction is 3 sigma of the widest
+    # spread healthy GPUs of one model and driver show (~3 %), so even a
+    # group whose MAD happens to be small does not flag its own noise; the z
+    # bound keeps a noisier group (a mixed cooling, a flaky benchmark) from
+    # flagging its tail (docs/degraded.md has what each alone costs).
+    min_shortfall: float = 0.09
     max_z: float = -3.5
     # GPUs of the model and driver with a value, the one judged included:
     # a host's 8 GPUs are the smallest group judged.
