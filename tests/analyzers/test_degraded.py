@@ -24,12 +24,13 @@ MISSING = dict(hbm=0.03, tensor=0.03, pcie=0.03, nvlink=0.03, clocks=0.25)   # n
 
 
 def simulated_fleet(hosts: int, gpus_per_host: int = 8, planted: int = 20, mild: int = 20, links: int = 12,
-                    seed: int = 7) -> tuple[pa.Table, set[tuple[str, int, str]]]:
+                    seed: int = 7, noise: float = 1.0) -> tuple[pa.Table, set[tuple[str, int, str]]]:
     """One row per GPU (find_degraded's input) and the (host, gpu, dimension)
     truly degraded: `planted` GPUs per dimension 10-30 % under healthy,
     `links` with a PCIe link trained at x8 or Gen4 (host-to-device halved),
     and `mild` per dimension 3-5 % under, which are not degraded. Hosts are
-    of one model and driver each; every GPU has noise; some values are NULL."""
+    of one model and driver each; every GPU has NOISE (x `noise`); some
+    values are NULL."""
     rng = np.random.default_rng(seed)
     n = hosts * gpus_per_host
     host_model = rng.choice(list(HEALTHY), hosts)
@@ -40,7 +41,7 @@ def simulated_fleet(hosts: int, gpus_per_host: int = 8, planted: int = 20, mild:
     unused = rng.permutation(n).tolist()            # each planted GPU is degraded in one way only
     for dim, col in COLUMN.items():
         base = np.array([HEALTHY[m][dim] for m in model]) * factor
-        values = base * (1 + NOISE[dim] * rng.standard_normal(n))
+        values = base * (1 + noise * NOISE[dim] * rng.standard_normal(n))
         present = rng.random(n) >= MISSING[dim]
         chosen = [i for i in unused if present[i]][:planted + mild]
         unused = [i for i in unused if i not in chosen]
