@@ -81,22 +81,24 @@ def _find(con: duckdb.DuckDBPyConnection, source: str, config: DegradedConfig) -
         raise ValueError(f"{source} lacks {', '.join(missing)}")
     uuid = "uuid" if "uuid" in present else "NULL"
     by_gpu: dict[tuple, dict] = {}
-    for row in _query(con, _peer_sql(source, present, uuid), config):
-        by_gpu[(row["host"], row["gpu"], row["dimension"])] = _peer_finding(row)
+    dims = [d for d in DIMENSIONS if d.column in present]
+    if dims:
+        params = dict(min_shortfall=config.min_shortfall, max_z=config.max_z, min_peers=config.min_peers,
+                      scale_floor=config.scale_floor, mad_to_sigma=MAD_TO_SIGMA)
+        for row in _rows(con, _peer_sql(source, dims, uuid), params):
+            by_gpu[(row["host"], row["gpu"], row["dimension"])] = _peer_finding(row)
     if set(LINK_COLUMNS) & present:
-        for row in _query(con, _link_sql(source, present, uuid), config):
+        for row in _rows(con, _link_sql(source, present, uuid)):
             key = (row["host"], row["gpu"], "pcie")
             by_gpu[key] = _with_link(by_gpu.get(key) or _finding(row, "pcie", "bytes/s"), row)
     return sorted(by_gpu.values(), key=lambda f: (f["host"], f["gpu"], f["dimension"]))
 
 
-def _peer_sql(source: str, present: set[str], uuid: str) -> str:
-    # long form: one row per (GPU, dimension) with a value; absent columns add nothing
+def _peer_sql(source: str, dims: list[Dimension], uuid: str) -> str:
+    # long form: one row per (GPU, dimension) with a value
     values = " UNION ALL ".join(
         f"SELECT host, gpu, {uuid} AS uuid, model, driver, '{d.name}' AS dimension, "
-        f"CAST({d.column} AS DOUBLE) AS value FROM {_quote(source)} WHERE {d.column} IS NOT NULL"
-        for d in DIMENSIONS if d.column in present) or "SELECT NULL AS host, NULL AS gpu, NULL AS uuid, " \
-        "NULL AS model, NULL AS driver, NULL AS dimension, NULL::DOUBLE AS value WHERE false"
+        f"CAST({d.column} AS DOUBLE) AS value FROM {_quote(source)} WHERE {d.column} IS NOT NULL" for d in dims)
     # model and driver compared with IS NOT DISTINCT FROM: an unknown driver is a group of its own
     return f"""
         WITH v AS ({values}),
@@ -108,7 +110,7 @@ def _peer_sql(source: str, present: set[str], uuid: str) -> str:
                1 - v.value / p.peer_median AS shortfall
         FROM v JOIN peers p ON v.dimension = p.dimension AND v.model IS NOT DISTINCT FROM p.model
                            AND v.driver IS NOT DISTINCT FROM p.driver
-        WHERE p.peer_median > 0 AND p.scale > 0
+        WHERE p.peer_median > 0
           AND v.value < (1 - $min_shortfall) * p.peer_median
           AND (v.value - p.peer_median) / p.scale <= $max_z"""
 
@@ -121,10 +123,8 @@ def _link_sql(source: str, present: set[str], uuid: str) -> str:
     return f"SELECT host, gpu, {uuid} AS uuid, model, driver, {cols} FROM {_quote(source)} WHERE {below}"
 
 
-def _query(con: duckdb.DuckDBPyConnection, sql: str, config: DegradedConfig) -> list[dict]:
-    params = dict(min_shortfall=config.min_shortfall, max_z=config.max_z, min_peers=config.min_peers,
-                  scale_floor=config.scale_floor, mad_to_sigma=MAD_TO_SIGMA)
-    cur = con.execute(sql, {k: v for k, v in params.items() if f"${k}" in sql})
+def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: dict | None = None) -> list[dict]:
+    cur = con.execute(sql, params or {})
     names = [d[0] for d in cur.description]
     return [dict(zip(names, r)) for r in cur.fetchall()]
 

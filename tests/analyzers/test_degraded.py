@@ -197,3 +197,7 @@ def test_simulated_fleet_precision_and_recall():
     s = score(found, truth)["all"]
     assert s["planted"] == 36
     assert s["precision"] >= 0.95 and s["recall"] >= 0.95, s
+
+
+def test_only_keys_and_no_figures_find_nothing(con):
+    assert find_degraded(con, pa.table({"host": ["a"], "gpu": [0], "model": ["x"], "driver": ["1"]})) == []
