@@ -95,11 +95,12 @@ def _find(con: duckdb.DuckDBPyConnection, source: str, config: DegradedConfig) -
 
 
 def _peer_sql(source: str, dims: list[Dimension], uuid: str) -> str:
-    # long form: one row per (GPU, dimension) with a value
+    # long form: one row per (GPU, dimension) with a finite value (a NaN is as
+    # unknown as a NULL); a GPU of unknown model or driver has no known peers
     values = " UNION ALL ".join(
         f"SELECT host, gpu, {uuid} AS uuid, model, driver, '{d.name}' AS dimension, "
-        f"CAST({d.column} AS DOUBLE) AS value FROM {_quote(source)} WHERE {d.column} IS NOT NULL" for d in dims)
-    # model and driver compared with IS NOT DISTINCT FROM: an unknown driver is a group of its own
+        f"CAST({d.column} AS DOUBLE) AS value FROM {_quote(source)} "
+        f"WHERE isfinite(CAST({d.column} AS DOUBLE)) AND model IS NOT NULL AND driver IS NOT NULL" for d in dims)
     return f"""
         WITH v AS ({values}),
         peers AS (
@@ -108,8 +109,7 @@ def _peer_sql(source: str, dims: list[Dimension], uuid: str) -> str:
             FROM v GROUP BY ALL HAVING count(*) >= $min_peers)
         SELECT v.*, p.peers, p.peer_median, (v.value - p.peer_median) / p.scale AS z,
                1 - v.value / p.peer_median AS shortfall
-        FROM v JOIN peers p ON v.dimension = p.dimension AND v.model IS NOT DISTINCT FROM p.model
-                           AND v.driver IS NOT DISTINCT FROM p.driver
+        FROM v JOIN peers p USING (model, driver, dimension)
         WHERE p.peer_median > 0
           AND v.value < (1 - $min_shortfall) * p.peer_median
           AND (v.value - p.peer_median) / p.scale <= $max_z"""

@@ -201,3 +201,11 @@ def test_simulated_fleet_precision_and_recall():
 
 def test_only_keys_and_no_figures_find_nothing(con):
     assert find_degraded(con, pa.table({"host": ["a"], "gpu": [0], "model": ["x"], "driver": ["1"]})) == []
+
+
+def test_nan_and_unknown_model_or_driver_are_not_judged(con):
+    t = pa.table({"host": ["h"] * 12, "gpu": list(range(12)), "model": ["NVIDIA H200"] * 11 + [None],
+                  "driver": ["570"] * 10 + [None, "570"],
+                  "hbm_bytes_per_s": pa.array([4.25e12] * 8 + [float("nan"), 1e12, 1e12, 1e12])})
+    # GPU 8 is NaN, 9 is the only real outlier, 10 and 11 lack a driver or a model
+    assert [(f["gpu"], f["peers"]) for f in find_degraded(con, t)] == [(9, 9)]
