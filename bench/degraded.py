@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -96,7 +97,7 @@ def main() -> None:
     args = ap.parse_args()
     c = DegradedConfig()
     print(json.dumps(dict(
-        machine=dict(cpus=len(__import__("os").sched_getaffinity(0)), python=platform.python_version(),
+        machine=dict(cpus=len(os.sched_getaffinity(0)), python=platform.python_version(),
                      duckdb=duckdb.__version__),
         thresholds=dict(min_shortfall=c.min_shortfall, max_z=c.max_z, min_peers=c.min_peers,
                         scale_floor=c.scale_floor),
