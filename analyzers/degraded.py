@@ -164,17 +164,20 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def clocks_at_power_sql(samples: str, power_fraction: float = 0.9, min_samples: int = 30) -> str:
+def clocks_at_power_sql(samples: str, power_fraction: float = 0.9, min_samples: int = 30,
+                        in_range: bool = False) -> str:
     """SQL giving (host, gpu, sm_clock_at_power_hertz, samples_at_power):
     each GPU's median SM clock over the samples drawn at >= `power_fraction`
     of its power limit, from a table of (host, gpu, t, sm_clock_hertz,
     power_watts, power_limit_watts). At the limit the clock is what the
     silicon and its cooling sustain for that power; below it the clock is
     whatever the workload asked, so those samples say nothing. A GPU with
-    fewer than `min_samples` such samples gets no figure (no row)."""
+    fewer than `min_samples` such samples gets no figure (no row).
+    `in_range`: only samples with $start <= t < $end (parameters)."""
+    span = "AND t >= $start AND t < $end" if in_range else ""
     return f"""
         SELECT host, gpu, median(sm_clock_hertz) AS sm_clock_at_power_hertz, count(*) AS samples_at_power
         FROM {_quote(samples)}
         WHERE sm_clock_hertz IS NOT NULL AND power_limit_watts > 0
-          AND power_watts >= {float(power_fraction)!r} * power_limit_watts
+          AND power_watts >= {float(power_fraction)!r} * power_limit_watts {span}
         GROUP BY host, gpu HAVING count(*) >= {int(min_samples)}"""

@@ -61,7 +61,8 @@ SWITCH_INTERVAL_S = 0.0005
 LOCK_WAIT_S = 20.0            # how long a new child waits for the store's lock held by a dying one
 # What the parent may call in the child, by name: nothing else crosses.
 CALLS = {"status", "list_findings", "findings_payload", "finding", "report", "range_report", "report_capture",
-         "top", "store.captures", "store.metric", "store.records", "store.verdict_pairs", "store.count"}
+         "top", "store.captures", "store.metric", "store.records", "store.verdict_pairs", "store.count",
+         "store.degraded_inputs"}
 
 
 class EngineUnavailable(StoreUnavailable):

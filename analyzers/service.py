@@ -14,6 +14,7 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import duckdb
 import grpc
 import structlog
 
@@ -25,6 +26,7 @@ from gpuscope.security.context import current_caller
 from gpuscope.security.redact import command_label
 
 from .analyzer import Analyzer
+from .degraded import find_degraded
 from .report import LIMITS, MIN_PREFIX, AmbiguousId
 from .events import Watch
 from .ingest import BatchError, validate_capture_record
@@ -434,12 +436,29 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             return apb.AccuracyResponse(pairs=[apb.VerdictPairs(**r) for r in rows])
         return await self._query(build)
 
+    @_unavailable_as_status
+    async def ListDegraded(self, request, context):
+        start, end = await _optional_range(request, context)
+        end = time.time() if end is None else end
+        start = end - DEGRADED_SPAN_S if start is None else start
+
+        def build() -> apb.DegradedResponse:
+            # the peer statistics run here, on the inputs' Arrow table: an in-memory DuckDB
+            # of the gRPC process's own, not the analysis process's GIL
+            found = find_degraded(duckdb.connect(), self.analyzer.store.degraded_inputs(start, end))
+            keep = ("host", "gpu", "uuid", "model", "dimension", "value", "peer_median", "peers", "shortfall",
+                    "z", "unit", "summary")
+            return apb.DegradedResponse(gpus=[apb.DegradedGpu(**{k: f[k] for k in keep if f[k] is not None})
+                                              for f in found])
+        return await self._query(build)
+
     def close(self) -> None:
         self._oncall.shutdown(wait=False, cancel_futures=True)
         self._captures.shutdown(wait=False, cancel_futures=True)
 
 
 MAX_POINTS = 100_000
+DEGRADED_SPAN_S = 3600.0     # live figures of the last hour unless asked
 
 
 def _in_context(fn):

@@ -18,6 +18,7 @@ import pyarrow as pa
 from gpuscope.collectors import catalogue as cat
 from gpuscope.collectors.records import ATTRIBUTION_FIELDS
 
+from .degraded import clocks_at_power_sql
 from .seqset import SeqSet
 
 SCHEMA_VERSION = 8
@@ -396,13 +397,16 @@ class Store:
         sql = "SELECT * FROM findings" + (" WHERE " + " AND ".join(where) if where else "")
         sql += " ORDER BY start DESC LIMIT ?"
         args.append(limit)
-        # a cursor of its own: a relation refuses a cursor whose last result was not read to the end
-        # (this thread's reader may hold one), and Arrow from execute() warns of an extra copy
+        return self._arrow(sql, args)
+
+    def _arrow(self, sql: str, params) -> pa.Table:
+        """A query's result as Arrow, on a cursor of its own: a relation refuses a cursor whose
+        last result was not read to the end (this thread's reader may hold one), and Arrow from
+        execute() warns of an extra copy."""
         cur = self._con.cursor()
         try:
-            rel = cur.sql(sql, params=args)
-            # DuckDB 2 names it to_arrow_table; 1.x arrow
-            return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+            rel = cur.sql(sql, params=params)
+            return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()     # DuckDB 2, 1.x
         finally:
             cur.close()
 
@@ -767,12 +771,7 @@ class Store:
         (the publisher partitions by it and drops it from the file)."""
         sql = {"rollups": self._fleet_rollups_sql, "findings": self._fleet_findings_sql,
                "captures": self._fleet_captures_sql}[table]()
-        cur = self._con.cursor()       # as findings_table: a relation of its own, no extra copy
-        try:
-            rel = cur.sql(sql, params={"lo": lo, "hi": hi})
-            return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()     # DuckDB 2, 1.x
-        finally:
-            cur.close()
+        return self._arrow(sql, {"lo": lo, "hi": hi})
 
     def _fleet_rollups_sql(self) -> str:
         # Each GPU-minute: every metric's mean over raw samples and minutes retention rolled up
@@ -827,6 +826,19 @@ class Store:
                "FROM verdict_pairs" + (" WHERE " + " AND ".join(where) if where else "")
                + " GROUP BY ALL ORDER BY model, counters_verdict, trace_verdict")
         return _dicts(self.reader().execute(sql, args))
+
+    def degraded_inputs(self, start: float, end: float) -> pa.Table:
+        """One row per GPU the agents describe, for `degraded.find_degraded`:
+        its model, the SM clock it holds at its power limit over [start, end),
+        and its PCIe width against the width it can train to. The current
+        generation is left out: it is read once, and an idle link reads Gen1.
+        Agents send no driver version, so a model's GPUs are one group."""
+        return self._arrow(f"""
+            WITH clocks AS ({clocks_at_power_sql("samples", in_range=True)})
+            SELECT d.host, d.gpu, d.uuid, d.name AS model, '' AS driver, d.pcie_width, d.pcie_max_width,
+                   c.sm_clock_at_power_hertz
+            FROM devices d LEFT JOIN clocks c USING (host, gpu)
+            WHERE NOT coalesce(d.lost, false) AND d.name <> ''""", dict(start=start, end=end))
 
     def upsert_gpu_state(self, rows: Sequence[tuple]) -> None:
         self._rows("gpu_state", self.GPU_STATE_COLUMNS, rows, replace=True)

@@ -23,6 +23,7 @@ from gpuscope.collectors.xspace_reader import TraceError
 from . import client_config, clients, config_checks, config_file, logs
 from .cliutil import VERDICTS, UsageError, default_db, duration, number, positive_duration, positive_float, positive_int
 from .cmd_accuracy import cmd_accuracy
+from .cmd_degraded import cmd_degraded
 from .cmd_calibrate import add_calibrate_parser
 from .cmd_certs import add_certs_parser
 from .cmd_config import add_config_flag, add_config_parser
@@ -333,6 +334,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--host", default="", help="one host (default: the fleet)")
     sp.add_argument("--since", type=positive_duration, default=None, help="pairs from this long ago (default: all kept)")
     sp.set_defaults(fn=cmd_accuracy)
+
+    sp = sub.add_parser("degraded", help="GPUs well under their peers of the same model: HBM, tensor, PCIe link, "
+                                         "NVLink, clocks at the power limit")
+    server_args(sp)
+    sp.add_argument("--since", type=positive_duration, default=3600.0, metavar="DURATION",
+                    help="live figures from samples this recent (default 1h)")
+    sp.set_defaults(fn=cmd_degraded)
 
     sp = sub.add_parser("jobs", help="the jobs on an agent's GPUs it can trace: JAX profiler servers and "
                                      "serving engines (vLLM, SGLang, TensorRT-LLM)")

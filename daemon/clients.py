@@ -271,6 +271,18 @@ def accuracy(server: str, start: float | None = None, end: float | None = None, 
                  pairs=p.pairs) for p in resp.pairs]
 
 
+def degraded(server: str, start: float | None = None, end: float | None = None, *,
+             security: ClientSecurity = INSECURE) -> list[dict]:
+    """GPUs under their peers, one entry per (GPU, dimension); absent figures are None."""
+    req = _in_range(apb.DegradedRequest(), start, end)
+    resp = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ListDegraded(req, timeout=t),
+                 security=security)
+    opt = lambda m, f: getattr(m, f) if m.HasField(f) else None  # noqa: E731
+    return [dict(host=g.host, gpu=g.gpu, uuid=g.uuid, model=g.model, dimension=g.dimension,
+                 value=opt(g, "value"), peer_median=opt(g, "peer_median"), peers=g.peers,
+                 shortfall=opt(g, "shortfall"), z=opt(g, "z"), unit=g.unit, summary=g.summary) for g in resp.gpus]
+
+
 def top(server: str, start: float | None = None, end: float | None = None, host: str = "", by: str = "gpu",
         limit: int = 20, *, security: ClientSecurity = INSECURE) -> dict:
     req = _in_range(apb.TopRequest(host=host, by=by, limit=limit), start, end)

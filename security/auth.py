@@ -76,6 +76,7 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
     "/gpuscope.v1.Analyzer/Report": _READ,
     "/gpuscope.v1.Analyzer/RangeReport": _READ,
     "/gpuscope.v1.Analyzer/GetAccuracy": _READ,
+    "/gpuscope.v1.Analyzer/ListDegraded": _READ,
     "/gpuscope.v1.Analyzer/Top": _READ,
     # an agent's own API
     "/gpuscope.v1.Agent/GetStatus": _READ,

@@ -179,6 +179,48 @@ class AccuracyResponse(_message.Message):
     pairs: _containers.RepeatedCompositeFieldContainer[VerdictPairs]
     def __init__(self, pairs: _Optional[_Iterable[_Union[VerdictPairs, _Mapping]]] = ...) -> None: ...
 
+class DegradedRequest(_message.Message):
+    __slots__ = ("start", "end")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    start: float
+    end: float
+    def __init__(self, start: _Optional[float] = ..., end: _Optional[float] = ...) -> None: ...
+
+class DegradedGpu(_message.Message):
+    __slots__ = ("host", "gpu", "uuid", "model", "dimension", "value", "peer_median", "peers", "shortfall", "z", "unit", "summary")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DIMENSION_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    PEER_MEDIAN_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    SHORTFALL_FIELD_NUMBER: _ClassVar[int]
+    Z_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    gpu: int
+    uuid: str
+    model: str
+    dimension: str
+    value: float
+    peer_median: float
+    peers: int
+    shortfall: float
+    z: float
+    unit: str
+    summary: str
+    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., dimension: _Optional[str] = ..., value: _Optional[float] = ..., peer_median: _Optional[float] = ..., peers: _Optional[int] = ..., shortfall: _Optional[float] = ..., z: _Optional[float] = ..., unit: _Optional[str] = ..., summary: _Optional[str] = ...) -> None: ...
+
+class DegradedResponse(_message.Message):
+    __slots__ = ("gpus",)
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    gpus: _containers.RepeatedCompositeFieldContainer[DegradedGpu]
+    def __init__(self, gpus: _Optional[_Iterable[_Union[DegradedGpu, _Mapping]]] = ...) -> None: ...
+
 class ReportRequest(_message.Message):
     __slots__ = ("finding_id", "context_seconds")
     FINDING_ID_FIELD_NUMBER: _ClassVar[int]

@@ -101,6 +101,11 @@ class AnalyzerStub:
                 request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.AccuracyRequest.SerializeToString,
                 response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.AccuracyResponse.FromString,
                 _registered_method=True)
+        self.ListDegraded = channel.unary_unary(
+                '/gpuscope.v1.Analyzer/ListDegraded',
+                request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.DegradedRequest.SerializeToString,
+                response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.DegradedResponse.FromString,
+                _registered_method=True)
         self.Top = channel.unary_unary(
                 '/gpuscope.v1.Analyzer/Top',
                 request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.TopRequest.SerializeToString,
@@ -201,6 +206,13 @@ class AnalyzerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListDegraded(self, request, context):
+        """GPUs well under their peers of the same model in one dimension (docs/degraded.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Top(self, request, context):
         """The fleet's worst: GPUs (or jobs) ranked by time spent bottlenecked over a range, and what holds them now.
         """
@@ -275,6 +287,11 @@ def add_AnalyzerServicer_to_server(servicer, server):
                     servicer.GetAccuracy,
                     request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.AccuracyRequest.FromString,
                     response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.AccuracyResponse.SerializeToString,
+            ),
+            'ListDegraded': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDegraded,
+                    request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.DegradedRequest.FromString,
+                    response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.DegradedResponse.SerializeToString,
             ),
             'Top': grpc.unary_unary_rpc_method_handler(
                     servicer.Top,
@@ -634,6 +651,33 @@ class Analyzer:
             '/gpuscope.v1.Analyzer/GetAccuracy',
             gpuscope_dot_v1_dot_analyzer__pb2.AccuracyRequest.SerializeToString,
             gpuscope_dot_v1_dot_analyzer__pb2.AccuracyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDegraded(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuscope.v1.Analyzer/ListDegraded',
+            gpuscope_dot_v1_dot_analyzer__pb2.DegradedRequest.SerializeToString,
+            gpuscope_dot_v1_dot_analyzer__pb2.DegradedResponse.FromString,
             options,
             channel_credentials,
             insecure,
