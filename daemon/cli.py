@@ -24,6 +24,7 @@ from . import client_config, clients, config_checks, config_file, logs
 from .cliutil import VERDICTS, UsageError, default_db, duration, number, positive_duration, positive_float, positive_int
 from .cmd_accuracy import cmd_accuracy
 from .cmd_calibrate import add_calibrate_parser
+from .cmd_ceilings import add_ceilings_parser
 from .cmd_certs import add_certs_parser
 from .cmd_config import add_config_flag, add_config_parser
 from .cmd_fleet import add_fleet_parser
@@ -342,6 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("captures", help="list captures with status and verdict")
     server_args(sp)
     sp.set_defaults(fn=cmd_captures)
+
+    add_ceilings_parser(sub, server_args)
 
     sp = sub.add_parser("metrics", help="the metric catalogue: names, units, kinds")
     sp.add_argument("--json", action="store_true")
