@@ -465,7 +465,8 @@ class Analyzer:
             try:
                 links = {g: pcie_link(gen, width, name) for g, (gen, width, name)
                          in self.store.host_links(record.host).items()}
-                summary = summarize(parse_trace(xspace, record.path or record.id), links)
+                summary = summarize(parse_trace(xspace, record.path or record.id), links,
+                                    self.store.host_measured_peaks(record.host))
             except TraceError as exc:
                 error = (error + "; " if error else "") + str(exc)
         verdict = summary.get("verdict") if summary else None

@@ -336,6 +336,12 @@ class Store:
         hbm, flops = peaks_from(list(cals[0]["ceilings"].values()))
         return (hbm, flops, cals[0]["started_at"]) if hbm or flops else None
 
+    def host_measured_peaks(self, host: str) -> dict[int, tuple[float | None, float | None, float]]:
+        """GPU index -> measured_peaks of the GPU its agent says sits there
+        (by UUID: a calibration follows the GPU, not the slot)."""
+        rows = self.reader().execute("SELECT gpu, uuid FROM devices WHERE host = ? AND uuid <> ''", [host]).fetchall()
+        return {int(g): p for g, u in rows if (p := self.measured_peaks(u)) is not None}
+
     def records(self, table: str, host: str = "", since: float = 0.0, limit: int = 200,
                 finding_id: str | None = None) -> list[dict]:
         if table not in RECORD_TABLES:
