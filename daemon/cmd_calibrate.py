@@ -17,7 +17,7 @@ from gpuscope.collectors.nvml import NvmlCollector, SourceUnavailable
 from . import clients
 from .client_config import ANALYZER_PORT, with_port
 from .cliutil import UsageError, print_json
-from .security_flags import add_client_flags, client_security
+from .security_flags import add_server_flags, agent_security
 from gpuscope.collectors.human import percent, si
 
 # What the probe keeps from each NVML reading: the conditions a ceiling depends on.
@@ -41,10 +41,10 @@ def add_calibrate_parser(sub) -> None:
     sp.add_argument("--json", action="store_true", help="JSON output")
     sp.add_argument("--send", default=None, metavar="HOST[:PORT]",
                     help="also send the result to this analyzer, which keeps it per GPU UUID and uses it for "
-                         "rooflines (needs this host's agent certificate: --cert/--key, or --tls-dir)")
+                         "rooflines (with this host's agent certificate, as the agent presents it)")
     sp.add_argument("--host", default=socket.gethostname(),
                     help="host name the result is sent for (default: this host's; must match the certificate)")
-    add_client_flags(sp)
+    add_server_flags(sp, "NAME is agent: --send presents this host's agent certificate", agent_links=True)
     sp.set_defaults(fn=cmd_calibrate)
 
 
@@ -114,8 +114,12 @@ def cmd_calibrate(ns, nvml_module=None) -> int:
 
 def _sender(ns):
     """Checks --send's address and TLS flags before measuring; returns what
-    sends a result (a failure raises ClientError: the result is printed)."""
-    server, security = with_port(ns.send, ANALYZER_PORT), client_security(ns)
+    sends a result (a failure raises ClientError: the result is printed).
+    The analyzer takes calibrations from agents only, each for its own host:
+    this presents what this host's agent does."""
+    if ns.tokens:
+        raise UsageError("--tokens: a calibration is sent with this host's agent certificate, not a token")
+    server, security = with_port(ns.send, ANALYZER_PORT), agent_security(ns)
 
     def send(out: dict) -> None:
         ack = clients.report_calibration(server, ns.host, out, security=security)
