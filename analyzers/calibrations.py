@@ -66,7 +66,7 @@ def parse_calibration(host: str, record: dict, received: float) -> tuple[dict, l
         raise CalibrationInvalid(f"gpu.index: {index!r}, expected 0-1023")
     cal = dict(host=_text(host, "host", required=True), gpu=index, uuid=uuid or f"{platform}:{host}:{index}",
                model=_text(gpu.get("name") or device.get("device_kind"), "gpu.name"),
-               driver=_text(record.get("driver"), "driver"),
+               driver=_text(gpu.get("driver"), "gpu.driver"),
                cuda=_text(device.get("platform_version"), "device.platform_version"),
                jax=_text(device.get("jax"), "device.jax"), platform=platform,
                started_at=_number(record.get("started_at"), "started_at"),

@@ -157,7 +157,7 @@ def _nvml(ns, module):
     d = devs[ns.gpu]
     info = {"index": d.gpu, "uuid": d.uuid, "name": d.name, "memory_total_bytes": d.memory_total_bytes,
             "power_limit_watts": d.power_limit_watts, "pcie_generation": d.pcie_generation,
-            "pcie_width": d.pcie_width}
+            "pcie_width": d.pcie_width, "driver": nvml.driver_version()}
     others = [p for s in nvml.scrape().samples if s.gpu == ns.gpu for p in s.processes if p.pid != os.getpid()]
     if others and not ns.force:
         nvml.close()

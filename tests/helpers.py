@@ -133,8 +133,8 @@ def calibration_record(uuid: str = "GPU-aaaa", name: str = "NVIDIA H200", starte
                                                                             "max": 1.98e9}}, error=None, **kw)
     return dict(device=dict(platform=platform, device_kind=name, id=index, platform_version="cuda 12080",
                             jax="0.6.2", jaxlib="0.6.2"),
-                gpu=dict(index=index, uuid=uuid, name=name) if platform != "cpu" else {},
-                driver="570.124.06", started_at=started_at, duration_s=42.0, quick=False, forced=False,
+                gpu=dict(index=index, uuid=uuid, name=name, driver="570.124.06") if platform != "cpu" else {},
+                started_at=started_at, duration_s=42.0, quick=False, forced=False,
                 measurements=[m("hbm_copy", "bytes_per_second", hbm * 0.97), m("hbm_triad", "bytes_per_second", hbm),
                               m("matmul_bf16", "flop_per_second", bf16),
                               m("launch_roundtrip", "seconds", 8e-6), m("h2d", "bytes_per_second", 5.2e10),
