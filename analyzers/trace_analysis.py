@@ -181,7 +181,9 @@ def _verdict(s: dict, exposed_comm_ns: int, busy_ns: int, span: int) -> dict:
         top = next((r for r in s["top_ops"] if r.get("bound")), None)
         detail = ""
         if top is not None and top.get("fraction_of_peak") is not None:
-            what = "of peak FLOP/s" if top["bound"] == "compute" else "of peak HBM bandwidth"
+            measured = (roof.get("peaks_source") or "").startswith("measured")
+            what = (f"of {'measured ' if measured else ''}peak "
+                    + ("FLOP/s" if top["bound"] == "compute" else "HBM bandwidth"))
             name = top["kernel"] if not top["op"] or top["op"].startswith("command_buffer") else top["op"]
             detail = f"; top op {name} at {percent(top['fraction_of_peak'])} {what}"
         share = max(c, m) / known

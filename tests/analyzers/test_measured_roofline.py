@@ -29,6 +29,7 @@ def test_measured_peaks_replace_the_traces_and_say_so(fixture_dir):
     assert roof["ridge_flops_per_byte"] == BF16 / HBM != trace_only["ridge_flops_per_byte"]
     top = s["top_ops"][0]
     assert top["bound"] == "compute" and abs(top["fraction_of_peak"] - top["achieved_flops_per_s"] / BF16) < 1e-9
+    assert "of measured peak FLOP/s" in s["summary"]
 
 
 def test_choosing_peaks():
