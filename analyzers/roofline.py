@@ -66,7 +66,7 @@ def choose_peaks(trace: Peaks | None, name: str | None,
     comes from the next source, and the label names both."""
     fallback, source = trace or Peaks(None, None), "trace"
     if not (fallback.flops_per_s and fallback.bytes_per_s):
-        sheet = datasheet_peaks(name)
+        sheet = datasheet_peaks(name if isinstance(name, str) else None)     # a trace file's name can be anything
         if sheet is not None:
             fallback, source = sheet[1], "datasheet"
         elif not (fallback.flops_per_s or fallback.bytes_per_s):

@@ -37,6 +37,7 @@ def test_choosing_peaks():
     assert choose_peaks(trace, "NVIDIA H200", None) == (trace, "trace")
     assert choose_peaks(Peaks(None, None), "NVIDIA H200", None) == (Peaks(989e12, 4.8e12), "datasheet")
     assert choose_peaks(Peaks(None, None), "mystery", None) == (Peaks(None, None), None)
+    assert choose_peaks(Peaks(None, None), 17, None) == (Peaks(None, None), None)
     peaks, source = choose_peaks(trace, "NVIDIA H200", (HBM, None, WHEN))
     assert peaks == Peaks(9.9e14, HBM) and source == "measured (calibrated 2025-11-29); FLOP/s from the trace"
 
