@@ -37,6 +37,7 @@ from gpuscope.collectors.trace_files import parse_trace
 from gpuscope.collectors.xspace_reader import TraceError
 from gpuscope.v1 import analyzer_pb2 as apb, samples_pb2 as pb
 
+from .calibrations import parse_calibration
 from .classify import Classification
 from .commands import CommandHub
 from .detector import Anomaly, Detector, DetectorConfig
@@ -447,6 +448,14 @@ class Analyzer:
                 log.info("capture decision", host=d.host, gpu=d.gpu, action=d.action, status=d.status, reason=d.reason)
         self.store.upsert_decisions(rows)
 
+    def report_calibration(self, host: str, record: dict) -> dict:
+        """A GPU's measured ceilings: checked (CalibrationInvalid names the bad
+        field), stored beside its earlier ones. Returns {id, ceilings}."""
+        cal, rows = parse_calibration(host, record, received=time.time())
+        cid = self.writer.call(lambda st: st.add_calibration(cal, rows)).result(timeout=30)
+        log.info("calibration stored", host=host, gpu=cal["gpu"], uuid=cal["uuid"], platform=cal["platform"])
+        return dict(id=cid, ceilings=len(rows))
+
     def report_capture(self, record, xspace: bytes) -> dict:
         """A capture an agent ran: summarize its trace, store it, link it to
         the open finding of its GPU. Returns the stored row."""
@@ -456,7 +465,8 @@ class Analyzer:
             try:
                 links = {g: pcie_link(gen, width, name) for g, (gen, width, name)
                          in self.store.host_links(record.host).items()}
-                summary = summarize(parse_trace(xspace, record.path or record.id), links)
+                summary = summarize(parse_trace(xspace, record.path or record.id), links,
+                                    self.store.host_measured_peaks(record.host))
             except TraceError as exc:
                 error = (error + "; " if error else "") + str(exc)
         verdict = summary.get("verdict") if summary else None

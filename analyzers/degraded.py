@@ -142,7 +142,7 @@ def _peer_finding(row: dict) -> dict:
              shortfall=row["shortfall"], z=row["z"])
     f["summary"] = (f"{dim.label} {human_value(dim.unit, f['value'])}, {percent(f['shortfall'])} under the median "
                     f"{human_value(dim.unit, f['peer_median'])} of {f['peers']:,} peers "
-                    f"({f['model']}, driver {f['driver'] or 'unknown'})")
+                    f"({f['model']}, " + (f"driver {f['driver']})" if f["driver"] else "drivers not told apart)"))
     return f
 
 

@@ -15,7 +15,7 @@ from typing import Callable
 
 from gpuscope.collectors import catalogue as cat
 
-from .roofline import datasheet_peaks
+from .roofline import choose_peaks, datasheet_peaks
 from .rules import what_to_try
 from .store import DRAWN_FLAGS, Store
 
@@ -174,7 +174,8 @@ def build_range_report(store: Store, start: float, end: float, host: str = "", g
     out["findings"] = [dict(f, what_to_try=what_to_try(f["verdict"], f.get("flags") or ()))
                        for f in sorted(rows, key=lambda f: (f["start"], f["host"], f["gpu"]))]
     out["captures"] = _captures(store, start, end, host, drawn)
-    out["peaks"] = _peaks(out["captures"], found)
+    measured = {(h, g): p for h in {f["host"] for f in found} for g, p in store.host_measured_peaks(h).items()}
+    out["peaks"] = _peaks(out["captures"], found, measured)
     return out
 
 
@@ -248,18 +249,34 @@ def _captures(store: Store, start: float, end: float, host: str, keys: set[tuple
     return out
 
 
-def _peaks(captures: list[dict], gpus: list[dict]) -> list[dict]:
-    """The rooflines to draw: each distinct pair of peaks the traces give,
-    else the datasheet's for the GPUs' names."""
+def _peaks(captures: list[dict], gpus: list[dict],
+           measured: dict[tuple[str, int], tuple[float | None, float | None, float]] | None = None) -> list[dict]:
+    """The rooflines to draw: each calibrated GPU's measured peaks and each
+    distinct pair of peaks the traces give (a trace of a calibrated GPU was
+    already placed against its measured ones), else the datasheet's for the
+    GPUs' names."""
     seen: dict[tuple, dict] = {}
+    for g in gpus:
+        m = (measured or {}).get((g["host"], g["gpu"]))
+        if m:
+            p, label = choose_peaks(None, g.get("name"), m)
+            if p.flops_per_s and p.bytes_per_s:
+                seen.setdefault((round(p.flops_per_s, -9), round(p.bytes_per_s, -9)), dict(
+                    device=g.get("name") or "", flops_per_s=p.flops_per_s, bytes_per_s=p.bytes_per_s, ridge=p.ridge,
+                    source="measured", how=f"{label}: this GPU's own `gpuscope calibrate` (HBM triad/copy median, "
+                                           "BF16 matmul median)"))
     for c in captures:
         r = c.get("roofline") or {}
         flops, nbytes = r.get("peak_flops_per_s"), r.get("peak_bytes_per_s")
+        source = r.get("peaks_source") or "trace"
         if flops and nbytes:
+            measured_here = source.startswith("measured")
             seen.setdefault((round(flops, -9), round(nbytes, -9)), dict(
                 device=c.get("device") or "", flops_per_s=flops, bytes_per_s=nbytes, ridge=flops / nbytes,
-                source="trace", how="from the trace's device properties: SMs x clock x the dense BF16 rate per SM "
-                                    "of its compute capability; HBM bandwidth as the trace states it"))
+                source="measured" if measured_here else source,
+                how=source if source != "trace" else (
+                    "from the trace's device properties: SMs x clock x the dense BF16 rate per SM "
+                    "of its compute capability; HBM bandwidth as the trace states it")))
     if seen:
         return list(seen.values())
     for g in gpus:

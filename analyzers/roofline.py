@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import numpy as np
 
@@ -49,6 +50,35 @@ def datasheet_peaks(name: str | None) -> tuple[str, Peaks] | None:
         if name and part.lower() in name.lower():
             return part, Peaks(flops, nbytes)
     return None
+
+
+def measured_source(when: float) -> str:
+    return f"measured (calibrated {datetime.fromtimestamp(when, timezone.utc):%Y-%m-%d})"
+
+
+def choose_peaks(trace: Peaks | None, name: str | None,
+                 measured: tuple[float | None, float | None, float] | None) -> tuple[Peaks, str | None]:
+    """The peaks a roofline is drawn against, and where they came from: the
+    GPU's own calibration (Store.measured_peaks: HBM bytes/s, BF16 FLOP/s,
+    when) where it measured them, since a real part runs below its datasheet
+    and the ridge point moves with it; else the trace's device properties;
+    else the datasheet for the device's name. A peak the calibration lacks
+    comes from the next source, and the label names both."""
+    fallback, source = trace or Peaks(None, None), "trace"
+    if not (fallback.flops_per_s and fallback.bytes_per_s):
+        sheet = datasheet_peaks(name if isinstance(name, str) else None)     # a trace file's name can be anything
+        if sheet is not None:
+            fallback, source = sheet[1], "datasheet"
+        elif not (fallback.flops_per_s or fallback.bytes_per_s):
+            source = None
+    if not measured:
+        return fallback, source
+    hbm, flops, when = measured
+    peaks = Peaks(flops or fallback.flops_per_s, hbm or fallback.bytes_per_s)
+    label = measured_source(when)
+    if not (hbm and flops) and source:
+        label += f"; {'FLOP/s' if hbm else 'HBM bandwidth'} from the {source}"
+    return peaks, label
 
 
 def device_peaks(dev: DeviceTimeline) -> Peaks:

@@ -26,6 +26,7 @@ from gpuscope.security.context import current_caller
 from gpuscope.security.redact import command_label
 
 from .analyzer import Analyzer
+from .calibrations import CalibrationInvalid
 from .degraded import find_degraded
 from .report import LIMITS, MIN_PREFIX, AmbiguousId
 from .events import Watch
@@ -197,6 +198,25 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         except (StoreUnavailable, TimeoutError) as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"could not store the capture, resend later: {exc}")
         return capture_summary_pb(row)
+
+    async def ReportCalibration(self, request, context):
+        await _own_host(context, request.host, "host")
+        try:
+            record = json.loads(request.calibration_json)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"calibration_json: not JSON ({exc})")
+        try:
+            ack = await self._query(self.analyzer.report_calibration, request.host, record, pool=self._captures)
+        except CalibrationInvalid as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"calibration: {exc}")
+        except (StoreUnavailable, TimeoutError) as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"could not store the calibration, resend later: {exc}")
+        return apb.CalibrationAck(**ack)
+
+    async def ListCeilings(self, request, context):
+        rows = await self._query(self.analyzer.store.ceilings, request.host or None, request.model or None,
+                                 request.uuid or None, request.history)
+        return apb.CeilingsResponse(calibrations_json=json.dumps(rows, default=str))
 
     async def Commands(self, request, context):
         if not request.host:

@@ -6,6 +6,7 @@ appended as Arrow tables, never row by row.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -18,10 +19,11 @@ import pyarrow as pa
 from gpuscope.collectors import catalogue as cat
 from gpuscope.collectors.records import ATTRIBUTION_FIELDS
 
+from .calibrations import peaks_from
 from .degraded import clocks_at_power_sql
 from .seqset import SeqSet
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 8          # 8: calibrations and their ceilings (new tables); the PCIe link's best in devices
 # Columns added after a table first shipped: files created earlier gain them on open.
 ADDED_COLUMNS = {"findings": ("counters_verdict", "trace_verdict", "captures",     # 2: captures refine findings
                               "absorbed_until DOUBLE",        # 5: the last window end the row's numbers hold
@@ -75,6 +77,10 @@ ANOMALY_COLUMNS = ("id", "t", "host", "gpu", "job", "kind", "kinds", "reason", "
 DECISION_COLUMNS = ("id", "t", "host", "gpu", "job", "anomaly_id", "action", "reason", "status", "capture_id", "updated")
 DRAWN_FLAGS = ("power-capped", "thermal-throttled")     # a window's flags a report draws beside its verdict
 RECORD_TABLES = {"anomalies": ("kinds", "details"), "decisions": ()}
+CALIBRATION_COLUMNS = ("id", "host", "gpu", "uuid", "model", "driver", "cuda", "jax", "platform", "started_at",
+                       "duration_s", "quick", "forced", "received")
+CEILING_COLUMNS = ("calibration_id", "uuid", "host", "gpu", "name", "unit", "value", "best", "spread", "repeats",
+                   "conditions", "error")
 CAPTURE_COLUMNS = ("id", "host", "target", "pid", "gpus", "job", "start", "end", "duration_ms", "path", "size_bytes",
                    "status", "error", "trigger", "verdict", "confidence", "summary", "finding_id", "kind")
 
@@ -132,6 +138,14 @@ def _ddl() -> list[str]:
         # Retention: samples older than the horizon, one row per GPU-minute (t: the minute's start).
         f"CREATE TABLE IF NOT EXISTS samples_1m (\n  host VARCHAR NOT NULL,\n  gpu INTEGER NOT NULL,\n"
         f"  t DOUBLE NOT NULL,\n  samples BIGINT NOT NULL,\n  {metric_cols}\n)",
+        # Measured ceilings (`gpuscope calibrate --send`): every calibration is kept, the newest
+        # per GPU UUID is that GPU's current one. The id is derived from (uuid, started_at): a resend replaces.
+        """CREATE TABLE IF NOT EXISTS calibrations (id VARCHAR PRIMARY KEY, host VARCHAR, gpu INTEGER, uuid VARCHAR,
+             model VARCHAR, driver VARCHAR, cuda VARCHAR, jax VARCHAR, platform VARCHAR, started_at DOUBLE,
+             duration_s DOUBLE, quick BOOLEAN, forced BOOLEAN, received DOUBLE)""",
+        """CREATE TABLE IF NOT EXISTS ceilings (calibration_id VARCHAR, uuid VARCHAR, host VARCHAR, gpu INTEGER,
+             name VARCHAR, unit VARCHAR, value DOUBLE, best DOUBLE, spread DOUBLE, repeats INTEGER,
+             conditions VARCHAR, error VARCHAR, PRIMARY KEY (calibration_id, name))""",
         # The analyzer's view of each GPU, written every 30 s: a restart reads it
         # (and what came after it) instead of scanning every window and sample.
         """CREATE TABLE IF NOT EXISTS gpu_state (host VARCHAR, gpu INTEGER, verdict VARCHAR, confidence DOUBLE,
@@ -274,6 +288,62 @@ class Store:
     def upsert_decisions(self, decisions: Sequence[dict]) -> None:
         self._rows("decisions", DECISION_COLUMNS, [tuple(d.get(k) for k in DECISION_COLUMNS) for d in decisions],
                    replace=True)
+
+    def add_calibration(self, calibration: dict, ceilings: Sequence[dict]) -> str:
+        """Stores one checked calibration (analyzers/calibrations.py) and its
+        ceilings; returns its id. Sending the same run again replaces it."""
+        cid = hashlib.sha256(f"{calibration['uuid']}\0{calibration['started_at']!r}".encode()).hexdigest()[:16]
+        self._con.execute("DELETE FROM ceilings WHERE calibration_id = ?", [cid])
+        self._rows("calibrations", CALIBRATION_COLUMNS,
+                   [tuple(cid if k == "id" else calibration.get(k) for k in CALIBRATION_COLUMNS)], replace=True)
+        self._rows("ceilings", CEILING_COLUMNS,
+                   [tuple(cid if k == "calibration_id" else c.get(k) for k in CEILING_COLUMNS) for c in ceilings])
+        return cid
+
+    def ceilings(self, host: str | None = None, model: str | None = None, uuid: str | None = None,
+                 history: bool = False) -> list[dict]:
+        """One dict per calibration, newest first, with its `ceilings` (dicts
+        by measurement name); only each UUID's newest unless `history`.
+        `model` matches a fragment of the GPU's name, case-insensitively."""
+        where, args = [], []
+        for col, v in (("host", host), ("uuid", uuid)):
+            if v:
+                where.append(f"c.{col} = ?")
+                args.append(v)
+        if model:
+            where.append("contains(lower(c.model), lower(?))")
+            args.append(model)
+        latest = "" if history else ("QUALIFY row_number() OVER (PARTITION BY c.uuid "
+                                     "ORDER BY c.started_at DESC, c.received DESC) = 1")
+        cals = _dicts(self.reader().execute(
+            f"SELECT c.* FROM calibrations c {'WHERE ' + ' AND '.join(where) if where else ''} {latest} "
+            "ORDER BY c.host, c.gpu, c.started_at DESC", args))
+        if not cals:
+            return []
+        ids = [c["id"] for c in cals]
+        by: dict[str, dict] = {i: {} for i in ids}
+        for r in _dicts(self.reader().execute(
+                f"SELECT * FROM ceilings WHERE calibration_id IN ({', '.join('?' * len(ids))})", ids)):
+            r["conditions"] = json.loads(r["conditions"]) if r["conditions"] else {}
+            by[r.pop("calibration_id")][r["name"]] = r
+        for c in cals:
+            c["ceilings"] = by[c["id"]]
+        return cals
+
+    def measured_peaks(self, uuid: str) -> tuple[float | None, float | None, float] | None:
+        """(HBM bytes/s, BF16 matmul FLOP/s, when measured) of a GPU's current
+        calibration; None when it has none or it measured neither."""
+        cals = self.ceilings(uuid=uuid)
+        if not cals:
+            return None
+        hbm, flops = peaks_from(list(cals[0]["ceilings"].values()))
+        return (hbm, flops, cals[0]["started_at"]) if hbm or flops else None
+
+    def host_measured_peaks(self, host: str) -> dict[int, tuple[float | None, float | None, float]]:
+        """GPU index -> measured_peaks of the GPU its agent says sits there
+        (by UUID: a calibration follows the GPU, not the slot)."""
+        rows = self.reader().execute("SELECT gpu, uuid FROM devices WHERE host = ? AND uuid <> ''", [host]).fetchall()
+        return {int(g): p for g, u in rows if (p := self.measured_peaks(u)) is not None}
 
     def records(self, table: str, host: str = "", since: float = 0.0, limit: int = 200,
                 finding_id: str | None = None) -> list[dict]:
@@ -829,15 +899,26 @@ class Store:
 
     def degraded_inputs(self, start: float, end: float) -> pa.Table:
         """One row per GPU the agents describe, for `degraded.find_degraded`:
-        its model, the SM clock it holds at its power limit over [start, end),
+        its model, its current calibration's ceilings (by UUID: they follow
+        the GPU), the SM clock it holds at its power limit over [start, end),
         and its PCIe width against the width it can train to. The current
         generation is left out: it is read once, and an idle link reads Gen1.
         Agents send no driver version, so a model's GPUs are one group."""
         return self._arrow(f"""
-            WITH clocks AS ({clocks_at_power_sql("samples", in_range=True)})
+            WITH clocks AS ({clocks_at_power_sql("samples", in_range=True)}),
+            cal AS (SELECT id, uuid FROM calibrations WHERE coalesce(platform, '') <> 'cpu'
+                    QUALIFY row_number() OVER (PARTITION BY uuid ORDER BY started_at DESC, received DESC) = 1),
+            measured AS (
+                SELECT cal.uuid,
+                       max(c.value) FILTER (WHERE c.name IN ('hbm_triad', 'hbm_copy')) AS hbm_bytes_per_s,
+                       max(c.value) FILTER (WHERE c.name = 'matmul_bf16') AS tensor_flops_per_s,
+                       max(c.value) FILTER (WHERE c.name = 'h2d') AS pcie_h2d_bytes_per_s,
+                       max(c.value) FILTER (WHERE c.name = 'd2d') AS nvlink_d2d_bytes_per_s
+                FROM cal JOIN ceilings c ON c.calibration_id = cal.id GROUP BY cal.uuid)
             SELECT d.host, d.gpu, d.uuid, d.name AS model, '' AS driver, d.pcie_width, d.pcie_max_width,
-                   c.sm_clock_at_power_hertz
-            FROM devices d LEFT JOIN clocks c USING (host, gpu)
+                   c.sm_clock_at_power_hertz, m.hbm_bytes_per_s, m.tensor_flops_per_s, m.pcie_h2d_bytes_per_s,
+                   m.nvlink_d2d_bytes_per_s
+            FROM devices d LEFT JOIN clocks c USING (host, gpu) LEFT JOIN measured m ON m.uuid = d.uuid
             WHERE NOT coalesce(d.lost, false) AND d.name <> ''""", dict(start=start, end=end))
 
     def upsert_gpu_state(self, rows: Sequence[tuple]) -> None:

@@ -37,7 +37,7 @@ from gpuscope.collectors.trace_model import (COLLECTIVE, KERNEL, KIND_NAMES, MEM
 from .host_steps import host_steps
 from .idle_time import LATE_SLACK_NS, account, next_launch
 from .links import describe as describe_link, pcie_link
-from .roofline import Peaks, device_peaks, op_table
+from .roofline import Peaks, choose_peaks, device_peaks, op_table
 from .rules.common import COMMUNICATION, COMPUTE, HOST, IDLE, LAUNCH, MEMORY
 
 GUESS_CONFIDENCE = 0.6          # the verdict rests on gap sizes, not on what the host did
@@ -52,9 +52,11 @@ def _pct(values: np.ndarray, q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
 
 
-def device_summary(trace: Trace, dev: DeviceTimeline, link: dict | None = None) -> dict:
+def device_summary(trace: Trace, dev: DeviceTimeline, link: dict | None = None,
+                   measured: tuple[float | None, float | None, float] | None = None) -> dict:
     """`link`: the GPU's host link (analyzers/links.py) when the caller knows
-    it; otherwise the device's name stands in."""
+    it; otherwise the device's name stands in. `measured`: the GPU's
+    calibrated peaks (Store.measured_peaks), which the roofline prefers."""
     span = max(trace.span_ns, 1)
     ends = dev.start_ns + dev.dur_ns
     active = merge(dev.start_ns, ends)
@@ -103,9 +105,9 @@ def device_summary(trace: Trace, dev: DeviceTimeline, link: dict | None = None) 
                                 collective_fraction=coll_ns / span,
                                 collective_overlap_with_compute=(length(intersect(coll_iv, compute_only)) / coll_ns
                                                                  if coll_ns else None))
-    peaks = device_peaks(dev)
+    peaks, peaks_source = choose_peaks(device_peaks(dev), dev.props.get("name"), measured)
     ops = op_table(trace, dev, peaks)
-    out["roofline"] = dict(_roofline(peaks, ops), hlo_available=bool(trace.programs))
+    out["roofline"] = dict(_roofline(peaks, ops), hlo_available=bool(trace.programs), peaks_source=peaks_source)
     out["top_ops"] = [{k2: (round(v, 9) if isinstance(v, float) else v) for k2, v in r.items() if k2 != "program"}
                       for r in ops[:TOP_OPS]]
     out.update(_verdict(out, exposed_comm_ns, busy_ns, span))
@@ -179,7 +181,9 @@ def _verdict(s: dict, exposed_comm_ns: int, busy_ns: int, span: int) -> dict:
         top = next((r for r in s["top_ops"] if r.get("bound")), None)
         detail = ""
         if top is not None and top.get("fraction_of_peak") is not None:
-            what = "of peak FLOP/s" if top["bound"] == "compute" else "of peak HBM bandwidth"
+            measured = (roof.get("peaks_source") or "").startswith("measured")
+            what = (f"of {'measured ' if measured else ''}peak "
+                    + ("FLOP/s" if top["bound"] == "compute" else "HBM bandwidth"))
             name = top["kernel"] if not top["op"] or top["op"].startswith("command_buffer") else top["op"]
             detail = f"; top op {name} at {percent(top['fraction_of_peak'])} {what}"
         share = max(c, m) / known
@@ -272,10 +276,13 @@ def _waiting_verdict(s: dict) -> dict:
     return dict(verdict=verdict, confidence=confidence, summary=f"{head}; {split}{rate}{tail}")
 
 
-def summarize(trace: Trace, links: dict[int, dict] | None = None) -> dict:
+def summarize(trace: Trace, links: dict[int, dict] | None = None,
+              measured: dict[int, tuple[float | None, float | None, float]] | None = None) -> dict:
     """`links`: GPU index -> its host link (analyzers/links.py), from the
-    agent's device info; without it the device's name stands in."""
-    devices = [device_summary(trace, d, (links or {}).get(_index(d.name))) for d in trace.devices]
+    agent's device info; without it the device's name stands in.
+    `measured`: GPU index -> its calibrated peaks (Store.measured_peaks)."""
+    devices = [device_summary(trace, d, (links or {}).get(_index(d.name)), (measured or {}).get(_index(d.name)))
+               for d in trace.devices]
     host = trace.host
     span = max(trace.span_ns, 1)
     out = dict(source=trace.source, format=trace.format, span_seconds=span / 1e9,

@@ -275,6 +275,15 @@ class NvmlCollector:
     def devices(self) -> list[DeviceInfo]:
         return [d.info for d in self._devices]
 
+    def driver_version(self) -> str | None:
+        """The NVIDIA driver's version (a calibration records it); None where NVML will not say."""
+        get = getattr(self._nvml, "nvmlSystemGetDriverVersion", None)
+        try:
+            v = get() if get is not None else None
+        except self._nvml.NVMLError:
+            return None
+        return v.decode() if isinstance(v, bytes) else v
+
     # -- the fast path ------------------------------------------------------------
     def scrape(self) -> Scrape:
         scrape = Scrape()

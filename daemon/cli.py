@@ -25,6 +25,7 @@ from .cliutil import VERDICTS, UsageError, default_db, duration, number, positiv
 from .cmd_accuracy import cmd_accuracy
 from .cmd_degraded import cmd_degraded
 from .cmd_calibrate import add_calibrate_parser
+from .cmd_ceilings import add_ceilings_parser
 from .cmd_certs import add_certs_parser
 from .cmd_config import add_config_flag, add_config_parser
 from .cmd_fleet import add_fleet_parser
@@ -350,6 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("captures", help="list captures with status and verdict")
     server_args(sp)
     sp.set_defaults(fn=cmd_captures)
+
+    add_ceilings_parser(sub, server_args)
 
     sp = sub.add_parser("metrics", help="the metric catalogue: names, units, kinds")
     sp.add_argument("--json", action="store_true")

@@ -326,3 +326,20 @@ def query(server: str, metric: str, host: str, gpu: int | None, start: float, en
              **({"points": [[p.t, p.value] for p in s.points]} if r.aggregate == "series"
                 else {"value": s.value if s.HasField("value") else None}))
         for s in r.series])
+
+
+def report_calibration(server: str, host: str, calibration: dict, *,
+                       security: ClientSecurity = INSECURE) -> dict:
+    """Sends one `gpuscope calibrate` result; {id, ceilings} as stored."""
+    req = apb.CalibrationReport(host=host, calibration_json=json.dumps(calibration, default=str))
+    ack = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ReportCalibration(req, timeout=t),
+                timeout=30, security=security)
+    return dict(id=ack.id, ceilings=ack.ceilings)
+
+
+def ceilings(server: str, host: str = "", model: str = "", uuid: str = "", history: bool = False, *,
+             security: ClientSecurity = INSECURE) -> list[dict]:
+    req = apb.CeilingsRequest(host=host, model=model, uuid=uuid, history=history)
+    resp = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ListCeilings(req, timeout=t),
+                 security=security)
+    return json.loads(resp.calibrations_json or "[]")

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 
 from gpuscope.collectors.calibrate import (GPU_PLATFORMS, MATMUL_DTYPES, CalibrateConfig, CalibrationError,
                                            Calibrator, default_platform)
 from gpuscope.collectors.nvml import NvmlCollector, SourceUnavailable
 
+from . import clients
+from .client_config import ANALYZER_PORT, with_port
 from .cliutil import UsageError, print_json
+from .security_flags import add_server_flags, agent_security
 from gpuscope.collectors.human import percent, si
 
 # What the probe keeps from each NVML reading: the conditions a ceiling depends on.
@@ -35,6 +39,12 @@ def add_calibrate_parser(sub) -> None:
     sp.add_argument("--force", action="store_true", help="run even though another process holds the GPU")
     sp.add_argument("--output", default=None, metavar="FILE", help="also write the JSON result to FILE")
     sp.add_argument("--json", action="store_true", help="JSON output")
+    sp.add_argument("--send", default=None, metavar="HOST[:PORT]",
+                    help="also send the result to this analyzer, which keeps it per GPU UUID and uses it for "
+                         "rooflines (with this host's agent certificate, as the agent presents it)")
+    sp.add_argument("--host", default=socket.gethostname(),
+                    help="host name the result is sent for (default: this host's; must match the certificate)")
+    add_server_flags(sp, "NAME is agent: --send presents this host's agent certificate", agent_links=True)
     sp.set_defaults(fn=cmd_calibrate)
 
 
@@ -49,6 +59,7 @@ def cmd_calibrate(ns, nvml_module=None) -> int:
         raise UsageError(f"--gpu {ns.gpu}: a device index is 0 or more")
     if ns.output:
         _check_writable(ns.output)       # before minutes of measuring, not after
+    send = _sender(ns) if ns.send else None
     try:
         platform = ns.platform or default_platform()
     except CalibrationError as exc:
@@ -88,14 +99,35 @@ def cmd_calibrate(ns, nvml_module=None) -> int:
         print_json(out)
     else:
         _print(out)
+    rc = 0
     if ns.output:
         try:
             with open(ns.output, "w") as f:
                 json.dump(out, f, indent=1)
         except OSError as exc:      # the results are printed above: only the file is lost
             print(f"gpuscope calibrate: error: --output {ns.output}: {exc.strerror or exc}", file=sys.stderr)
-            return 1
-    return 0
+            rc = 1
+    if send is not None:
+        send(out)
+    return rc
+
+
+def _sender(ns):
+    """Checks --send's address and TLS flags before measuring; returns what
+    sends a result (a failure raises ClientError: the result is printed).
+    The analyzer takes calibrations from agents only, each for its own host:
+    this presents what this host's agent does."""
+    if ns.tokens:
+        raise UsageError("--tokens: a calibration is sent with this host's agent certificate, not a token")
+    server, security = with_port(ns.send, ANALYZER_PORT), agent_security(ns)
+
+    def send(out: dict) -> None:
+        ack = clients.report_calibration(server, ns.host, out, security=security)
+        cpu = out["device"]["platform"] not in GPU_PLATFORMS
+        print(f"sent to {server}: calibration {ack['id']} ({ack['ceilings']} measurements)"
+              + (f"; stored as the {out['device']['platform']}'s, marked: no GPU's roofline uses it" if cpu else ""),
+              file=sys.stderr)
+    return send
 
 
 def _check_writable(path: str) -> None:
@@ -125,7 +157,7 @@ def _nvml(ns, module):
     d = devs[ns.gpu]
     info = {"index": d.gpu, "uuid": d.uuid, "name": d.name, "memory_total_bytes": d.memory_total_bytes,
             "power_limit_watts": d.power_limit_watts, "pcie_generation": d.pcie_generation,
-            "pcie_width": d.pcie_width}
+            "pcie_width": d.pcie_width, "driver": nvml.driver_version()}
     others = [p for s in nvml.scrape().samples if s.gpu == ns.gpu for p in s.processes if p.pid != os.getpid()]
     if others and not ns.force:
         nvml.close()

@@ -467,12 +467,12 @@ def _peaks_html(rep: dict) -> list[str]:
     if not rep["captures"]:
         return []
     if not rep["peaks"]:
-        return ["<p class=\"meta\">Peaks: none known (no trace gave them and no GPU's name is in the datasheet "
-                "table).</p>"]
+        return ["<p class=\"meta\">Peaks: none known (no GPU is calibrated, no trace gave them and no GPU's name "
+                "is in the datasheet table).</p>"]
     return ["<p class=\"meta\">Peaks of " + html.escape(p["device"] or "the device") + ": "
             + html.escape(f"{human.si(p['flops_per_s'], 'FLOP/s')} compute, {human.si(p['bytes_per_s'], 'B/s')} "
                           f"memory bandwidth, ridge point {p['ridge']:.0f} FLOP/byte") + " — "
-            + ("<b>from the trace</b>" if p["source"] == "trace" else "<b>datasheet</b>")
+            + {"trace": "<b>from the trace</b>", "measured": "<b>measured</b>"}.get(p["source"], "<b>datasheet</b>")
             + " (" + html.escape(p["how"]) + ").</p>" for p in rep["peaks"]]
 
 

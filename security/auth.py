@@ -66,6 +66,7 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
     "/gpuscope.v1.Analyzer/Push": _AGENT,
     "/gpuscope.v1.Analyzer/Commands": _AGENT,
     "/gpuscope.v1.Analyzer/ReportCapture": _AGENT,
+    "/gpuscope.v1.Analyzer/ReportCalibration": _AGENT,
     # on-call reads (an agent may ask the analyzer's status)
     "/gpuscope.v1.Analyzer/GetStatus": _READ | _AGENT,
     "/gpuscope.v1.Analyzer/ListFindings": _READ,
@@ -78,6 +79,7 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
     "/gpuscope.v1.Analyzer/GetAccuracy": _READ,
     "/gpuscope.v1.Analyzer/ListDegraded": _READ,
     "/gpuscope.v1.Analyzer/Top": _READ,
+    "/gpuscope.v1.Analyzer/ListCeilings": _READ,
     # an agent's own API
     "/gpuscope.v1.Agent/GetStatus": _READ,
     "/gpuscope.v1.Agent/RecentSamples": _READ,

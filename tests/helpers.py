@@ -121,3 +121,23 @@ def in_terminal(argv: list[str], cols: int, rows: int, seconds: float) -> tuple[
 def last_frame(text: str) -> str:
     """The last screen drawn in the alternate screen, without escapes."""
     return ANSI.sub("", text[text.rindex("\x1b[H"):text.rindex("\x1b[?1049l")]).replace("\r", "")
+
+
+def calibration_record(uuid: str = "GPU-aaaa", name: str = "NVIDIA H200", started_at: float = 1_700_000_000.0,
+                       hbm: float = 4.1e12, bf16: float = 7.0e14, platform: str = "gpu", index: int = 0) -> dict:
+    """What `gpuscope calibrate --json` prints (Calibration.to_dict() and the
+    NVML `gpu` block), trimmed to the measurements the analyzer uses."""
+    def m(name, unit, value, **kw):
+        return dict(name=name, unit=unit, value=value, best=value * 1.02 if value else None, spread=0.01,
+                    repeats=10, params={}, conditions={"sm_clock_hertz": {"min": 1.9e9, "median": 1.98e9,
+                                                                            "max": 1.98e9}}, error=None, **kw)
+    return dict(device=dict(platform=platform, device_kind=name, id=index, platform_version="cuda 12080",
+                            jax="0.6.2", jaxlib="0.6.2"),
+                gpu=dict(index=index, uuid=uuid, name=name, driver="570.124.06") if platform != "cpu" else {},
+                started_at=started_at, duration_s=42.0, quick=False, forced=False,
+                measurements=[m("hbm_copy", "bytes_per_second", hbm * 0.97), m("hbm_triad", "bytes_per_second", hbm),
+                              m("matmul_bf16", "flop_per_second", bf16),
+                              m("launch_roundtrip", "seconds", 8e-6), m("h2d", "bytes_per_second", 5.2e10),
+                              m("d2h", "bytes_per_second", 5.0e10),
+                              dict(name="d2d", unit="bytes_per_second", value=None, best=None, spread=None,
+                                   repeats=0, params={}, conditions={}, error="one device: nothing to copy between")])

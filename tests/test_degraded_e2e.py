@@ -14,10 +14,12 @@ from gpuscope.collectors.records import DeviceInfo, GpuSample
 from gpuscope.daemon import clients
 from gpuscope.daemon.convert import encode_batch
 from gpuscope.v1 import analyzer_pb2_grpc, samples_pb2 as pb
-from tests.helpers import AnalyzerServer, wait_for
+from gpuscope.security.tls import ClientSecurity
+from tests.helpers import AnalyzerServer, calibration_record, wait_for
 
 SLOW_CLOCK = ("h1", 5)         # 1.60 GHz at the limit against ~1.98 GHz
 NARROW_LINK = ("h2", 3)        # x8 of x16
+WEAK_HBM = ("h2", 6)           # calibrated at 3.5 TB/s against ~4.3 TB/s
 
 
 def _batch(host: str, rng: np.random.Generator) -> pb.SampleBatch:
@@ -57,10 +59,20 @@ def test_degraded_names_the_slow_clock_and_the_narrow_link_and_nothing_else(tmp_
         assert [(r["host"], r["gpu"]) for r in old] == [NARROW_LINK]
         with pytest.raises(clients.ClientError, match="start"):
             clients.degraded(srv.target, start=float("nan"))
+        # calibrations: each GPU's measured HBM; one GPU's well under the others'
+        plain = ClientSecurity(insecure=True)
+        for host in ("h1", "h2"):
+            for g in range(8):
+                hbm = 3.5e12 if (host, g) == WEAK_HBM else 4.3e12 * (1 + rng.normal(0, 0.01))
+                clients.report_calibration(srv.target, host, calibration_record(uuid=f"GPU-{host}-{g}", index=g,
+                                                                                hbm=hbm), security=plain)
+        found = {(r["host"], r["gpu"], r["dimension"]): r for r in clients.degraded(srv.target)}
+        assert set(found) == {SLOW_CLOCK + ("clocks",), NARROW_LINK + ("pcie",), WEAK_HBM + ("hbm",)}
+        assert "HBM 3.50 TB/s, 18 % under the median" in found[WEAK_HBM + ("hbm",)]["summary"]
         cli = [sys.executable, "-m", "gpuscope.daemon.cli", "degraded", "--server", srv.target, "--insecure"]
         out = subprocess.run(cli, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and "h1 gpu 5  clocks" in out.stdout and "h2 gpu 3  pcie" in out.stdout, out
         out = subprocess.run(cli + ["--json"], capture_output=True, text=True, timeout=60)
-        assert {(r["host"], r["gpu"]) for r in json.loads(out.stdout)} == {SLOW_CLOCK, NARROW_LINK}
+        assert {(r["host"], r["gpu"]) for r in json.loads(out.stdout)} == {SLOW_CLOCK, NARROW_LINK, WEAK_HBM}
     finally:
         srv.stop()

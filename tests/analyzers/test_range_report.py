@@ -116,3 +116,13 @@ def test_the_rpc_refuses_what_it_cannot_draw(tmp_path):
         assert rep["gpus"] == [] and rep["extent"] is None and rep["end"] - rep["start"] == pytest.approx(3600)
     finally:
         srv.stop()
+
+
+def test_a_calibrated_gpus_measured_peaks_come_first(store):
+    from gpuscope.analyzers.report import _peaks
+    gpus = [dict(host=HOST, gpu=0, name="NVIDIA H200")]
+    got = _peaks([dict(device="NVIDIA H200", roofline=dict(peak_flops_per_s=1.07e15, peak_bytes_per_s=4.81e12))],
+                 gpus, {(HOST, 0): (4.3e12, 7.1e14, 1_764_400_000.0)})
+    assert [(p["source"], p["flops_per_s"], p["bytes_per_s"]) for p in got] == [
+        ("measured", 7.1e14, 4.3e12), ("trace", 1.07e15, 4.81e12)]
+    assert "calibrated 2025-11-29" in got[0]["how"]

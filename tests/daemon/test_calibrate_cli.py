@@ -30,7 +30,7 @@ def test_json_carries_ceilings_and_the_gpus_conditions(capsys, tmp_path, cpu_as_
     assert cmd_calibrate(ns, nvml_module=fake) == 0
     out = json.loads(capsys.readouterr().out)
     assert out == json.loads(out_file.read_text())
-    assert out["gpu"]["name"] == "NVIDIA H200" and out["gpu"]["uuid"]
+    assert out["gpu"]["name"] == "NVIDIA H200" and out["gpu"]["uuid"] and out["gpu"]["driver"] == "570.124.06"
     assert out["ceilings"]["bf16_flop_per_second"] > 0 and out["ceilings"]["hbm_bytes_per_second"] > 0
     conds = [m["conditions"] for m in out["measurements"] if m["value"] is not None]
     assert conds and all(c["sm_clock_hertz"]["median"] == 1.755e9 for c in conds)

@@ -100,6 +100,9 @@ class FakeNvml:
     def nvmlShutdown(self):
         self.initialised = False
 
+    def nvmlSystemGetDriverVersion(self):
+        return "570.124.06"
+
     def nvmlDeviceGetCount(self):
         if not self.initialised:
             raise real.NVMLError(real.NVML_ERROR_UNINITIALIZED)

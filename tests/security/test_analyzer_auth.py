@@ -129,3 +129,35 @@ def test_a_reader_may_not_capture_on_an_agent(pki, tmp_path):
                 agent_pb2.CaptureRequest(duration_ms=100, pid=1), timeout=5)) == grpc.StatusCode.UNAVAILABLE
     finally:
         shutdown(server, grace_s=0.2)
+
+
+def test_an_agent_sends_calibrations_for_its_own_host_only(pki, analyzer):
+    import json
+    from tests.helpers import calibration_record
+    a, target = analyzer
+    body = json.dumps(calibration_record(uuid="GPU-auth"))
+    with _client(pki, "h1").channel(target) as ch:
+        stub = analyzer_pb2_grpc.AnalyzerStub(ch)
+        assert stub.ReportCalibration(apb.CalibrationReport(host="h1", calibration_json=body), timeout=10).ceilings == 7
+        assert _code(lambda: stub.ReportCalibration(apb.CalibrationReport(host="h2", calibration_json=body),
+                                                    timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
+        assert _code(lambda: stub.ListCeilings(apb.CeilingsRequest(), timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
+    with _client(pki, "reader").channel(target) as ch:
+        stub = analyzer_pb2_grpc.AnalyzerStub(ch)
+        assert _code(lambda: stub.ReportCalibration(apb.CalibrationReport(host="h1", calibration_json=body),
+                                                    timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
+        rows = json.loads(stub.ListCeilings(apb.CeilingsRequest(uuid="GPU-auth"), timeout=10).calibrations_json)
+    assert [(r["host"], r["uuid"]) for r in rows] == [("h1", "GPU-auth")]
+
+
+def test_calibrate_send_presents_the_agent_certificate_of_its_host(pki, analyzer, capsys, monkeypatch):
+    from gpuscope.daemon.cli import main
+    monkeypatch.setattr("gpuscope.daemon.logs.configure", lambda *a, **k: None)
+    a, target = analyzer
+    tls = ["--ca", str(pki / "ca" / "ca.pem"), "--cert", str(pki / "h1" / "agent.pem"),
+           "--key", str(pki / "h1" / "agent.key")]
+    argv = ["calibrate", "--quick", "--platform", "cpu", "--dtypes", "bf16", "--json", "--send", target, *tls]
+    assert main(argv + ["--host", "h2"]) == 1
+    assert "this agent's certificate is for 'h1'" in capsys.readouterr().err
+    assert main(argv + ["--host", "h1"]) == 0
+    assert [c["platform"] for c in a.store.ceilings(host="h1", model="cpu")] == ["cpu"]

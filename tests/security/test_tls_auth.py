@@ -221,6 +221,8 @@ OPERATOR = Caller("alice", "operator", None, "token")
     ("/gpuscope.v1.Analyzer/Push", {"agent"}),
     ("/gpuscope.v1.Analyzer/Commands", {"agent"}),
     ("/gpuscope.v1.Analyzer/ReportCapture", {"agent"}),
+    ("/gpuscope.v1.Analyzer/ReportCalibration", {"agent"}),
+    ("/gpuscope.v1.Analyzer/ListCeilings", {"reader", "operator"}),
     ("/gpuscope.v1.Analyzer/GetStatus", {"agent", "reader", "operator"}),
     ("/gpuscope.v1.Analyzer/ListFindings", {"reader", "operator"}),
     ("/gpuscope.v1.Analyzer/QueryMetric", {"reader", "operator"}),

@@ -554,3 +554,37 @@ class MetricResult(_message.Message):
     aggregate: str
     series: _containers.RepeatedCompositeFieldContainer[MetricSeries]
     def __init__(self, metric: _Optional[str] = ..., unit: _Optional[str] = ..., aggregate: _Optional[str] = ..., series: _Optional[_Iterable[_Union[MetricSeries, _Mapping]]] = ...) -> None: ...
+
+class CalibrationReport(_message.Message):
+    __slots__ = ("host", "calibration_json")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_JSON_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    calibration_json: str
+    def __init__(self, host: _Optional[str] = ..., calibration_json: _Optional[str] = ...) -> None: ...
+
+class CalibrationAck(_message.Message):
+    __slots__ = ("id", "ceilings")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CEILINGS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    ceilings: int
+    def __init__(self, id: _Optional[str] = ..., ceilings: _Optional[int] = ...) -> None: ...
+
+class CeilingsRequest(_message.Message):
+    __slots__ = ("host", "model", "uuid", "history")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    model: str
+    uuid: str
+    history: bool
+    def __init__(self, host: _Optional[str] = ..., model: _Optional[str] = ..., uuid: _Optional[str] = ..., history: _Optional[bool] = ...) -> None: ...
+
+class CeilingsResponse(_message.Message):
+    __slots__ = ("calibrations_json",)
+    CALIBRATIONS_JSON_FIELD_NUMBER: _ClassVar[int]
+    calibrations_json: str
+    def __init__(self, calibrations_json: _Optional[str] = ...) -> None: ...

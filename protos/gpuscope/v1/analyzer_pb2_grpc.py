@@ -111,6 +111,16 @@ class AnalyzerStub:
                 request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.TopRequest.SerializeToString,
                 response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.TopResponse.FromString,
                 _registered_method=True)
+        self.ReportCalibration = channel.unary_unary(
+                '/gpuscope.v1.Analyzer/ReportCalibration',
+                request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.CalibrationReport.SerializeToString,
+                response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.CalibrationAck.FromString,
+                _registered_method=True)
+        self.ListCeilings = channel.unary_unary(
+                '/gpuscope.v1.Analyzer/ListCeilings',
+                request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.CeilingsRequest.SerializeToString,
+                response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.CeilingsResponse.FromString,
+                _registered_method=True)
 
 
 class AnalyzerServicer:
@@ -220,6 +230,20 @@ class AnalyzerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportCalibration(self, request, context):
+        """An agent's host sends a GPU's measured ceilings (`gpuscope calibrate --send`); every one is kept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCeilings(self, request, context):
+        """Each GPU's current measured ceilings (or all of them, with history).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AnalyzerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -297,6 +321,16 @@ def add_AnalyzerServicer_to_server(servicer, server):
                     servicer.Top,
                     request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.TopRequest.FromString,
                     response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.TopResponse.SerializeToString,
+            ),
+            'ReportCalibration': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportCalibration,
+                    request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.CalibrationReport.FromString,
+                    response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.CalibrationAck.SerializeToString,
+            ),
+            'ListCeilings': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCeilings,
+                    request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.CeilingsRequest.FromString,
+                    response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.CeilingsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -705,6 +739,60 @@ class Analyzer:
             '/gpuscope.v1.Analyzer/Top',
             gpuscope_dot_v1_dot_analyzer__pb2.TopRequest.SerializeToString,
             gpuscope_dot_v1_dot_analyzer__pb2.TopResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportCalibration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuscope.v1.Analyzer/ReportCalibration',
+            gpuscope_dot_v1_dot_analyzer__pb2.CalibrationReport.SerializeToString,
+            gpuscope_dot_v1_dot_analyzer__pb2.CalibrationAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCeilings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuscope.v1.Analyzer/ListCeilings',
+            gpuscope_dot_v1_dot_analyzer__pb2.CeilingsRequest.SerializeToString,
+            gpuscope_dot_v1_dot_analyzer__pb2.CeilingsResponse.FromString,
             options,
             channel_credentials,
             insecure,
