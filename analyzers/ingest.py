@@ -147,6 +147,7 @@ class DeviceFacts(NamedTuple):
     source: str = ""                 # where its samples come from (an older agent sends none)
     pcie_max_generation: int | None = None
     pcie_max_width: int | None = None
+    driver_version: str = ""
 
 
 @dataclass
@@ -298,7 +299,7 @@ def _facts(d: pb.Device) -> "DeviceFacts":
     opt = lambda f: getattr(d, f) if d.HasField(f) else None  # noqa: E731
     return DeviceFacts(d.gpu, d.uuid, d.name, d.architecture, opt("memory_total_bytes"), opt("power_limit_watts"),
                        opt("pcie_generation"), opt("pcie_width"), d.gpm_supported, d.lost, d.source,
-                       opt("pcie_max_generation"), opt("pcie_max_width"))
+                       opt("pcie_max_generation"), opt("pcie_max_width"), d.driver_version)
 
 
 def _check_header(batch: pb.SampleBatch) -> None:
@@ -342,7 +343,7 @@ def _check_devices(batch: pb.SampleBatch) -> set[int]:
         if d.gpu in known:
             raise BatchError(f"{where}.gpu: GPU {d.gpu} is listed twice")
         known.add(d.gpu)
-        for name in ("uuid", "name", "architecture", "source"):
+        for name in ("uuid", "name", "architecture", "source", "driver_version"):
             _string(f"{where}.{name}", getattr(d, name), MAX_LABEL_BYTES, _label_problem)
         if d.HasField("memory_total_bytes"):
             _bigint(f"{where}.memory_total_bytes", d.memory_total_bytes)

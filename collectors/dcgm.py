@@ -222,6 +222,7 @@ class DcgmCollector:
                           power_limit_watts=float(limit) if 0 < limit < blank32 else None,
                           pcie_generation=link.get(PCIE_LINK[0]), pcie_width=link.get(PCIE_LINK[1]),
                           pcie_max_generation=link.get(PCIE_LINK[2]), pcie_max_width=link.get(PCIE_LINK[3]),
+                          driver_version=_text(getattr(a.identifiers, "driverVersion", "")),
                           source="dcgm")
 
     def _pcie_link(self, sess: _Session, gpu: int) -> dict[int, int]:
@@ -596,3 +597,8 @@ def start_dcgm(spec: str, environ: dict | None = None, processes: NvmlCollector 
     collector = DcgmCollector(DcgmConfig(address=parse_source(spec, environ)), processes=processes)
     collector.start()
     return collector
+
+
+def _text(v) -> str:
+    """A fixed-size char field of DCGM's structs as text (bindings give bytes or str)."""
+    return (v.decode(errors="replace") if isinstance(v, bytes) else str(v or "")).rstrip("\x00")

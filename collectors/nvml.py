@@ -256,7 +256,7 @@ class NvmlCollector:
             memory_total_bytes=getattr(mem, "total", None),
             power_limit_watts=cat.normalise(_M["power_limit_watts"], limit) if limit is not None else None,
             pcie_generation=gen, pcie_width=width, pcie_max_generation=max_gen, pcie_max_width=max_width,
-            gpm_supported=gpm,
+            driver_version=self.driver_version() or "", gpm_supported=gpm,
             source="nvml (GPM)" if gpm else "nvml (no GPM: utilisation ratios only)")
 
     def _start_events(self) -> None:

@@ -92,6 +92,7 @@ class DeviceInfo:
     # link that trained down (at idle the generation drops to save power, so only busy counts)
     pcie_max_generation: int | None = None
     pcie_max_width: int | None = None
+    driver_version: str = ""          # the NVIDIA driver's ("570.124.06"); "" where the source will not say
 
 
 @dataclass(frozen=True, slots=True)

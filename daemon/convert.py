@@ -24,7 +24,7 @@ _NAMES = cat.NAMES
 
 def device_pb(d: DeviceInfo) -> pb.Device:
     m = pb.Device(gpu=d.gpu, uuid=d.uuid, name=d.name, architecture=d.architecture,
-                  gpm_supported=d.gpm_supported, lost=d.lost, source=d.source)
+                  gpm_supported=d.gpm_supported, lost=d.lost, source=d.source, driver_version=d.driver_version)
     if d.memory_total_bytes is not None:
         m.memory_total_bytes = int(d.memory_total_bytes)
     if d.power_limit_watts is not None:

@@ -31,7 +31,8 @@ def _batch(host: str, rng: np.random.Generator) -> pb.SampleBatch:
                                                   "power_limit_watts": 700.0, "util_gpu_ratio": 1.0})
                     for i in range(40)]
     devices = [DeviceInfo(gpu=g, uuid=f"GPU-{host}-{g}", name="NVIDIA H200", pcie_generation=5,
-                          pcie_width=8 if (host, g) == NARROW_LINK else 16, pcie_max_generation=5, pcie_max_width=16)
+                          pcie_width=8 if (host, g) == NARROW_LINK else 16, pcie_max_generation=5, pcie_max_width=16,
+                          driver_version="570.124.06")
                for g in range(8)]
     return encode_batch(host, "boot", 1, samples, devices)
 
@@ -51,7 +52,8 @@ def test_degraded_names_the_slow_clock_and_the_narrow_link_and_nothing_else(tmp_
         clock = found[SLOW_CLOCK]
         assert clock["dimension"] == "clocks" and clock["peers"] == 16 and clock["z"] < -3.5
         assert clock["shortfall"] == pytest.approx(1 - 1.60 / 1.98, abs=0.01)
-        assert "SM clock at the power limit" in clock["summary"] and "16 peers" in clock["summary"]
+        assert "SM clock at the power limit" in clock["summary"]
+        assert "16 peers (NVIDIA H200, driver 570.124.06)" in clock["summary"]
         link = found[NARROW_LINK]
         assert link["dimension"] == "pcie" and "PCIe ×8, the device supports ×16" in link["summary"]
         # samples older than the span asked for give no clock figure; the link needs none

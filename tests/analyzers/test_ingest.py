@@ -67,11 +67,13 @@ def test_bad_batches_name_the_field(mutate, match):
 
 def test_the_link_s_best_reaches_the_devices_table(tmp_path):
     from gpuscope.analyzers.store import Store, StoreConfig
-    dev = DeviceInfo(gpu=0, uuid="GPU-1", pcie_generation=5, pcie_width=8, pcie_max_generation=5, pcie_max_width=16)
+    dev = DeviceInfo(gpu=0, uuid="GPU-1", pcie_generation=5, pcie_width=8, pcie_max_generation=5, pcie_max_width=16,
+                     driver_version="570.124.06")
     d = decode(encode_batch("h1", "boot", 1, [GpuSample(0, time.time() - 1, {"power_watts": 1.0})], [dev]))
     assert (d.devices[0].pcie_width, d.devices[0].pcie_max_width) == (8, 16)
     s = Store(StoreConfig(str(tmp_path / "d.duckdb")))
     s.upsert_devices([("h1", *d.devices[0], time.time())])
     row = s.devices()[0]
     assert (row["pcie_width"], row["pcie_max_generation"], row["pcie_max_width"]) == (8, 5, 16)
+    assert row["driver_version"] == "570.124.06"
     s.close()

@@ -105,6 +105,7 @@ def test_device_info_comes_from_dcgm_and_says_its_source():
         "NVIDIA H200", "GPU-fake-0000", "hopper", 143_771 * MIB)
     assert d0.power_limit_watts == 700.0 and (d0.pcie_generation, d0.pcie_width) == (5, 16)
     assert (d0.pcie_max_generation, d0.pcie_max_width) == (5, 16)
+    assert d0.driver_version == "570.124.06"
     assert d0.source == "dcgm (profiling)" and d0.gpm_supported
     assert d1.architecture == "ampere" and d1.source.startswith("dcgm (profiling; core fields only")
 

@@ -128,6 +128,7 @@ def test_the_link_s_best_is_read_beside_the_link_it_trained_to():
     _, c = started(h200(pcie_width=8, pcie_gen=4))
     d = c.devices()[0]
     assert (d.pcie_generation, d.pcie_width, d.pcie_max_generation, d.pcie_max_width) == (4, 8, 5, 16)
+    assert d.driver_version == "570.124.06"
 
 
 def test_a_driver_without_the_max_link_calls_leaves_them_unknown():

@@ -132,6 +132,7 @@ def dcgmGetDeviceAttributes(dcgm_handle, gpuId, version=_S.dcgmDeviceAttributes_
     a.version = version
     a.identifiers.deviceName, a.identifiers.uuid, a.identifiers.pciBusId = g.name, g.uuid, g.pci_bus_id
     a.identifiers.brandName = "NVIDIA"
+    a.identifiers.driverVersion = "570.124.06"
     a.memoryUsage.fbTotal = g.fb_total_mib
     a.powerLimits.enforcedPowerLimit = g.power_limit_w
     a.settings.migModeEnabled = int(g.mig)
