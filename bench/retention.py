@@ -147,7 +147,8 @@ def fill(store: Store, cols, hosts: int, gpus: int, start: float, hours: int, se
 
 def devices_and_snapshot(store: Store, hosts: int, gpus: int, last_seen: float, snapshot: bool) -> None:
     store.upsert_devices([(f"bench-host-{h:02d}", g, f"GPU-{h}-{g}", "NVIDIA H200", "hopper", None, None, None,
-                           None, True, False, "nvml (GPM)", last_seen) for h in range(hosts) for g in range(gpus)])
+                           None, True, False, "nvml (GPM)", None, None, "", last_seen)
+                          for h in range(hosts) for g in range(gpus)])
     store.upsert_agents([(f"bench-host-{h:02d}", "boot", 1, last_seen, 0, "1-1") for h in range(hosts)])
     if snapshot:
         store.upsert_gpu_state([(f"bench-host-{h:02d}", g, "compute-bound", 0.9, "[]", last_seen - 5, last_seen,

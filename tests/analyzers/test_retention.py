@@ -10,7 +10,7 @@ import pytest
 
 from gpuscope.analyzers.analyzer import Analyzer, AnalyzerConfig
 from gpuscope.analyzers.retention import RetentionConfig, parse_age
-from gpuscope.analyzers.store import Store, StoreConfig, finding_row
+from gpuscope.analyzers.store import DEVICE_COLUMNS, Store, StoreConfig, finding_row
 from gpuscope.daemon import clients
 from tests.helpers import AnalyzerServer
 
@@ -53,8 +53,11 @@ def _fill(path) -> tuple[pa.Table, pa.Table]:
                       ("h", 0, NEW, NEW + 5, "compute-bound", 0.9, "[]", "")])
     s.upsert_agents([("h", "old-boot", 10, OLD + 100, 0, "1-10"), ("h", "new-boot", 10, NOW - 5, 0, "1-10"),
                      ("g", "only-boot", 10, OLD + 100, 0, "1-10")])
-    s.upsert_devices([("h", 0, "u0", "NVIDIA H200", "hopper", None, None, None, None, True, False, "nvml", NOW - 5),
-                      ("g", 0, "u1", "NVIDIA H200", "hopper", None, None, None, None, True, False, "nvml", OLD + 100)])
+    def device(host, uuid, last_seen):
+        given = dict(host=host, gpu=0, uuid=uuid, name="NVIDIA H200", architecture="hopper", gpm_supported=True,
+                     lost=False, source="nvml", last_seen=last_seen)
+        return tuple(given.get(c) for c in DEVICE_COLUMNS)
+    s.upsert_devices([device("h", "u0", NOW - 5), device("g", "u1", OLD + 100)])
     f = dict(id="f-old", host="h", gpu=0, job="", verdict="compute-bound", start=NOW - 400 * DAY,
              end=NOW - 399 * DAY, confidence=0.9, windows=3, evidence={}, flags=[], summary="",
              alternatives=[], decided_by="counters", counters_verdict="compute-bound", trace_verdict=None,
