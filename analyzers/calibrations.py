@@ -11,15 +11,23 @@ import json
 import math
 from typing import Any
 
-from gpuscope.collectors.calibrate import MATMUL_DTYPES, UNITS
+from gpuscope.collectors.calibrate import GPU_PLATFORMS, MATMUL_DTYPES, UNITS
 
-KNOWN_UNITS = frozenset(UNITS.values()) | {"flop_per_second"}
-KNOWN_NAMES = frozenset(UNITS) | {f"matmul_{d}" for d in MATMUL_DTYPES}
+# Each measurement's one unit: a matmul in FLOP/s, the rest as calibrate declares
+UNIT_OF = dict(UNITS, **{f"matmul_{d}": "flop_per_second" for d in MATMUL_DTYPES})
+KNOWN_UNITS = frozenset(UNIT_OF.values())
+KNOWN_NAMES = frozenset(UNIT_OF)
+# Past any device this decade can reach, by unit: a value above is a bug or a forgery, and stored
+# it would be a GPU's ceiling for good (10x B200's HBM and dense FP8; launch latency under 10 ns)
+PLAUSIBLE = {"bytes_per_second": (1e6, 1e14), "flop_per_second": (1e6, 1e17), "seconds": (1e-8, 10.0),
+             "calls_per_second": (1.0, 1e9)}
+FUTURE_SLACK_S = 86_400.0      # clocks disagree, but a run from tomorrow is not a run
 MAX_NAME = 64            # a measurement's name
 MAX_TEXT = 256           # host, uuid, model, versions, error
 MAX_MEASUREMENTS = 64
 MAX_CONDITIONS_BYTES = 16 << 10
 CPU_PLATFORMS = ("cpu",)
+PLATFORMS = tuple(GPU_PLATFORMS) + CPU_PLATFORMS
 # Which measurements stand for the roofline's two peaks (the highest median of those present)
 HBM_NAMES = ("hbm_triad", "hbm_copy")
 MATMUL_PEAK = "matmul_bf16"
@@ -51,6 +59,14 @@ def _number(v: Any, field: str, positive: bool = True) -> float | None:
     return float(v)
 
 
+def _plausible(v: Any, field: str, unit: str) -> float | None:
+    x = _number(v, field)
+    lo, hi = PLAUSIBLE[unit]
+    if x is not None and not lo <= x <= hi:
+        raise CalibrationInvalid(f"{field}: {x:g} {unit} is outside what any device reaches ({lo:g} to {hi:g})")
+    return x
+
+
 def parse_calibration(host: str, record: dict, received: float) -> tuple[dict, list[dict]]:
     """(the calibrations row, its ceilings rows) of one record; raises
     CalibrationInvalid naming the first bad field."""
@@ -60,7 +76,11 @@ def parse_calibration(host: str, record: dict, received: float) -> tuple[dict, l
     if not isinstance(device, dict) or not isinstance(gpu, dict):
         raise CalibrationInvalid("device/gpu: expected objects")
     platform = _text(device.get("platform"), "device.platform", required=True)
+    if platform not in PLATFORMS:
+        raise CalibrationInvalid(f"device.platform: {platform[:MAX_NAME]!r}, expected one of {', '.join(PLATFORMS)}")
     uuid = _text(gpu.get("uuid"), "gpu.uuid", required=platform not in CPU_PLATFORMS)
+    if platform in CPU_PLATFORMS:
+        uuid = None          # a CPU's figures must never stand as (or replace) a GPU's
     index = gpu.get("index", 0)
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < 1024:
         raise CalibrationInvalid(f"gpu.index: {index!r}, expected 0-1023")
@@ -74,6 +94,9 @@ def parse_calibration(host: str, record: dict, received: float) -> tuple[dict, l
                quick=bool(record.get("quick")), forced=bool(record.get("forced")), received=received)
     if cal["started_at"] is None:
         raise CalibrationInvalid("started_at: missing")
+    if cal["started_at"] > received + FUTURE_SLACK_S:
+        raise CalibrationInvalid(f"started_at: {cal['started_at']!r} is in the future (the analyzer's clock: "
+                                 f"{received:.0f}); check the sender's clock")
     ms = record.get("measurements")
     if not isinstance(ms, list) or not ms:
         raise CalibrationInvalid("measurements: expected a non-empty list")
@@ -87,9 +110,11 @@ def parse_calibration(host: str, record: dict, received: float) -> tuple[dict, l
         name = _text(m.get("name"), f"{where}.name", required=True)
         if len(name) > MAX_NAME or name not in KNOWN_NAMES:
             raise CalibrationInvalid(f"{where}.name: {name[:MAX_NAME]!r} is not a known measurement")
+        if any(r["name"] == name for r in rows):
+            raise CalibrationInvalid(f"{where}.name: {name!r} is measured twice in one calibration")
         unit = _text(m.get("unit"), f"{where}.unit", required=True)
-        if unit not in KNOWN_UNITS:
-            raise CalibrationInvalid(f"{where}.unit: {unit!r}, expected one of {', '.join(sorted(KNOWN_UNITS))}")
+        if unit != UNIT_OF[name]:
+            raise CalibrationInvalid(f"{where}.unit: {unit[:MAX_NAME]!r}, {name} is in {UNIT_OF[name]}")
         repeats = m.get("repeats", 0)
         if isinstance(repeats, bool) or not isinstance(repeats, int) or not 0 <= repeats < 1_000_000:
             raise CalibrationInvalid(f"{where}.repeats: {repeats!r}")
@@ -100,8 +125,8 @@ def parse_calibration(host: str, record: dict, received: float) -> tuple[dict, l
         if text and len(text) > MAX_CONDITIONS_BYTES:
             raise CalibrationInvalid(f"{where}.conditions: {len(text)} bytes, at most {MAX_CONDITIONS_BYTES}")
         rows.append(dict(uuid=cal["uuid"], host=cal["host"], gpu=index, name=name, unit=unit,
-                         value=_number(m.get("value"), f"{where}.value"),
-                         best=_number(m.get("best"), f"{where}.best"),
+                         value=_plausible(m.get("value"), f"{where}.value", unit),
+                         best=_plausible(m.get("best"), f"{where}.best", unit),
                          spread=_number(m.get("spread"), f"{where}.spread", positive=False),
                          repeats=repeats, conditions=text, error=_text(m.get("error"), f"{where}.error")))
     return cal, rows

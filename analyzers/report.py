@@ -285,7 +285,7 @@ def _peaks(captures: list[dict], gpus: list[dict],
             part, p = found
             seen.setdefault((part,), dict(device=g["name"], flops_per_s=p.flops_per_s, bytes_per_s=p.bytes_per_s,
                                           ridge=p.ridge, source="datasheet",
-                                          how=f"NVIDIA's datasheet for the {part} (SXM): dense BF16 tensor "
+                                          how=f"NVIDIA's datasheet for the {part}: dense BF16 tensor "
                                               "throughput and HBM bandwidth"))
     return list(seen.values())
 

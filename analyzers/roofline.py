@@ -37,9 +37,12 @@ class Peaks:
 
 
 # Where no trace gives a device's peaks: NVIDIA's published dense BF16 tensor
-# throughput and HBM bandwidth of the SXM part, by a fragment of the name NVML
-# gives (first match wins: "H100 NVL" and PCIe parts are slower than these).
-DATASHEET = (("GH200", 989e12, 4.0e12), ("H200", 989e12, 4.8e12), ("H100", 989e12, 3.35e12),
+# throughput and HBM bandwidth, by a fragment of the name NVML gives; first
+# match wins, so the PCIe and NVL parts (lower clocks and power) come before
+# the SXM part of the same name.
+DATASHEET = (("H100 PCIe", 756e12, 2.0e12), ("H100 NVL", 835e12, 3.9e12), ("H200 NVL", 835e12, 4.8e12),
+             ("A100 80GB PCIe", 312e12, 1.935e12), ("A100-PCIE-40GB", 312e12, 1.555e12),
+             ("GH200", 989e12, 4.0e12), ("H200", 989e12, 4.8e12), ("H100", 989e12, 3.35e12),
              ("B200", 2.25e15, 8.0e12), ("A100", 312e12, 2.039e12), ("L40S", 362e12, 0.864e12),
              ("V100", 125e12, 0.9e12))
 

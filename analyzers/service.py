@@ -466,9 +466,11 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             # the peer statistics run here, on the inputs' Arrow table: an in-memory DuckDB
             # of the gRPC process's own, not the analysis process's GIL
             found = find_degraded(duckdb.connect(), self.analyzer.store.degraded_inputs(start, end))
-            keep = ("host", "gpu", "uuid", "model", "dimension", "value", "peer_median", "peers", "shortfall",
-                    "z", "unit", "summary")
-            return apb.DegradedResponse(gpus=[apb.DegradedGpu(**{k: f[k] for k in keep if f[k] is not None})
+            keep = ("host", "gpu", "uuid", "model", "driver", "dimension", "value", "peer_median", "peers",
+                    "shortfall", "z", "unit", "summary")
+            return apb.DegradedResponse(gpus=[apb.DegradedGpu(**{k: f[k] for k in keep if f[k] is not None},
+                                                              **{k: v for k, v in (f["link"] or {}).items()
+                                                                 if v is not None})
                                               for f in found])
         return await self._query(build)
 

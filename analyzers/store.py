@@ -294,11 +294,17 @@ class Store:
         """Stores one checked calibration (analyzers/calibrations.py) and its
         ceilings; returns its id. Sending the same run again replaces it."""
         cid = hashlib.sha256(f"{calibration['uuid']}\0{calibration['started_at']!r}".encode()).hexdigest()[:16]
-        self._con.execute("DELETE FROM ceilings WHERE calibration_id = ?", [cid])
-        self._rows("calibrations", CALIBRATION_COLUMNS,
-                   [tuple(cid if k == "id" else calibration.get(k) for k in CALIBRATION_COLUMNS)], replace=True)
-        self._rows("ceilings", CEILING_COLUMNS,
-                   [tuple(cid if k == "calibration_id" else c.get(k) for k in CEILING_COLUMNS) for c in ceilings])
+        self.begin()            # all or nothing: a half-stored run would stand as the GPU's current one
+        try:
+            self._con.execute("DELETE FROM ceilings WHERE calibration_id = ?", [cid])
+            self._rows("calibrations", CALIBRATION_COLUMNS,
+                       [tuple(cid if k == "id" else calibration.get(k) for k in CALIBRATION_COLUMNS)], replace=True)
+            self._rows("ceilings", CEILING_COLUMNS,
+                       [tuple(cid if k == "calibration_id" else c.get(k) for k in CEILING_COLUMNS) for c in ceilings])
+            self.commit()
+        except BaseException:
+            self.rollback()
+            raise
         return cid
 
     def ceilings(self, host: str | None = None, model: str | None = None, uuid: str | None = None,
@@ -902,6 +908,7 @@ class Store:
         """One row per GPU the agents describe, for `degraded.find_degraded`:
         its model, its current calibration's ceilings (by UUID: they follow
         the GPU), the SM clock it holds at its power limit over [start, end),
+        of the GPUs heard from since `start` (a host out of service is no one's peer),
         and its PCIe width against the width it can train to. The current
         generation is left out: it is read once, and an idle link reads Gen1.
         Peers are of one model and driver, the driver as the agent says it
@@ -922,7 +929,7 @@ class Store:
                    c.sm_clock_at_power_hertz, m.hbm_bytes_per_s, m.tensor_flops_per_s, m.pcie_h2d_bytes_per_s,
                    m.nvlink_d2d_bytes_per_s
             FROM devices d LEFT JOIN clocks c USING (host, gpu) LEFT JOIN measured m ON m.uuid = d.uuid
-            WHERE NOT coalesce(d.lost, false) AND d.name <> ''""", dict(start=start, end=end))
+            WHERE NOT coalesce(d.lost, false) AND d.name <> '' AND d.last_seen >= $start""", dict(start=start, end=end))
 
     def upsert_gpu_state(self, rows: Sequence[tuple]) -> None:
         self._rows("gpu_state", self.GPU_STATE_COLUMNS, rows, replace=True)

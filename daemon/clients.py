@@ -278,9 +278,12 @@ def degraded(server: str, start: float | None = None, end: float | None = None, 
     resp = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ListDegraded(req, timeout=t),
                  security=security)
     opt = lambda m, f: getattr(m, f) if m.HasField(f) else None  # noqa: E731
-    return [dict(host=g.host, gpu=g.gpu, uuid=g.uuid, model=g.model, dimension=g.dimension,
-                 value=opt(g, "value"), peer_median=opt(g, "peer_median"), peers=g.peers,
-                 shortfall=opt(g, "shortfall"), z=opt(g, "z"), unit=g.unit, summary=g.summary) for g in resp.gpus]
+    link = ("pcie_generation", "pcie_width", "pcie_max_generation", "pcie_max_width")
+    return [dict(kind="degraded", host=g.host, gpu=g.gpu, uuid=g.uuid, model=g.model, driver=g.driver,
+                 dimension=g.dimension, value=opt(g, "value"), peer_median=opt(g, "peer_median"),
+                 peers=opt(g, "peers"), shortfall=opt(g, "shortfall"), z=opt(g, "z"), unit=g.unit,
+                 link={f: opt(g, f) for f in link} if any(g.HasField(f) for f in link) else None,
+                 summary=g.summary) for g in resp.gpus]
 
 
 def top(server: str, start: float | None = None, end: float | None = None, host: str = "", by: str = "gpu",

@@ -50,7 +50,7 @@ def add_calibrate_parser(sub) -> None:
 
 def cmd_calibrate(ns, nvml_module=None) -> int:
     """`nvml_module`: pynvml, or a stand-in with its API (tests)."""
-    dtypes = tuple(d.strip() for d in ns.dtypes.split(",") if d.strip())
+    dtypes = tuple(dict.fromkeys(d.strip() for d in ns.dtypes.split(",") if d.strip()))   # once each
     unknown = [d for d in dtypes if d not in MATMUL_DTYPES]
     if unknown or not dtypes:
         raise UsageError(f"--dtypes: unknown {', '.join(unknown) or '(none given)'}; "

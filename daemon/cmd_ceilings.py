@@ -34,13 +34,16 @@ def cmd_ceilings(ns) -> int:
         print_json({"calibrations": rows})
         return 0
     if not rows:
-        print("no calibrations stored (run `gpuscope calibrate --send ANALYZER` on a GPU host)")
+        asked = " ".join(f"--{k} {v}" for k, v in (("host", ns.host), ("model", ns.model), ("uuid", ns.uuid)) if v)
+        print(f"no calibration matches {asked}" if asked else
+              "no calibrations stored (run `gpuscope calibrate --send ANALYZER` on a GPU host)")
         return 0
     print(f"{'HOST':<16} {'GPU':>3} {'MODEL':<22} " + " ".join(f"{c[0]:>20}" for c in _COLUMNS) + "  MEASURED")
     for r in rows:
         print(render_row(r))
-    if any(datasheet_peaks(r.get("model")) for r in rows):
-        print("(x%: of the datasheet figure of the SXM part)")
+    parts = sorted({sheet[0] for r in rows if (sheet := datasheet_peaks(r.get("model")))})
+    if parts:
+        print(f"(x%: of NVIDIA's datasheet figure for the {', '.join(parts)}; no % where the part is not in it)")
     return 0
 
 

@@ -55,10 +55,15 @@ def test_degraded_names_the_slow_clock_and_the_narrow_link_and_nothing_else(tmp_
         assert "SM clock at the power limit" in clock["summary"]
         assert "16 peers (NVIDIA H200, driver 570.124.06)" in clock["summary"]
         link = found[NARROW_LINK]
+        # widths only: the generation the agent read once may be an idle link's Gen1
+        assert link["link"] == dict(pcie_generation=None, pcie_width=8, pcie_max_generation=None, pcie_max_width=16)
+        assert link["peers"] is None and link["value"] is None and link["driver"] == "570.124.06"
         assert link["dimension"] == "pcie" and "PCIe ×8, the device supports ×16" in link["summary"]
         # samples older than the span asked for give no clock figure; the link needs none
-        old = clients.degraded(srv.target, start=time.time() - 5, end=time.time())
+        old = clients.degraded(srv.target, start=time.time() - 30, end=time.time())
         assert [(r["host"], r["gpu"]) for r in old] == [NARROW_LINK]
+        # a host not heard from since the span began is no one's peer, and not listed
+        assert clients.degraded(srv.target, start=time.time() + 1, end=time.time() + 2) == []
         with pytest.raises(clients.ClientError, match="start"):
             clients.degraded(srv.target, start=float("nan"))
         # calibrations: each GPU's measured HBM; one GPU's well under the others'

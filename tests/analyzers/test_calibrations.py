@@ -44,6 +44,14 @@ def test_sending_the_same_run_again_replaces_it(store):
     assert store.count("ceilings") == 7
 
 
+def test_a_cpu_result_never_takes_a_gpu_s_uuid(store):
+    gpu_run = _add(store)
+    r = calibration_record(platform="cpu")
+    r["gpu"] = dict(index=0, uuid="GPU-aaaa", name="NVIDIA H200")      # the same start and the GPU's UUID
+    cpu_run = store.add_calibration(*parse_calibration("h1", r, received=1_700_000_100.0))
+    assert gpu_run != cpu_run and {c["uuid"] for c in store.ceilings()} == {"GPU-aaaa", "cpu:h1:0"}
+
+
 def test_a_cpu_result_is_stored_and_marked(store):
     _add(store, platform="cpu", name="cpu")
     (c,) = store.ceilings()
@@ -60,10 +68,17 @@ def test_a_cpu_result_is_stored_and_marked(store):
     (lambda r: r.update(started_at=math.inf), "started_at"),
     (lambda r: r.update(measurements=[]), "measurements"),
     (lambda r: r["device"].update(platform=None), "device.platform"),
+    (lambda r: r["device"].update(platform="tpu"), "device.platform"),
+    (lambda r: r["measurements"].append(dict(r["measurements"][2])), "measurements[7].name"),       # twice
+    (lambda r: r["measurements"][1].update(unit="seconds"), "measurements[1].unit"),      # HBM in seconds
+    (lambda r: r["measurements"][2].update(unit="bytes_per_second"), "measurements[2].unit"),
+    (lambda r: r["measurements"][1].update(value=1e30), "measurements[1].value"),         # past any device
+    (lambda r: r["measurements"][3].update(value=1e-12), "measurements[3].value"),        # a 1 ps launch
+    (lambda r: r.update(started_at=4e9), "started_at"),                                   # the year 2096
 ])
 def test_bad_input_is_refused_naming_the_field(change, field):
     r = calibration_record()
     change(r)
     with pytest.raises(CalibrationInvalid) as exc:
-        parse_calibration("h1", r, received=0.0)
+        parse_calibration("h1", r, received=1_700_000_100.0)
     assert str(exc.value).startswith(f"{field}:")

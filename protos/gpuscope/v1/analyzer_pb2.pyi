@@ -188,7 +188,7 @@ class DegradedRequest(_message.Message):
     def __init__(self, start: _Optional[float] = ..., end: _Optional[float] = ...) -> None: ...
 
 class DegradedGpu(_message.Message):
-    __slots__ = ("host", "gpu", "uuid", "model", "dimension", "value", "peer_median", "peers", "shortfall", "z", "unit", "summary")
+    __slots__ = ("host", "gpu", "uuid", "model", "dimension", "value", "peer_median", "peers", "shortfall", "z", "unit", "summary", "driver", "pcie_generation", "pcie_width", "pcie_max_generation", "pcie_max_width")
     HOST_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +201,11 @@ class DegradedGpu(_message.Message):
     Z_FIELD_NUMBER: _ClassVar[int]
     UNIT_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    PCIE_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PCIE_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    PCIE_MAX_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PCIE_MAX_WIDTH_FIELD_NUMBER: _ClassVar[int]
     host: str
     gpu: int
     uuid: str
@@ -213,7 +218,12 @@ class DegradedGpu(_message.Message):
     z: float
     unit: str
     summary: str
-    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., dimension: _Optional[str] = ..., value: _Optional[float] = ..., peer_median: _Optional[float] = ..., peers: _Optional[int] = ..., shortfall: _Optional[float] = ..., z: _Optional[float] = ..., unit: _Optional[str] = ..., summary: _Optional[str] = ...) -> None: ...
+    driver: str
+    pcie_generation: int
+    pcie_width: int
+    pcie_max_generation: int
+    pcie_max_width: int
+    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., dimension: _Optional[str] = ..., value: _Optional[float] = ..., peer_median: _Optional[float] = ..., peers: _Optional[int] = ..., shortfall: _Optional[float] = ..., z: _Optional[float] = ..., unit: _Optional[str] = ..., summary: _Optional[str] = ..., driver: _Optional[str] = ..., pcie_generation: _Optional[int] = ..., pcie_width: _Optional[int] = ..., pcie_max_generation: _Optional[int] = ..., pcie_max_width: _Optional[int] = ...) -> None: ...
 
 class DegradedResponse(_message.Message):
     __slots__ = ("gpus",)
