@@ -89,16 +89,17 @@ def client_value(key: str, value):
     return str(Path(value).expanduser()) if key in _PATHS else value.strip()
 
 
-def with_port(address: str, port: int) -> str:
+def with_port(address: str, port: int, flag: str = "--server") -> str:
     """HOST:PORT as given; a bare host, name or IP address (v6 too) gets
-    `port`. URLs are refused: gRPC addresses have no scheme."""
+    `port`. URLs are refused: gRPC addresses have no scheme. `flag`: the
+    option a refusal names."""
     a = address.strip()
     if not a:
-        raise UsageError("--server: empty address")
+        raise UsageError(f"{flag}: empty address")
     if a.startswith(("unix:", "unix-abstract:")):
         return a
     if "://" in a:
-        raise UsageError(f"--server {a}: a gRPC address is HOST[:PORT], without a scheme "
+        raise UsageError(f"{flag} {a}: a gRPC address is HOST[:PORT], without a scheme "
                          f"(e.g. {a.split('://', 1)[1].rstrip('/') or 'HOST'})")
     if a.startswith("["):
         return a if "]:" in a else f"{a}:{port}"
@@ -111,7 +112,7 @@ def with_port(address: str, port: int) -> str:
     if not sep:
         return f"{a}:{port}"
     if not p.isdecimal() or not 0 < int(p) < 65536 or not host:
-        raise UsageError(f"--server {a}: expected HOST[:PORT] with a port from 1 to 65535")
+        raise UsageError(f"{flag} {a}: expected HOST[:PORT] with a port from 1 to 65535")
     return a
 
 

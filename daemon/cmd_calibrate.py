@@ -119,7 +119,7 @@ def _sender(ns):
     this presents what this host's agent does."""
     if ns.tokens:
         raise UsageError("--tokens: a calibration is sent with this host's agent certificate, not a token")
-    server, security = with_port(ns.send, ANALYZER_PORT), agent_security(ns)
+    server, security = with_port(ns.send, ANALYZER_PORT, flag="--send"), agent_security(ns)
 
     def send(out: dict) -> None:
         ack = clients.report_calibration(server, ns.host, out, security=security)

@@ -50,7 +50,8 @@ def add_server_flags(sp: argparse.ArgumentParser, tls_dir_default_help: str, age
                    help="no TLS and no authentication; only on a loopback --listen address")
     if agent_links:
         g.add_argument("--tls-server-name", default=None, metavar="NAME",
-                       help="name the analyzer's certificate must carry, when --analyzer is an address it does not list")
+                       help="name the analyzer's certificate must carry, when its address (--analyzer, --send) "
+                            "is one the certificate does not list")
 
 
 def add_client_flags(sp: argparse.ArgumentParser) -> None:
