@@ -143,6 +143,8 @@ def _rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+# a finding's alert by its kind: a route for hardware (degraded) is not one for jobs' bottlenecks
+ALERT_NAMES = {"bottleneck": "GPUBottleneck", "degraded": "GPUDegraded", "regression": "GPURegression"}
 # a finding's attribution labels an alert carries (empty ones are left out)
 ROUTING_LABELS = ("namespace", "pod", "slurm_job")
 
@@ -180,7 +182,8 @@ def alert_of(e: dict, sev: str) -> _Alert:
                     gpu=e["gpu"], verdict=r["verdict"], job=job, finding_id=r["id"], start=r["start"], end=ends,
                     confidence=r.get("confidence"), flags=r.get("flags") or [], summary=summary, **owner)
         lasted = (ends if ends is not None else e.get("t", r["start"])) - r["start"]
-        return _Alert(f"finding/{r['id']}", sev, dict(alertname="GPUBottleneck", severity=sev, **where,
+        name = ALERT_NAMES.get(r.get("kind") or "bottleneck", "GPUBottleneck")
+        return _Alert(f"finding/{r['id']}", sev, dict(alertname=name, severity=sev, **where,
                                                       verdict=r["verdict"], **owner),
                       annotations, r["start"], ends, lasted, body)
     kinds = r.get("kinds") or [r.get("kind")]

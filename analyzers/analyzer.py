@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Callable
 
+import duckdb
 import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 
@@ -40,9 +41,11 @@ from gpuscope.v1 import analyzer_pb2 as apb, samples_pb2 as pb
 from .calibrations import parse_calibration
 from .classify import Classification
 from .commands import CommandHub
+from .degraded import DegradedConfig, condition as degraded_condition, find_degraded
 from .detector import Anomaly, Detector, DetectorConfig
 from .events import EventBus
 from .findings import FindingsTracker
+from .fleet_findings import ConditionFindings
 from .ingest import DecodedBatch, clean_command, decode
 from .links import pcie_link
 from .live import LiveWindows
@@ -75,6 +78,11 @@ class AnalyzerConfig:
     rollup: bool = True                   # keep per-minute means of what retention deletes
     history_s: float = 365 * 86400        # rollups, closed findings, anomalies, decisions, captures
     publish: PublishConfig | None = None  # the fleet tier (analyzers/publish.py); None: off
+    # the fleet checks (fleet_findings.py): how often; 0: never. A degraded check compares calibrations
+    # and the clocks held at the power limit over the last `degraded_span_s` of samples.
+    fleet_check_s: float = 300.0
+    degraded_span_s: float = 3600.0
+    degraded: DegradedConfig = DegradedConfig()
 
 
 def _owner(f: dict | None) -> tuple[str, str]:
@@ -141,6 +149,8 @@ class Analyzer:
                                                  if f["windows"] != written.get(f["id"])}
         # what the store holds of each open finding: a change of these is written at once
         self._findings_stored = {f["id"]: _stored(f) for f in self.findings.open.values()}
+        self.conditions = {"degraded": ConditionFindings("degraded", self.store.open_findings("degraded"),
+                                                         ended_words="no longer under its peers")}
         self._samples_at_start, _ = self.store.sample_rows()
         self._status_dirty = set(self.gpus)           # a mirror of a new process learns every GPU
         self._newest_seen: dict[str, float] = {}       # host -> newest sample time received
@@ -238,6 +248,11 @@ class Analyzer:
         first = datetime.now(timezone.utc) + timedelta(seconds=min(60.0, self.retention.config.interval_s))
         self._scheduler.add_job(self._retention_job, "interval", seconds=self.retention.config.interval_s,
                                 max_instances=1, coalesce=True, id="retention", next_run_time=first)
+        if self.config.fleet_check_s > 0:
+            self._scheduler.add_job(self._fleet_checks_job, "interval", seconds=self.config.fleet_check_s,
+                                    max_instances=1, coalesce=True, id="fleet-checks",
+                                    next_run_time=datetime.now(timezone.utc)
+                                    + timedelta(seconds=min(30.0, self.config.fleet_check_s)))
         if self.publisher is not None:
             # its own thread in the scheduler's pool: a pass waiting on slow storage holds nothing else up
             self._scheduler.add_job(self._publish_job, "interval", seconds=self.publisher.config.interval_s,
@@ -571,6 +586,43 @@ class Analyzer:
             self._hosts_heard_at = now
         return self._hosts_heard_n
 
+    # -- fleet checks (fleet_findings.py) ---------------------------------------------------
+    def _fleet_checks_job(self) -> None:
+        try:
+            self.run_fleet_checks().result(timeout=120)
+        except Exception:  # a scheduled job: log, and try again at the next interval
+            log.exception("fleet checks failed")
+
+    def run_fleet_checks(self, now: float | None = None) -> Future:
+        """Runs the fleet checks over what the store holds at `now` and
+        turns their answers into findings (opened, refreshed, closed) on the
+        writer thread. The queries read on their own cursors here, off the
+        writer, so ingest waits only for the findings' rows."""
+        now = self._clock() if now is None else now
+        inputs = self.store.degraded_inputs(now - self.config.degraded_span_s, now)
+        degraded = find_degraded(duckdb.connect(), inputs, self.config.degraded)
+        found = {"degraded": [degraded_condition(f, self.config.degraded) for f in degraded]}
+        return self.writer.call(lambda _store: self._apply_conditions(found, now))
+
+    def _apply_conditions(self, found: dict[str, list[dict]], now: float) -> dict[str, int]:
+        counts = {}
+        for kind, conditions in found.items():
+            r = self.conditions[kind].reconcile(conditions, now)
+            if r.changed:
+                self.store.upsert_findings([finding_row(f) for f in r.changed])
+            turned = r.opened + r.closed
+            self._log_findings(turned)
+            for f in turned:
+                self.events.publish(dict(kind="finding", t=f["end"] if f["end"] is not None else f["start"],
+                                         host=f["host"], gpu=f["gpu"], verdict=f["verdict"], record=f))
+            counts[kind] = len(self.conditions[kind].open)
+        return counts
+
+    def open_conditions(self, key: tuple[str, int]) -> list[dict]:
+        """The GPU's open degraded (and other fleet-check) findings, as they are now."""
+        return [f for c in self.conditions.values() for f in list(c.open.values())
+                if (f["host"], f["gpu"]) == key]
+
     # -- retention --------------------------------------------------------------------------
     def _retention_job(self) -> None:
         try:
@@ -703,6 +755,8 @@ class Analyzer:
             heard = st.last_arrival if st is not None else 0.0
             r["last_seen_age_s"] = now - heard if heard else None
             r["stale"] = by == "gpu" and (not heard or now - heard > self.stale_after_s)
+            r["conditions"] = ([f"{f['kind']}: {', '.join(f['flags'])}" for f in self.open_conditions((r["host"], r["gpu"]))]
+                               if by == "gpu" else [])
         return rows
 
     def report(self, finding_id: str, context_s: float = 0.0) -> dict | None:

@@ -28,14 +28,32 @@ class Dimension:
     column: str             # the per-GPU input column, higher is better
     unit: str               # collectors/human.py's units
     label: str              # how a summary names it
+    what_to_try: tuple[str, ...] = ()      # a finding's report gives it
 
 
+_RECALIBRATE = ("measure it again while it is idle (`gpuscope calibrate --gpu N --send ...`): one run can be "
+                "unlucky, two that agree are the part")
 DIMENSIONS = (
-    Dimension("hbm", "hbm_bytes_per_s", "bytes/s", "HBM"),
-    Dimension("tensor", "tensor_flops_per_s", "FLOP/s", "BF16 tensor"),
-    Dimension("pcie", "pcie_h2d_bytes_per_s", "bytes/s", "PCIe host-to-device"),
-    Dimension("nvlink", "nvlink_d2d_bytes_per_s", "bytes/s", "NVLink device-to-device"),
-    Dimension("clocks", "sm_clock_at_power_hertz", "hertz", "SM clock at the power limit"),
+    Dimension("hbm", "hbm_bytes_per_s", "bytes/s", "HBM", (
+        _RECALIBRATE,
+        "`nvidia-smi -q -d ROW_REMAPPER,ECC`: remapped rows, a pending remap or uncorrectable errors mean a "
+        "weak HBM stack; drain the GPU and follow the vendor's field diagnostic (`dcgmi diag -r 3`)")),
+    Dimension("tensor", "tensor_flops_per_s", "FLOP/s", "BF16 tensor", (
+        _RECALIBRATE,
+        "`nvidia-smi -q -d PERFORMANCE,CLOCK`: a clock held down (HW slowdown, power brake) takes the tensor "
+        "pipes with it; compare the clocks the calibration recorded with its peers'")),
+    Dimension("pcie", "pcie_h2d_bytes_per_s", "bytes/s", "PCIe host-to-device", (
+        "`nvidia-smi -q -d PCIE` (or `lspci -vv`, LnkSta against LnkCap) while the GPU is busy: a link "
+        "trained under its best is a seating, riser, retimer or BIOS setting; reseat or move the GPU",
+        _RECALIBRATE)),
+    Dimension("nvlink", "nvlink_d2d_bytes_per_s", "bytes/s", "NVLink device-to-device", (
+        "`nvidia-smi nvlink -s` and `nvidia-smi nvlink -e`: an inactive link or rising replay/CRC counters; "
+        "`nvidia-smi -q -d FABRIC` on NVSwitch systems",
+        _RECALIBRATE)),
+    Dimension("clocks", "sm_clock_at_power_hertz", "hertz", "SM clock at the power limit", (
+        "`nvidia-smi -q -d PERFORMANCE,TEMPERATURE`: the clock event reasons say whether heat (HW thermal "
+        "slowdown) or power holds it; check the fans, the inlet temperature and airflow against its neighbours",
+        "a GPU that runs hotter than its peers at the same power has worse cooling, not a worse workload")),
 )
 LINK_COLUMNS = ("pcie_generation", "pcie_width", "pcie_max_generation", "pcie_max_width")
 KEY_COLUMNS = ("host", "gpu", "model", "driver")
@@ -158,6 +176,36 @@ def _with_link(f: dict, row: dict) -> dict:
 def _link_text(generation: int | None, width: int | None) -> str:
     return " ".join(p for p in (f"Gen{generation}" if generation is not None else "",
                                 f"×{width}" if width is not None else "") if p) or "an unknown link"
+
+
+def condition(f: dict, config: DegradedConfig = DegradedConfig()) -> dict:
+    """A result of `find_degraded` as a fleet check's condition
+    (fleet_findings.py): keyed by the GPU's UUID where known, so the
+    finding follows the GPU, not the slot. Confidence is 0.5 at the z
+    bound and 1.0 at twice it; a link trained under its best is a fact
+    the driver states, 1.0."""
+    dim = next((d for d in DIMENSIONS if d.name == f["dimension"]), None)
+    evidence: dict[str, float] = {}
+    if f["value"] is not None and dim is not None:
+        evidence.update({dim.column: f["value"], f"peer_median_{dim.column}": f["peer_median"],
+                         "shortfall_ratio": round(f["shortfall"], 6), "robust_z": round(f["z"], 3),
+                         "peers": float(f["peers"])})
+    for k, v in (f.get("link") or {}).items():
+        if v is not None:
+            evidence[k] = float(v)
+    if f["link"] is not None:
+        confidence = 1.0
+    else:
+        confidence = min(1.0, abs(f["z"]) / (2 * abs(config.max_z)))
+    gpu_id = f.get("uuid") or f"{f['host']}/{f['gpu']}"
+    return dict(key=f"degraded:{f['dimension']}:{gpu_id}", host=f["host"], gpu=f["gpu"], summary=f["summary"],
+                evidence=evidence, flags=[f["dimension"]], confidence=round(confidence, 3),
+                source=f"peers: {f['model']}" + (f", driver {f['driver']}" if f.get("driver") else ""))
+
+
+def what_to_try(dimension: str) -> list[str]:
+    dim = next((d for d in DIMENSIONS if d.name == dimension), None)
+    return list(dim.what_to_try) if dim is not None else []
 
 
 def _quote(name: str) -> str:

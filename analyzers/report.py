@@ -15,6 +15,7 @@ from typing import Callable
 
 from gpuscope.collectors import catalogue as cat
 
+from .degraded import what_to_try as degraded_advice
 from .roofline import choose_peaks, datasheet_peaks
 from .rules import what_to_try
 from .store import DRAWN_FLAGS, Store
@@ -74,9 +75,16 @@ def build_report(store: Store, finding_id: str, context_s: float = 0.0, now: flo
                 changes=_changes(before, during), verdict=dict(decided=f["verdict"], by=f["decided_by"],
                                                                counters=f.get("counters_verdict"),
                                                                trace=f.get("trace_verdict")),
-                what_to_try=what_to_try(f["verdict"], f.get("flags") or ()),
+                what_to_try=_advice(f),
                 captures=captures, anomalies=store.records("anomalies", host, 0, 100, finding_id=finding_id),
                 decisions=store.records("decisions", host, 0, 100, finding_id=finding_id))
+
+
+def _advice(f: dict) -> list[str]:
+    """A bottleneck's advice is its verdict's and flags'; a degraded GPU's, its weak dimensions'."""
+    if (f.get("kind") or "bottleneck") == "degraded":
+        return [t for dim in f.get("flags") or () for t in degraded_advice(dim)]
+    return what_to_try(f["verdict"], f.get("flags") or ())
 
 
 def _changes(before: dict, during: dict) -> list[dict]:
@@ -171,7 +179,7 @@ def build_range_report(store: Store, start: float, end: float, host: str = "", g
         rows = sorted(rows, key=lambda f: (f["end"] if f["end"] is not None else end) - f["start"],
                       reverse=True)[:MAX_FINDINGS]
     out["findings_total"] = len(rows)
-    out["findings"] = [dict(f, what_to_try=what_to_try(f["verdict"], f.get("flags") or ()))
+    out["findings"] = [dict(f, what_to_try=_advice(f))
                        for f in sorted(rows, key=lambda f: (f["start"], f["host"], f["gpu"]))]
     out["captures"] = _captures(store, start, end, host, drawn)
     measured = {(h, g): p for h in {f["host"] for f in found} for g, p in store.host_measured_peaks(h).items()}

@@ -31,7 +31,7 @@ from .degraded import find_degraded
 from .report import LIMITS, MIN_PREFIX, AmbiguousId
 from .events import Watch
 from .ingest import BatchError, validate_capture_record
-from .store import AGGREGATES, FINDING_GROUPS, PROCESS_GROUPS
+from .store import AGGREGATES, FINDING_GROUPS, FINDING_KINDS, PROCESS_GROUPS
 from .writer import COMMITTED, BatchRejected, StoreUnavailable
 
 
@@ -74,6 +74,7 @@ def finding_pb(f: dict) -> apb.Finding:
     ev = f["evidence"] or {}
     m = apb.Finding(id=f["id"], host=f["host"], gpu=f["gpu"], job=f["job"] or "", verdict=f["verdict"],
                     start=f["start"], confidence=f["confidence"], windows=f["windows"],
+                    kind=f.get("kind") or "bottleneck",
                     attribution=attribution_pb(f.get("attribution")),
                     evidence=apb.Evidence(numbers={k: float(v) for k, v in ev.items()},
                                           flags=f["flags"] or [], summary=f["summary"] or "",
@@ -287,13 +288,17 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             if len(value.encode()) > 2 * MAX_ATTRIBUTION_BYTES:       # namespace/pod: two labels
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                     f"{name}: longer than {2 * MAX_ATTRIBUTION_BYTES} bytes; no job's is")
+        unknown = [k for k in request.kinds if k not in FINDING_KINDS]
+        if unknown:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"kinds: {unknown[0][:40]!r} is not a kind of finding ({', '.join(FINDING_KINDS)})")
 
         def build() -> apb.FindingsResponse:
             rows = self.analyzer.list_findings(
                 host=request.host, gpu=request.gpu if request.HasField("gpu") else None,
                 verdicts=list(request.verdicts), start=start, end=end, open_only=request.open_only,
                 limit=_limit(request.limit, 1000), flags=list(request.flags), pod=request.pod,
-                namespace=request.namespace, slurm_job=request.slurm_job)
+                namespace=request.namespace, slurm_job=request.slurm_job, kinds=list(request.kinds))
             return apb.FindingsResponse(findings=[finding_pb(_for_caller(r)) for r in rows])
         return await self._query(build)
 
@@ -427,8 +432,13 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         start = end - 3600 if start is None else start
         if start >= end:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "start: not before end")
-        rows = await self._query(self.analyzer.top, start, end, request.host, by, _limit(request.limit, 20))
-        out = apb.TopResponse(start=start, end=end, by=by)
+        limit = _limit(request.limit, 20)
+        rows = await self._query(self.analyzer.top, start, end, request.host, by, limit)
+        conditions = await self._query(functools.partial(
+            self.analyzer.list_findings, host=request.host, open_only=True,
+            kinds=[k for k in FINDING_KINDS if k != "bottleneck"], limit=limit))
+        conditions.sort(key=lambda f: (-(f["confidence"] or 0.0), f["host"], f["gpu"]))
+        out = apb.TopResponse(start=start, end=end, by=by, conditions=[finding_pb(_for_caller(f)) for f in conditions])
         for r in map(_for_caller, rows):
             now = r["now"] or {}
             # the row's id, summary and flags are its main verdict's longest finding's; `now_*` the open one's
@@ -444,7 +454,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                          flags=shown["flags"] or [], finding_id=shown["id"] or "",
                          verdicts=[apb.VerdictSeconds(**v) for v in r.get("verdicts") or ()],
                          stale=bool(r.get("stale")), last_seen_age_seconds=r.get("last_seen_age_s") or 0.0,
-                         attribution=attribution_pb(r.get("attribution")))
+                         attribution=attribution_pb(r.get("attribution")), conditions=r.get("conditions") or [])
         return out
 
     @_unavailable_as_status

@@ -17,18 +17,20 @@ import duckdb
 import pyarrow as pa
 
 from gpuscope.collectors import catalogue as cat
-from gpuscope.collectors.records import ATTRIBUTION_FIELDS
+from gpuscope.collectors.records import ATTRIBUTION_FIELDS, FINDING_KINDS  # noqa: F401 (the store's vocabulary)
 
 from .calibrations import peaks_from
 from .degraded import clocks_at_power_sql
 from .seqset import SeqSet
 
-SCHEMA_VERSION = 8          # 8: calibrations and their ceilings (new tables); the PCIe link's best in devices
+SCHEMA_VERSION = 9          # 9: findings of other kinds than bottlenecks (degraded, regression)
 # Columns added after a table first shipped: files created earlier gain them on open.
 ADDED_COLUMNS = {"findings": ("counters_verdict", "trace_verdict", "captures",     # 2: captures refine findings
                               "absorbed_until DOUBLE",        # 5: the last window end the row's numbers hold
                               "attribution",                  # 6: whose the job is (JSON of its known labels)
-                              "source"),                      # 7: where the counters that decided came from
+                              "source",                       # 7: where the counters that decided came from
+                              # 9: bottleneck, degraded, regression; what a kind's check calls the condition
+                              "kind VARCHAR DEFAULT 'bottleneck'", "condition_key"),
                  "captures": ("kind",),                                          # 3: capture kinds
                  "agents": ("committed",),                                       # 4: exact committed seqs
                  "processes": ATTRIBUTION_FIELDS,                                # 6: whose each process is
@@ -71,7 +73,10 @@ WINDOW_COLUMNS = ("host", "gpu", "start", "end", "verdict", "confidence", "flags
 GPU_OWNER_COLUMNS = ("host", "gpu", "t_start", "t_end", "job", "namespace", "pod", "container", "slurm_job")
 FINDING_COLUMNS = ("id", "host", "gpu", "job", "verdict", "start", "end", "confidence",
                    "windows", "evidence", "flags", "summary", "alternatives", "decided_by",
-                   "counters_verdict", "trace_verdict", "captures", "absorbed_until", "attribution", "source")
+                   "counters_verdict", "trace_verdict", "captures", "absorbed_until", "attribution", "source",
+                   "kind", "condition_key")
+# Rows written before kinds existed (FINDING_KINDS), and rows that name none, are bottlenecks.
+BOTTLENECK = "coalesce(kind, 'bottleneck') = 'bottleneck'"
 VERDICT_PAIR_COLUMNS = ("capture_id", "t", "host", "gpu", "model", "counters_verdict", "counters_confidence",
                         "trace_verdict", "trace_confidence", "finding_id")
 ANOMALY_COLUMNS = ("id", "t", "host", "gpu", "job", "kind", "kinds", "reason", "details", "finding_id")
@@ -403,8 +408,8 @@ class Store:
         sql = "SELECT * FROM captures" + (" WHERE " + " AND ".join(where) if where else "")
         return _dicts(self.reader().execute(sql + " ORDER BY start DESC LIMIT ?", args + [limit]))
 
-    def open_findings(self) -> list[dict]:
-        return _findings(self._con.execute('SELECT * FROM findings WHERE "end" IS NULL'))
+    def open_findings(self, kind: str = "bottleneck") -> list[dict]:
+        return _findings(self._con.execute(f'SELECT * FROM findings WHERE "end" IS NULL AND {_KIND}', [kind]))
 
     def windows_after(self, findings: list[dict]) -> dict[str, tuple[int, float]]:
         """For open findings written before their latest windows (an extended
@@ -443,16 +448,34 @@ class Store:
                  limit: int = 1000, **owner) -> list[dict]:
         return finding_dicts(self.findings_table(host, gpu, verdicts, start, end, open_only, limit, **owner))
 
+    def open_conditions(self, gpus: Sequence[tuple[str, int]] = ()) -> dict[tuple[str, int], list[dict]]:
+        """The open findings that are not bottlenecks (degraded, regression),
+        by GPU; of `gpus` only when given."""
+        where, args = ['"end" IS NULL', f"NOT {BOTTLENECK}"], []
+        if gpus:
+            _where_gpus(where, args, gpus)
+        out: dict[tuple[str, int], list[dict]] = {}
+        for f in _findings(self.reader().execute(
+                f"SELECT * FROM findings WHERE {' AND '.join(where)} ORDER BY host, gpu, start", args)):
+            out.setdefault((f["host"], f["gpu"]), []).append(f)
+        return out
+
     def findings_table(self, host: str = "", gpu: int | None = None, verdicts: Iterable[str] = (),
                        start: float | None = None, end: float | None = None, open_only: bool = False,
                        limit: int = 1000, flags: Iterable[str] = (), pod: str = "", namespace: str = "",
-                       slurm_job: str = "", gpus: Sequence[tuple[str, int]] = ()) -> pa.Table:
+                       slurm_job: str = "", gpus: Sequence[tuple[str, int]] = (),
+                       kinds: Iterable[str] = ()) -> pa.Table:
         """The matching rows as stored (JSON fields as text), newest first:
         DuckDB builds the table without the GIL, and `finding_dicts` turns it
         into rows wherever the caller is (the gRPC process, not this one).
         pod: a pod's name, or namespace/name; namespace, slurm_job: the
-        job's, as its attribution says; gpus: (host, gpu) pairs, any of them."""
+        job's, as its attribution says; gpus: (host, gpu) pairs, any of them;
+        kinds: FINDING_KINDS, any of them (empty: all)."""
         where, args = _where_host_gpu([], [], host, gpu)
+        kinds = list(kinds)
+        if kinds:
+            where.append(f"coalesce(kind, 'bottleneck') IN ({', '.join('?' * len(kinds))})")
+            args.extend(kinds)
         if gpus:
             _where_gpus(where, args, gpus)
         if "/" in pod:
@@ -500,7 +523,7 @@ class Store:
         if by != "gpu" and by not in FINDING_GROUPS:
             raise ValueError(f"by: {by!r}, expected gpu, {', '.join(FINDING_GROUPS)}")
         now = end if now is None else now
-        where, args = ["verdict <> 'idle'", "start <= ?", 'coalesce("end", ?) >= ?'], [end, now, start]
+        where, args = ["verdict <> 'idle'", BOTTLENECK, "start <= ?", 'coalesce("end", ?) >= ?'], [end, now, start]
         if host:
             where.append("host = ?")
             args.append(host)
@@ -868,7 +891,7 @@ class Store:
                     SELECT host, gpu, t, samples AS n, {old} FROM samples_1m WHERE t >= $lo AND t < $hi)
               GROUP BY host, gpu, t),
             f AS (SELECT host, gpu, start, coalesce("end", 'infinity'::DOUBLE) AS fin, id, verdict, job, attribution
-                  FROM findings WHERE start < $hi AND coalesce("end", 'infinity'::DOUBLE) >= $lo)
+                  FROM findings WHERE start < $hi AND coalesce("end", 'infinity'::DOUBLE) >= $lo AND {BOTTLENECK})
             SELECT m.host, m.gpu, m.t, m.samples, f.verdict, f.job, f.id AS finding_id,
                    {label.format('namespace')} AS namespace, {label.format('pod')} AS pod,
                    {label.format('slurm_job')} AS slurm_job, {', '.join(f'm."{n}"' for n in names)}
@@ -1026,6 +1049,7 @@ def _dicts(cur: Any) -> list[dict]:
     return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
+_KIND = "coalesce(kind, 'bottleneck') = ?"
 _JSON_FIELDS = ("evidence", "flags", "alternatives", "captures", "attribution")
 _DICT_FIELDS = ("evidence", "attribution")
 _EMPTY_JSON = ("[]", "{}")
@@ -1062,7 +1086,8 @@ def _finding_fields(rows: list[dict]) -> list[dict]:
 def finding_row(f: dict) -> tuple:
     """The stored row; `absorbed_until` is the last window the numbers hold."""
     return tuple(_json(f.get(k), k) if k in _JSON_FIELDS else
-                 f.get("last_window_end") if k == "absorbed_until" else f.get(k) for k in FINDING_COLUMNS)
+                 f.get("last_window_end") if k == "absorbed_until" else
+                 f.get(k) or "bottleneck" if k == "kind" else f.get(k) for k in FINDING_COLUMNS)
 
 
 def _json(v: Any, key: str) -> str:

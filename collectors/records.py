@@ -38,6 +38,10 @@ ATTRIBUTION_FIELDS = tuple(f.name for f in fields(Attribution))
 # agent cuts and cleans what it reads (environ and cgroups are users' text),
 # the analyzer refuses a batch that breaks it (a bug of the agent).
 MAX_ATTRIBUTION_BYTES = 256
+# What a finding is an episode of: a bottleneck of the GPU's own windows, or a condition the analyzer's
+# fleet checks found by setting it against others (under its peers; slower than its program's baseline).
+# A finding of another kind than a bottleneck has its kind as its verdict.
+FINDING_KINDS = ("bottleneck", "degraded", "regression")
 
 # The job of a GPU whose source names its pod and lists no process (dcgm-exporter's
 # labels): `pod NS/NAME [container C]`. It holds no command line (readers see it whole)

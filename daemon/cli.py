@@ -21,7 +21,8 @@ from gpuscope.collectors.recording import RecordingError
 from gpuscope.collectors.xspace_reader import TraceError
 
 from . import client_config, clients, config_checks, config_file, logs
-from .cliutil import VERDICTS, UsageError, default_db, duration, number, positive_duration, positive_float, positive_int
+from .cliutil import (FINDING_KINDS, VERDICTS, UsageError, default_db, duration, number, positive_duration,
+                      positive_float, positive_int)
 from .cmd_accuracy import cmd_accuracy
 from .cmd_degraded import cmd_degraded
 from .cmd_calibrate import add_calibrate_parser
@@ -116,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="raw samples older than this are rolled up to per-minute means and deleted "
                              "(e.g. 14d, 36h; default 14d)")
         sp.add_argument("--no-rollup", action="store_true", help="delete old samples without keeping per-minute means")
+        sp.add_argument("--fleet-check-every", type=duration, default=300.0, metavar="DURATION",
+                        help="between fleet checks, which open `degraded` findings for GPUs under their peers "
+                             "(docs/degraded.md); 0 for never (default 5m)")
         g = sp.add_argument_group("fleet tier", "per-minute rollups, closed findings and capture summaries as "
                                                 "hive-partitioned Parquet for `gpuscope fleet` (docs/fleet.md)")
         g.add_argument("--publish", default=None, metavar="URL",
@@ -211,12 +215,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="list at most N GPUs, by host and index (default 1000)")
     sp.set_defaults(fn=cmd_status)
 
-    sp = sub.add_parser("findings", help="bottleneck episodes")
+    sp = sub.add_parser("findings", help="bottleneck episodes, degraded GPUs and program regressions")
     server_args(sp)
     range_args(sp)
     sp.add_argument("--verdict", action="append", choices=VERDICTS, help="repeat for several")
+    sp.add_argument("--kind", action="append", choices=FINDING_KINDS,
+                    help="bottleneck episodes, degraded GPUs (under their peers: docs/degraded.md) or program "
+                         "regressions; repeat for several (default: all)")
     sp.add_argument("--flag", action="append", metavar="FLAG",
-                    help="findings carrying this flag, e.g. power-capped, thermal-throttled (repeat: all of them)")
+                    help="findings carrying this flag, e.g. power-capped, thermal-throttled, or a degraded GPU's "
+                         "weak dimension: hbm, tensor, pcie, nvlink, clocks (repeat: all of them)")
     sp.add_argument("--pod", default="", metavar="POD", help="findings of jobs in this Kubernetes pod (NAME or "
                                                               "NAMESPACE/NAME)")
     sp.add_argument("--namespace", default="", metavar="NS", help="findings of jobs in this Kubernetes namespace")
@@ -293,7 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     server_args(sp)
     sp.add_argument("--host", default="")
     sp.add_argument("--gpu", type=number(0, 65535, int), default=None, help="GPU index")
-    sp.add_argument("--verdict", action="append", choices=VERDICTS)
+    sp.add_argument("--verdict", action="append", choices=VERDICTS + FINDING_KINDS[1:],
+                    help="events of this verdict; a degraded or regression finding's verdict is its kind")
     sp.add_argument("--kind", action="append", choices=["finding", "anomaly", "decision", "capture"])
     sp.set_defaults(fn=cmd_watch)
 

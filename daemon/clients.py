@@ -91,7 +91,7 @@ def finding_dict(f: apb.Finding) -> dict:
                 flags=list(f.evidence.flags), summary=f.evidence.summary,
                 alternatives=list(f.evidence.alternatives), decided_by=f.evidence.decided_by,
                 counters_verdict=f.evidence.counters_verdict or f.verdict, trace_verdict=f.evidence.trace_verdict or None,
-                captures=list(f.evidence.captures), source=f.evidence.source or None)
+                captures=list(f.evidence.captures), source=f.evidence.source or None, kind=f.kind or "bottleneck")
 
 
 def _record_dict(r) -> dict:
@@ -296,16 +296,20 @@ def top(server: str, start: float | None = None, end: float | None = None, host:
         now_since=x.now_since or None, confidence=x.confidence, summary=x.summary, flags=list(x.flags),
         finding_id=x.finding_id, verdicts=[dict(verdict=v.verdict, seconds=v.seconds) for v in x.verdicts],
         stale=x.stale, last_seen_age_s=x.last_seen_age_seconds or None,
-        attribution=attribution_dict(x.attribution)) for x in r.rows])
+        attribution=attribution_dict(x.attribution), conditions=list(x.conditions)) for x in r.rows],
+        conditions=[finding_dict(f) for f in r.conditions])
 
 
 def findings(server: str, host: str = "", gpu: int | None = None, verdicts: list[str] | None = None,
              start: float | None = None, end: float | None = None, open_only: bool = False,
              limit: int = 1000, *, flags: list[str] | None = None, pod: str = "", namespace: str = "",
-             slurm_job: str = "", security: ClientSecurity = INSECURE) -> list[dict]:
-    """pod: a pod's name or namespace/name; namespace, slurm_job: the job's."""
+             slurm_job: str = "", kinds: list[str] | None = None,
+             security: ClientSecurity = INSECURE) -> list[dict]:
+    """pod: a pod's name or namespace/name; namespace, slurm_job: the job's;
+    kinds: bottleneck, degraded, regression (none: all)."""
     req = apb.FindingsRequest(host=host, verdicts=verdicts or [], open_only=open_only, limit=limit,
-                              flags=flags or [], pod=pod, namespace=namespace, slurm_job=slurm_job)
+                              flags=flags or [], pod=pod, namespace=namespace, slurm_job=slurm_job,
+                              kinds=kinds or [])
     if gpu is not None:
         req.gpu = gpu
     _in_range(req, start, end)

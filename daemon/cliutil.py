@@ -8,7 +8,7 @@ import os
 import re
 import sys
 
-from gpuscope.collectors.records import POD_JOB_PREFIX
+from gpuscope.collectors.records import FINDING_KINDS, POD_JOB_PREFIX  # noqa: F401 (for the commands)
 
 VERDICTS = ("compute-bound", "memory-bound", "launch-bound", "host-bound", "communication-bound", "idle")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")

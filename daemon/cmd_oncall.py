@@ -133,7 +133,7 @@ def cmd_findings(ns) -> int:
     start, end = _time_range(ns)
     rows = clients.findings(ns.server, ns.host or "", ns.gpu, ns.verdict, start, end, ns.open, ns.limit,
                            flags=ns.flag, pod=ns.pod, namespace=ns.namespace, slurm_job=ns.slurm_job,
-                           security=client_security(ns))
+                           kinds=ns.kind, security=client_security(ns))
     measured = _measured_precision(ns, rows)
     for f in rows:
         if f["counters_verdict"] in measured:
@@ -150,10 +150,14 @@ def cmd_findings(ns) -> int:
         trust = accuracy.trust_words(f["counters_verdict"], measured)
         flags = f" [{', '.join(x.replace('_', '-') for x in f['flags'])}]" if f["flags"] else ""
         owner = whose_beside(f["job"], f.get("attribution"))
+        if f.get("kind", "bottleneck") == "bottleneck":
+            said = (f"job {f['job'] or '(no process seen)'}" + (f" — {owner}" if owner else "")
+                    + (f"; counters from {f['source']}" if f.get("source") else ""))
+        else:       # a fleet check's: what it was set against, and how many checks found it
+            said = (f"{f['source'] or 'fleet check'}; found by {human.many(f['windows'], 'check')}"
+                    + (f"; job {f['job']}" if f["job"] else ""))
         print(f"{f['id']} {f['host']}/gpu{f['gpu']} {f['verdict']:<20} {_when(f['start'])} -> {_when(f['end'])} "
-              f"conf {f['confidence']:.2f}{trust}{flags}\n    job {f['job'] or '(no process seen)'}"
-              + (f" — {owner}" if owner else "") + (f"; counters from {f['source']}" if f.get("source") else "")
-              + f"\n    {f['summary']}")
+              f"conf {f['confidence']:.2f}{trust}{flags}\n    {said}\n    {f['summary']}")
     return 0
 
 
@@ -227,7 +231,7 @@ def render_top(r: dict, ns) -> str:
         why = ("" if by in ("gpu", "job") else
                f"; no bottlenecked GPU's job names a {things[:-1]} (pods come from the kubelet's socket or "
                "dcgm-exporter's pod labels, Slurm jobs from the job's cgroup or environment)")
-        return head + "\n" + _nothing(ns, "bottlenecks") + why
+        return head + "\n" + _nothing(ns, "bottlenecks") + why + _conditions_lines(r)
     who = {"job": "JOB", "pod": "POD", "slurm-job": "SLURM JOB"}.get(by, "GPU")
     spent = "TIME" if by == "gpu" else "GPU-TIME"        # a group's time is summed over its GPUs
     lines = [head, "", f"{who:<24} {'VERDICT':<20} {spent:>8} {'SHARE':>5}  {'ID':<8}  NOW"]
@@ -251,6 +255,22 @@ def render_top(r: dict, ns) -> str:
         lines.append(f"    {held}" + (f" — {owner}" if owner else "") + (f"; {split}" if split else ""))
         lines.append(f"    {x['summary']}" + (f" [{', '.join(f.replace('_', '-') for f in x['flags'])}]"
                                                if x["flags"] else ""))
+        if x.get("conditions"):
+            lines.append(f"    also open: {'; '.join(x['conditions'])}")
+    return "\n".join(lines) + _conditions_lines(r)
+
+
+def _conditions_lines(r: dict) -> str:
+    """Open degraded and regression findings: a GPU under its peers need
+    not be busy, so they are listed whether or not it ranks above."""
+    rows = r.get("conditions") or []
+    if not rows:
+        return ""
+    lines = ["", f"open now, not bottlenecks ({human.many(len(rows), 'finding')}; "
+                 "`gpuscope findings --kind degraded --open` lists all):"]
+    for f in rows:
+        lines.append(f"  {f['host']}/gpu{f['gpu']:<3} {f['kind']:<10} {', '.join(f['flags']):<8} "
+                     f"{f['id'][:8]}  {f['summary']}")
     return "\n".join(lines)
 
 

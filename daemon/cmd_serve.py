@@ -141,7 +141,8 @@ def _analyzer_config(ns, dry_run: bool):
                             fleet_fraction=ns.fleet_fraction, capture_duration_ms=ns.capture_duration_ms)
     return AnalyzerConfig(ns.db, window_s=ns.window, memory_limit=ns.memory_limit,
                           threads=getattr(ns, "threads", 2), trigger=trigger, retention_s=ns.retention,
-                          rollup=not ns.no_rollup, publish=_publish_config(ns))
+                          rollup=not ns.no_rollup, publish=_publish_config(ns),
+                          fleet_check_s=ns.fleet_check_every)
 
 
 def _publish_config(ns):

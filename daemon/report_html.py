@@ -124,8 +124,14 @@ def timeline_png(rep: dict, highlight: str | None = None) -> tuple[bytes, dict]:
     _bars(lanes, rep["lanes"]["runs"], lane_of, tz, "verdict", lambda v: VERDICT_COLOURS.get(v, UNKNOWN_BOUND),
           band[0], band[1])
     _bars(lanes, rep["lanes"].get("flag_runs", ()), lane_of, tz, "flag", FLAG_COLOURS.get, band[0] + band[1], 0.07)
+    # a degraded GPU's finding spans its bottlenecks: it is named on the GPU's lane, not drawn over them
     findings = [dict(f, start=max(f["start"], rep["start"]),
-                     end=min(f["end"] if f["end"] is not None else rep["end"], rep["end"])) for f in rep["findings"]]
+                     end=min(f["end"] if f["end"] is not None else rep["end"], rep["end"])) for f in rep["findings"]
+                if (f.get("kind") or "bottleneck") == "bottleneck"]
+    conditions: dict[tuple[str, int], list[str]] = {}
+    for f in rep["findings"]:
+        if (f.get("kind") or "bottleneck") != "bottleneck":
+            conditions.setdefault((f["host"], f["gpu"]), []).extend(f"{f['kind']}: {x}" for x in f.get("flags") or ())
     _bars(lanes, [f for f in findings if f["id"] != highlight], lane_of, tz, "verdict",
           lambda v: VERDICT_COLOURS.get(v, UNKNOWN_BOUND), 0.7, 0.22, edge=0.6)
     _bars(lanes, [f for f in findings if f["id"] == highlight], lane_of, tz, "verdict",
@@ -152,7 +158,9 @@ def timeline_png(rep: dict, highlight: str | None = None) -> tuple[bytes, dict]:
             lanes.text(float(_x(c["start"], tz)), i + 0.04, f"  C{n}", fontsize=8, va="center", ha="left",
                        fontweight="bold")
     lanes.set_ylim(len(gpus), 0)
-    lanes.set_yticks([i + 0.5 for i in range(len(gpus))], [_gpu_name(h, g) for h, g in gpus], fontsize=9)
+    lanes.set_yticks([i + 0.5 for i in range(len(gpus))],
+                     [_gpu_name(h, g) + "".join(f"\n{c}" for c in sorted(set(conditions.get((h, g), ()))))
+                      for h, g in gpus], fontsize=9)
     lanes.tick_params(axis="y", length=0)
     fig.text(0.12, 1 - 0.12 / total, f"verdict per GPU, {_when(rep['start'], tz)} to {_when(rep['end'], tz)}",
              fontsize=11, va="top", ha="left")

@@ -4,6 +4,7 @@ trained at x8 in an x16 slot; the rest within noise of each other."""
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import grpc
@@ -81,5 +82,112 @@ def test_degraded_names_the_slow_clock_and_the_narrow_link_and_nothing_else(tmp_
         assert out.returncode == 0 and "h1 gpu 5  clocks" in out.stdout and "h2 gpu 3  pcie" in out.stdout, out
         out = subprocess.run(cli + ["--json"], capture_output=True, text=True, timeout=60)
         assert {(r["host"], r["gpu"]) for r in json.loads(out.stdout)} == {SLOW_CLOCK, NARROW_LINK, WEAK_HBM}
+    finally:
+        srv.stop()
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuscope.daemon.cli", *args, "--insecure"], capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.parametrize("engine", [False, True], ids=["thread", "process"])
+def test_fleet_checks_open_degraded_findings_show_them_and_close_them_when_the_gpu_recovers(tmp_path, engine):
+    """The analyzer's own schedule, not a request: degraded GPUs become
+    findings of kind `degraded` in findings, top, watch and report, and a
+    finding ends at the last check that found it once the GPU is back
+    among its peers."""
+    srv = AnalyzerServer(tmp_path / "d.duckdb", engine=engine, fleet_check_s=1.0)
+    rng = np.random.default_rng(11)
+    events: list[dict] = []
+    try:
+        watching = threading.Event()
+
+        def watch() -> None:
+            try:
+                events.extend(clients.watch(srv.target, verdicts=["degraded"], on_open=watching.set))
+            except clients.ConnectionLost:      # the server stops at the end of the test
+                pass
+        threading.Thread(target=watch, daemon=True).start()
+        assert watching.wait(10)
+        with grpc.insecure_channel(srv.target) as ch:
+            stub = analyzer_pb2_grpc.AnalyzerStub(ch)
+            for host in ("h1", "h2"):
+                assert stub.Push(_batch(host, rng)).status == pb.BatchAck.COMMITTED
+        opened = wait_for(lambda: (lambda r: r if len(r) == 2 else None)(
+            clients.findings(srv.target, kinds=["degraded"], open_only=True)), timeout=30)
+        by_gpu = {(f["host"], f["gpu"]): f for f in opened}
+        assert set(by_gpu) == {SLOW_CLOCK, NARROW_LINK}
+        clock = by_gpu[SLOW_CLOCK]
+        assert clock["kind"] == "degraded" and clock["verdict"] == "degraded" and clock["flags"] == ["clocks"]
+        assert clock["evidence"]["sm_clock_at_power_hertz"] == pytest.approx(1.60e9)
+        assert clock["evidence"]["peers"] == 16 and clock["evidence"]["robust_z"] < -3.5
+        assert 0.5 <= clock["confidence"] <= 1.0 and clock["decided_by"] == "fleet check"
+        assert "SM clock at the power limit" in clock["summary"]
+        link = by_gpu[NARROW_LINK]
+        assert link["flags"] == ["pcie"] and link["confidence"] == 1.0
+        assert link["evidence"] == {"pcie_width": 8.0, "pcie_max_width": 16.0}
+        # the GPUs' busy windows are bottleneck findings of their own; kinds and verdicts keep them apart
+        bottlenecks = clients.findings(srv.target, kinds=["bottleneck"])
+        assert bottlenecks and {(f["kind"], f["verdict"]) for f in bottlenecks} == {("bottleneck", "launch-bound")}
+        assert {f["id"] for f in clients.findings(srv.target, verdicts=["degraded"])} == {f["id"] for f in opened}
+        # checks go on finding them: one finding each, counting checks, not one per check
+        wait_for(lambda: all(f["windows"] >= 3 for f in clients.findings(srv.target, kinds=["degraded"])),
+                 timeout=30)
+        assert len(clients.findings(srv.target, kinds=["degraded"])) == 2
+        out = _run("findings", "--server", srv.target, "--kind", "degraded")
+        assert out.returncode == 0 and "h1/gpu5 degraded" in out.stdout and "found by" in out.stdout, out
+        assert "peers: NVIDIA H200, driver 570.124.06" in out.stdout
+        top = clients.top(srv.target)
+        assert {(f["host"], f["gpu"]) for f in top["conditions"]} == {SLOW_CLOCK, NARROW_LINK}
+        out = _run("top", "--server", srv.target)
+        assert out.returncode == 0 and "open now, not bottlenecks" in out.stdout and "clocks" in out.stdout, out
+        rep = clients.report(srv.target, clock["id"])
+        assert any("PERFORMANCE,TEMPERATURE" in t for t in rep["what_to_try"])
+        # the GPU recovers: an hour of its samples now holds the clock its peers hold
+        now = time.time()
+        recovered = [GpuSample(5, now - 30 + i * 0.1, {"sm_clock_hertz": 1.98e9, "power_watts": 690.0,
+                                                       "power_limit_watts": 700.0}) for i in range(200)]
+        devices = [DeviceInfo(gpu=g, uuid=f"GPU-h1-{g}", name="NVIDIA H200", pcie_generation=5, pcie_width=16,
+                              pcie_max_generation=5, pcie_max_width=16, driver_version="570.124.06") for g in range(8)]
+        with grpc.insecure_channel(srv.target) as ch:
+            ack = analyzer_pb2_grpc.AnalyzerStub(ch).Push(encode_batch("h1", "boot", 2, recovered, devices))
+            assert ack.status == pb.BatchAck.COMMITTED
+        closed = wait_for(lambda: [f for f in clients.findings(srv.target, kinds=["degraded"])
+                                   if f["end"] is not None], timeout=30)
+        assert [(f["host"], f["gpu"]) for f in closed] == [SLOW_CLOCK]
+        f = closed[0]
+        assert "ended: no longer under its peers (2 checks in a row)" in f["summary"]
+        assert f["start"] <= f["end"] < time.time() - 0.5      # at the last check that found it, not at closing
+        assert [(x["host"], x["gpu"]) for x in clients.findings(srv.target, kinds=["degraded"], open_only=True)] \
+            == [NARROW_LINK]
+        wait_for(lambda: len(events) >= 3, timeout=10)
+        said = [(e["host"], e["gpu"], e["record"]["end"] is None) for e in events]
+        assert said.count(("h1", 5, True)) == 1 and said.count(("h1", 5, False)) == 1 and ("h2", 3, True) in said
+    finally:
+        srv.stop()
+
+
+def test_degraded_findings_resume_after_a_restart(tmp_path):
+    """An analyzer restarted over its DB keeps one finding per condition: the
+    open one is found again, not opened anew."""
+    db = tmp_path / "d.duckdb"
+    rng = np.random.default_rng(3)
+    srv = AnalyzerServer(db, fleet_check_s=0)
+    try:
+        with grpc.insecure_channel(srv.target) as ch:
+            stub = analyzer_pb2_grpc.AnalyzerStub(ch)
+            for host in ("h1", "h2"):
+                assert stub.Push(_batch(host, rng)).status == pb.BatchAck.COMMITTED
+        wait_for(lambda: len(clients.degraded(srv.target)) == 2, timeout=20)
+        assert srv.analyzer.run_fleet_checks().result(timeout=30) == {"degraded": 2}
+        first = {f["id"] for f in clients.findings(srv.target, kinds=["degraded"])}
+    finally:
+        srv.stop()
+    srv = AnalyzerServer(db, fleet_check_s=0)
+    try:
+        assert srv.analyzer.run_fleet_checks().result(timeout=30) == {"degraded": 2}
+        again = clients.findings(srv.target, kinds=["degraded"])
+        assert {f["id"] for f in again} == first and all(f["windows"] == 2 for f in again)
     finally:
         srv.stop()

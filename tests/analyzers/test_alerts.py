@@ -119,6 +119,18 @@ def test_a_findings_alert_carries_its_pod_and_slurm_job_for_routing():
     assert "pod" not in alert_of(finding(), "warning").labels       # unknown: left out, not an empty label
 
 
+def test_a_degraded_gpu_is_its_own_alert_not_a_bottleneck():
+    """Hardware under its peers routes to whoever fixes hardware: its own alertname, its weak dimension
+    in the annotations."""
+    from gpuscope.analyzers.alerts import alert_of, severity
+    e = finding(verdict="degraded", job=None)
+    e["record"].update(kind="degraded", flags=["hbm"], summary="HBM 3.50 TB/s, 18 % under the median")
+    a = alert_of(e, severity(e))
+    assert a.labels == dict(alertname="GPUDegraded", severity="warning", host="gpu-7", gpu="3", verdict="degraded")
+    assert a.annotations["flags"] == "hbm" and "18 % under" in a.annotations["summary"]
+    assert alert_of(finding(), "warning").labels["alertname"] == "GPUBottleneck"
+
+
 def test_a_finding_alerts_once_it_has_lasted_and_its_episodes_are_one_alert(receiver):
     """Found in a trial: at the default severity every compute-bound episode
     (a healthy GEMM) was a GPUBottleneck on open and again on close, each

@@ -74,7 +74,7 @@ class TopRequest(_message.Message):
     def __init__(self, start: _Optional[float] = ..., end: _Optional[float] = ..., host: _Optional[str] = ..., by: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class TopRow(_message.Message):
-    __slots__ = ("host", "gpu", "job", "verdict", "bottleneck_seconds", "share", "findings", "gpus", "now_verdict", "now_since", "confidence", "summary", "flags", "finding_id", "attribution", "verdicts", "stale", "last_seen_age_seconds")
+    __slots__ = ("host", "gpu", "job", "verdict", "bottleneck_seconds", "share", "findings", "gpus", "now_verdict", "now_since", "confidence", "summary", "flags", "finding_id", "attribution", "verdicts", "stale", "last_seen_age_seconds", "conditions")
     HOST_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,7 @@ class TopRow(_message.Message):
     VERDICTS_FIELD_NUMBER: _ClassVar[int]
     STALE_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CONDITIONS_FIELD_NUMBER: _ClassVar[int]
     host: str
     gpu: int
     job: str
@@ -111,7 +112,8 @@ class TopRow(_message.Message):
     verdicts: _containers.RepeatedCompositeFieldContainer[VerdictSeconds]
     stale: bool
     last_seen_age_seconds: float
-    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., job: _Optional[str] = ..., verdict: _Optional[str] = ..., bottleneck_seconds: _Optional[float] = ..., share: _Optional[float] = ..., findings: _Optional[int] = ..., gpus: _Optional[int] = ..., now_verdict: _Optional[str] = ..., now_since: _Optional[float] = ..., confidence: _Optional[float] = ..., summary: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., finding_id: _Optional[str] = ..., attribution: _Optional[_Union[_samples_pb2.Attribution, _Mapping]] = ..., verdicts: _Optional[_Iterable[_Union[VerdictSeconds, _Mapping]]] = ..., stale: _Optional[bool] = ..., last_seen_age_seconds: _Optional[float] = ...) -> None: ...
+    conditions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., job: _Optional[str] = ..., verdict: _Optional[str] = ..., bottleneck_seconds: _Optional[float] = ..., share: _Optional[float] = ..., findings: _Optional[int] = ..., gpus: _Optional[int] = ..., now_verdict: _Optional[str] = ..., now_since: _Optional[float] = ..., confidence: _Optional[float] = ..., summary: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., finding_id: _Optional[str] = ..., attribution: _Optional[_Union[_samples_pb2.Attribution, _Mapping]] = ..., verdicts: _Optional[_Iterable[_Union[VerdictSeconds, _Mapping]]] = ..., stale: _Optional[bool] = ..., last_seen_age_seconds: _Optional[float] = ..., conditions: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class VerdictSeconds(_message.Message):
     __slots__ = ("verdict", "seconds")
@@ -122,16 +124,18 @@ class VerdictSeconds(_message.Message):
     def __init__(self, verdict: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class TopResponse(_message.Message):
-    __slots__ = ("rows", "start", "end", "by")
+    __slots__ = ("rows", "start", "end", "by", "conditions")
     ROWS_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     BY_FIELD_NUMBER: _ClassVar[int]
+    CONDITIONS_FIELD_NUMBER: _ClassVar[int]
     rows: _containers.RepeatedCompositeFieldContainer[TopRow]
     start: float
     end: float
     by: str
-    def __init__(self, rows: _Optional[_Iterable[_Union[TopRow, _Mapping]]] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., by: _Optional[str] = ...) -> None: ...
+    conditions: _containers.RepeatedCompositeFieldContainer[Finding]
+    def __init__(self, rows: _Optional[_Iterable[_Union[TopRow, _Mapping]]] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., by: _Optional[str] = ..., conditions: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ...) -> None: ...
 
 class RecordsRequest(_message.Message):
     __slots__ = ("table", "host", "since", "limit")
@@ -327,7 +331,7 @@ class Evidence(_message.Message):
     def __init__(self, numbers: _Optional[_Mapping[str, float]] = ..., flags: _Optional[_Iterable[str]] = ..., summary: _Optional[str] = ..., alternatives: _Optional[_Iterable[str]] = ..., decided_by: _Optional[str] = ..., counters_verdict: _Optional[str] = ..., trace_verdict: _Optional[str] = ..., captures: _Optional[_Iterable[str]] = ..., source: _Optional[str] = ...) -> None: ...
 
 class Finding(_message.Message):
-    __slots__ = ("id", "host", "gpu", "job", "verdict", "start", "end", "confidence", "evidence", "windows", "attribution")
+    __slots__ = ("id", "host", "gpu", "job", "verdict", "start", "end", "confidence", "evidence", "windows", "attribution", "kind")
     ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
@@ -339,6 +343,7 @@ class Finding(_message.Message):
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     id: str
     host: str
     gpu: int
@@ -350,7 +355,8 @@ class Finding(_message.Message):
     evidence: Evidence
     windows: int
     attribution: _samples_pb2.Attribution
-    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., gpu: _Optional[int] = ..., job: _Optional[str] = ..., verdict: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., confidence: _Optional[float] = ..., evidence: _Optional[_Union[Evidence, _Mapping]] = ..., windows: _Optional[int] = ..., attribution: _Optional[_Union[_samples_pb2.Attribution, _Mapping]] = ...) -> None: ...
+    kind: str
+    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., gpu: _Optional[int] = ..., job: _Optional[str] = ..., verdict: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., confidence: _Optional[float] = ..., evidence: _Optional[_Union[Evidence, _Mapping]] = ..., windows: _Optional[int] = ..., attribution: _Optional[_Union[_samples_pb2.Attribution, _Mapping]] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ("host", "gpu_limit")
@@ -474,7 +480,7 @@ class PublishStatus(_message.Message):
     def __init__(self, target: _Optional[str] = ..., cluster: _Optional[str] = ..., interval_seconds: _Optional[float] = ..., staged_until: _Optional[float] = ..., files_pending: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., last_upload: _Optional[float] = ..., last_pass: _Optional[float] = ..., files_uploaded: _Optional[int] = ..., rows_staged: _Optional[int] = ..., failures: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., last_error: _Optional[str] = ...) -> None: ...
 
 class FindingsRequest(_message.Message):
-    __slots__ = ("host", "gpu", "verdicts", "start", "end", "open_only", "limit", "flags", "pod", "namespace", "slurm_job")
+    __slots__ = ("host", "gpu", "verdicts", "start", "end", "open_only", "limit", "flags", "pod", "namespace", "slurm_job", "kinds")
     HOST_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     VERDICTS_FIELD_NUMBER: _ClassVar[int]
@@ -486,6 +492,7 @@ class FindingsRequest(_message.Message):
     POD_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SLURM_JOB_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
     host: str
     gpu: int
     verdicts: _containers.RepeatedScalarFieldContainer[str]
@@ -497,7 +504,8 @@ class FindingsRequest(_message.Message):
     pod: str
     namespace: str
     slurm_job: str
-    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., verdicts: _Optional[_Iterable[str]] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., open_only: _Optional[bool] = ..., limit: _Optional[int] = ..., flags: _Optional[_Iterable[str]] = ..., pod: _Optional[str] = ..., namespace: _Optional[str] = ..., slurm_job: _Optional[str] = ...) -> None: ...
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., verdicts: _Optional[_Iterable[str]] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., open_only: _Optional[bool] = ..., limit: _Optional[int] = ..., flags: _Optional[_Iterable[str]] = ..., pod: _Optional[str] = ..., namespace: _Optional[str] = ..., slurm_job: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class FindingsResponse(_message.Message):
     __slots__ = ("findings",)
