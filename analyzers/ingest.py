@@ -148,6 +148,8 @@ class DeviceFacts(NamedTuple):
     pcie_max_generation: int | None = None
     pcie_max_width: int | None = None
     driver_version: str = ""
+    pcie_busy_generation: int | None = None
+    pcie_busy_width: int | None = None
 
 
 @dataclass
@@ -299,7 +301,8 @@ def _facts(d: pb.Device) -> "DeviceFacts":
     opt = lambda f: getattr(d, f) if d.HasField(f) else None  # noqa: E731
     return DeviceFacts(d.gpu, d.uuid, d.name, d.architecture, opt("memory_total_bytes"), opt("power_limit_watts"),
                        opt("pcie_generation"), opt("pcie_width"), d.gpm_supported, d.lost, d.source,
-                       opt("pcie_max_generation"), opt("pcie_max_width"), d.driver_version)
+                       opt("pcie_max_generation"), opt("pcie_max_width"), d.driver_version,
+                       opt("pcie_busy_generation"), opt("pcie_busy_width"))
 
 
 def _check_header(batch: pb.SampleBatch) -> None:
@@ -350,10 +353,10 @@ def _check_devices(batch: pb.SampleBatch) -> set[int]:
         if d.HasField("power_limit_watts") and not 0 < d.power_limit_watts <= MAX_POWER_LIMIT_WATTS:
             raise BatchError(f"{where}.power_limit_watts: {d.power_limit_watts!r} is outside "
                              f"(0, {MAX_POWER_LIMIT_WATTS:.0f}] W")
-        for name in ("pcie_generation", "pcie_max_generation"):
+        for name in ("pcie_generation", "pcie_max_generation", "pcie_busy_generation"):
             if d.HasField(name):
                 _int(f"{where}.{name}", getattr(d, name), 1, MAX_PCIE_GENERATION, "a PCIe generation")
-        for name in ("pcie_width", "pcie_max_width"):
+        for name in ("pcie_width", "pcie_max_width", "pcie_busy_width"):
             if d.HasField(name):
                 _int(f"{where}.{name}", getattr(d, name), 1, MAX_PCIE_WIDTH, "PCIe lanes")
         if d.HasField("attribution") and d.attribution >= len(batch.attributions):

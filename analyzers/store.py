@@ -36,7 +36,8 @@ ADDED_COLUMNS = {"findings": ("counters_verdict", "trace_verdict", "captures",  
                  "processes": ATTRIBUTION_FIELDS,                                # 6: whose each process is
                  "devices": ("source",                                           # 7: where its samples come from
                              "pcie_max_generation INTEGER", "pcie_max_width INTEGER",    # 8: the link's best
-                             "driver_version")}                                          # 8: and the driver
+                             "driver_version",                                           # 8: and the driver
+                             "pcie_busy_generation INTEGER", "pcie_busy_width INTEGER")}  # 9: the link under load
 # What findings and queries group by, beside GPUs: the key's SQL over a findings row's
 # attribution JSON (NULL where the job's attribution does not say)
 _LABEL = "json_extract_string(attribution, '$.{}')"
@@ -67,7 +68,7 @@ AGGREGATES = {"mean": "avg({m})", "min": "min({m})", "max": "max({m})",
 AGENT_COLUMNS = ("host", "boot_id", "max_seq", "last_seen", "dropped_samples", "committed")
 DEVICE_COLUMNS = ("host", "gpu", "uuid", "name", "architecture", "memory_total_bytes", "power_limit_watts",
                   "pcie_generation", "pcie_width", "gpm_supported", "lost", "source", "pcie_max_generation",
-                  "pcie_max_width", "driver_version", "last_seen")
+                  "pcie_max_width", "driver_version", "pcie_busy_generation", "pcie_busy_width", "last_seen")
 HEALTH_COLUMNS = ("host", "gpu", "t", "kind", "detail", "code")
 WINDOW_COLUMNS = ("host", "gpu", "start", "end", "verdict", "confidence", "flags", "summary")
 GPU_OWNER_COLUMNS = ("host", "gpu", "t_start", "t_end", "job", "namespace", "pod", "container", "slurm_job")
@@ -932,8 +933,9 @@ class Store:
         its model, its current calibration's ceilings (by UUID: they follow
         the GPU), the SM clock it holds at its power limit over [start, end),
         of the GPUs heard from since `start` (a host out of service is no one's peer),
-        and its PCIe width against the width it can train to. The current
-        generation is left out: it is read once, and an idle link reads Gen1.
+        and its PCIe link against the link it can train to: the best link its
+        agent saw while the GPU was busy (an idle link rests at Gen1; a GPU
+        never seen busy has no generation to judge, and its width as read).
         Peers are of one model and driver, the driver as the agent says it
         now (a GPU whose agent does not say is grouped with the others that do not)."""
         return self._arrow(f"""
@@ -947,8 +949,9 @@ class Store:
                        max(c.value) FILTER (WHERE c.name = 'h2d') AS pcie_h2d_bytes_per_s,
                        max(c.value) FILTER (WHERE c.name = 'd2d') AS nvlink_d2d_bytes_per_s
                 FROM cal JOIN ceilings c ON c.calibration_id = cal.id GROUP BY cal.uuid)
-            SELECT d.host, d.gpu, d.uuid, d.name AS model, coalesce(d.driver_version, '') AS driver, d.pcie_width,
-                   d.pcie_max_width,
+            SELECT d.host, d.gpu, d.uuid, d.name AS model, coalesce(d.driver_version, '') AS driver,
+                   d.pcie_busy_generation AS pcie_generation, coalesce(d.pcie_busy_width, d.pcie_width) AS pcie_width,
+                   d.pcie_max_generation, d.pcie_max_width,
                    c.sm_clock_at_power_hertz, m.hbm_bytes_per_s, m.tensor_flops_per_s, m.pcie_h2d_bytes_per_s,
                    m.nvlink_d2d_bytes_per_s
             FROM devices d LEFT JOIN clocks c USING (host, gpu) LEFT JOIN measured m ON m.uuid = d.uuid

@@ -50,7 +50,7 @@ from . import dcgm_fields as df
 from .dcgm_bindings import DcgmBindings, load_dcgm, profiling_refusal, status_name
 from .dcgm_values import FieldValueReader
 from .nvml import ARCHITECTURES, NvmlCollector, NvmlConfig, SourceUnavailable
-from .records import DeviceInfo, GpuSample, HealthKind, HealthRecord, ProcessRecord, Scrape
+from .records import BUSY_UTIL, DeviceInfo, GpuSample, HealthKind, HealthRecord, ProcessRecord, Scrape, with_busy_link
 
 log = structlog.get_logger("gpuscope.dcgm")
 ENV_HOSTENGINE = "DCGM_HOSTENGINE"
@@ -61,7 +61,8 @@ PROFILING_CORE = tuple(i for i in PROFILING if i <= 1012)
 _DEVICE = [f for f in df.FIELDS if f.id not in PROFILING]
 FAST = tuple(f.id for f in _DEVICE if not cat.BY_NAME[f.metric].slow)
 SLOW = tuple(f.id for f in _DEVICE if cat.BY_NAME[f.metric].slow)
-# DCGM_FI_DEV_PCIE_LINK_GEN, _WIDTH, then _MAX_LINK_GEN, _MAX_LINK_WIDTH: for DeviceInfo, read once
+# DCGM_FI_DEV_PCIE_LINK_GEN, _WIDTH, then _MAX_LINK_GEN, _MAX_LINK_WIDTH: for DeviceInfo, read at start-up
+# and, while the GPU is busy, at each slow scrape
 PCIE_LINK = (237, 238, 235, 236)
 _ECC_UNCORRECTED = "ecc_uncorrected_total"
 MIB = 1048576
@@ -126,6 +127,7 @@ class DcgmCollector:
         self._next_attempt = 0.0
         self._pending = Scrape()          # health and errors met outside a scrape (a pause), handed on next
         self._ecc: dict[int, float] = {}
+        self._busy: set[int] = set()      # GPUs at or over BUSY_UTIL at the last fast scrape
         self.processes_note = ""
 
     @property
@@ -366,6 +368,7 @@ class DcgmCollector:
             values = self._latest(self._fast, t, scrape) if self._session is not None else {}
             gpus = [g for g in self._gpus if g not in self._lost]
         procs = self._processes(scrape)
+        self._busy = {g for g in gpus if values.get(g, {}).get("util_gpu_ratio", 0.0) >= BUSY_UTIL}
         for gpu in gpus:
             v = values.get(gpu, {})
             mine = procs.get(gpu)
@@ -501,6 +504,14 @@ class DcgmCollector:
             if self._session is None:
                 return scrape
             values = self._latest(self._slow, t, scrape)
+            try:
+                for gpu in sorted(self._busy - self._lost):
+                    # the link while the GPU works: an idle link rests at Gen1
+                    link = self._pcie_link(self._session, gpu)
+                    self._info[gpu] = with_busy_link(self._info[gpu], link.get(PCIE_LINK[0]),
+                                                     link.get(PCIE_LINK[1]))
+            except self._b.structs.DCGMError as exc:      # the connection: the fast path reconnects
+                scrape.count_error(f"dcgm.pcie_link: {exc}")
         for gpu, v in sorted(values.items()):
             self._ecc_health(gpu, t, v, scrape)
             scrape.samples.append(GpuSample(gpu, t, v))

@@ -27,7 +27,7 @@ import numpy as np
 from . import catalogue as cat
 from .attribution import Attributor
 from .procstat import ProcStat
-from .records import DeviceInfo, GpuSample, HealthKind, HealthRecord, ProcessRecord, Scrape
+from .records import BUSY_UTIL, DeviceInfo, GpuSample, HealthKind, HealthRecord, ProcessRecord, Scrape, with_busy_link
 
 
 class SourceUnavailable(RuntimeError):
@@ -143,6 +143,7 @@ class _Device:
         self.gpm_view: np.ndarray | None = None
         self.gpm_scale: np.ndarray | None = None
         self.ecc_uncorrected: float | None = None
+        self.busy = False          # utilisation >= BUSY_UTIL at the last fast reading
 
     def call(self, key: str, scrape: Scrape, fn: Callable, *args):
         """Call NVML; None when not available (never 0). Raises _Lost."""
@@ -310,6 +311,7 @@ class NvmlCollector:
         if util is not None:
             values["util_gpu_ratio"] = util.gpu * cat.PERCENT
             values["util_mem_ratio"] = util.memory * cat.PERCENT
+            dev.busy = util.gpu * cat.PERCENT >= BUSY_UTIL
         mem = call("memory_info", scrape, n.nvmlDeviceGetMemoryInfo, h)
         if mem is not None:
             values["mem_used_bytes"] = float(mem.used)
@@ -417,6 +419,8 @@ class NvmlCollector:
                     if v is not None:
                         values["power_limit_watts"] = v * cat.MILLI
                     self._ecc(dev, t, values, scrape)
+                    if dev.busy:
+                        self._busy_link(dev, scrape)
                 except _Lost as exc:
                     self._mark_lost(dev, t, str(exc), scrape)
                     continue
@@ -424,6 +428,15 @@ class NvmlCollector:
                     scrape.samples.append(GpuSample(dev.index, t, values))
             self._drain_xid(t, scrape)
         return scrape
+
+    def _busy_link(self, dev: _Device, scrape: Scrape) -> None:
+        """The link as it is while the GPU works, the best seen so far: at
+        idle a link drops to Gen1 to save power, so the start-up reading
+        cannot tell a link that trained down from one that is resting."""
+        n = self._nvml
+        gen = dev.call("pcie_gen", scrape, n.nvmlDeviceGetCurrPcieLinkGeneration, dev.handle)
+        width = dev.call("pcie_width", scrape, n.nvmlDeviceGetCurrPcieLinkWidth, dev.handle)
+        dev.info = with_busy_link(dev.info, gen, width)
 
     def _ecc(self, dev: _Device, t: float, values: dict[str, float], scrape: Scrape) -> None:
         n = self._nvml

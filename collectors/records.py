@@ -2,6 +2,7 @@
 what the analyzer receives, free of any wire or storage format."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field, fields
 from enum import Enum
 
@@ -97,6 +98,25 @@ class DeviceInfo:
     pcie_max_generation: int | None = None
     pcie_max_width: int | None = None
     driver_version: str = ""          # the NVIDIA driver's ("570.124.06"); "" where the source will not say
+    # the best link seen while the GPU was busy (utilisation >= BUSY_UTIL on the reading before): what
+    # the link trains to when it carries work; None until the agent has seen the GPU busy
+    pcie_busy_generation: int | None = None
+    pcie_busy_width: int | None = None
+
+
+# A GPU this busy (utilisation, 0-1) holds its PCIe link at the generation the link trained to: an
+# idle one lets it drop to save power
+BUSY_UTIL = 0.1
+
+
+def with_busy_link(info: "DeviceInfo", generation: int | None, width: int | None) -> "DeviceInfo":
+    """`info` with the link read while the GPU was busy folded into the
+    best seen so far (a link that rests between steps must not lower it)."""
+    gen = max((v for v in (generation, info.pcie_busy_generation) if v is not None), default=None)
+    lanes = max((v for v in (width, info.pcie_busy_width) if v is not None), default=None)
+    if (gen, lanes) == (info.pcie_busy_generation, info.pcie_busy_width):
+        return info
+    return dataclasses.replace(info, pcie_busy_generation=gen, pcie_busy_width=lanes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,10 @@ def device_pb(d: DeviceInfo) -> pb.Device:
         m.pcie_max_generation = d.pcie_max_generation
     if d.pcie_max_width is not None:
         m.pcie_max_width = d.pcie_max_width
+    if d.pcie_busy_generation is not None:
+        m.pcie_busy_generation = d.pcie_busy_generation
+    if d.pcie_busy_width is not None:
+        m.pcie_busy_width = d.pcie_busy_width
     return m
 
 

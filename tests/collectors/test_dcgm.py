@@ -430,3 +430,19 @@ def test_agent_with_source_dcgm_feeds_an_analyzer_that_finds_the_right_verdicts(
         srv.stop()
     assert agent.returncode == 0, err
     assert "agent: dcgm" in err
+
+
+def test_the_link_under_load_is_read_while_the_gpu_is_busy():
+    """DCGM's link fields (237/238) at start-up are an idle link's; the busy
+    link is read at the slow scrape while utilisation says the GPU works."""
+    eng, c = started(h200(values={237: 1}))
+    c.scrape(), c.scrape_slow()
+    assert c.devices()[0].pcie_busy_generation is None
+    gpu = eng.gpus[0]
+    gpu.values.update({203: 90, 237: 4})
+    c.scrape(), c.scrape_slow()
+    d = c.devices()[0]
+    assert (d.pcie_generation, d.pcie_busy_generation, d.pcie_busy_width, d.pcie_max_generation) == (1, 4, 16, 5)
+    gpu.values.update({203: 0, 237: 1})
+    c.scrape(), c.scrape_slow()
+    assert c.devices()[0].pcie_busy_generation == 4

@@ -135,3 +135,22 @@ def test_a_driver_without_the_max_link_calls_leaves_them_unknown():
     _, c = started(h200(unsupported={"nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth"}))
     d = c.devices()[0]
     assert d.pcie_max_generation is None and d.pcie_max_width is None and d.pcie_width == 16
+
+
+def test_the_link_under_load_is_the_best_seen_while_busy_and_idle_readings_never_lower_it():
+    """An idle H200 rests its link at Gen1: nothing is said of the busy link
+    until the GPU works, and a rest between steps does not take it back."""
+    fake, c = started(h200(pcie_gen=1))
+    c.scrape(), c.scrape_slow()
+    d = c.devices()[0]
+    assert d.pcie_generation == 1 and (d.pcie_busy_generation, d.pcie_busy_width) == (None, None)
+    g = fake.gpus[0]
+    g.util_gpu, g.pcie_gen = 95, 4        # busy, and the link trained to Gen4 only
+    c.scrape(), c.scrape_slow()
+    assert (c.devices()[0].pcie_busy_generation, c.devices()[0].pcie_busy_width) == (4, 16)
+    g.util_gpu, g.pcie_gen = 0, 1         # resting again: the reading at idle is not the link
+    c.scrape(), c.scrape_slow()
+    assert c.devices()[0].pcie_busy_generation == 4
+    g.util_gpu, g.pcie_gen = 100, 5
+    c.scrape(), c.scrape_slow()
+    assert c.devices()[0].pcie_busy_generation == 5

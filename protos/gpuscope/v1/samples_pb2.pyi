@@ -23,7 +23,7 @@ HEALTH_KIND_SOURCE_ERROR: HealthKind
 HEALTH_KIND_RECOVERED: HealthKind
 
 class Device(_message.Message):
-    __slots__ = ("gpu", "uuid", "name", "architecture", "memory_total_bytes", "power_limit_watts", "pcie_generation", "pcie_width", "gpm_supported", "lost", "source", "attribution", "pcie_max_generation", "pcie_max_width", "driver_version")
+    __slots__ = ("gpu", "uuid", "name", "architecture", "memory_total_bytes", "power_limit_watts", "pcie_generation", "pcie_width", "gpm_supported", "lost", "source", "attribution", "pcie_max_generation", "pcie_max_width", "driver_version", "pcie_busy_generation", "pcie_busy_width")
     GPU_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,8 @@ class Device(_message.Message):
     PCIE_MAX_GENERATION_FIELD_NUMBER: _ClassVar[int]
     PCIE_MAX_WIDTH_FIELD_NUMBER: _ClassVar[int]
     DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PCIE_BUSY_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PCIE_BUSY_WIDTH_FIELD_NUMBER: _ClassVar[int]
     gpu: int
     uuid: str
     name: str
@@ -54,7 +56,9 @@ class Device(_message.Message):
     pcie_max_generation: int
     pcie_max_width: int
     driver_version: str
-    def __init__(self, gpu: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., architecture: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., power_limit_watts: _Optional[float] = ..., pcie_generation: _Optional[int] = ..., pcie_width: _Optional[int] = ..., gpm_supported: _Optional[bool] = ..., lost: _Optional[bool] = ..., source: _Optional[str] = ..., attribution: _Optional[int] = ..., pcie_max_generation: _Optional[int] = ..., pcie_max_width: _Optional[int] = ..., driver_version: _Optional[str] = ...) -> None: ...
+    pcie_busy_generation: int
+    pcie_busy_width: int
+    def __init__(self, gpu: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., architecture: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., power_limit_watts: _Optional[float] = ..., pcie_generation: _Optional[int] = ..., pcie_width: _Optional[int] = ..., gpm_supported: _Optional[bool] = ..., lost: _Optional[bool] = ..., source: _Optional[str] = ..., attribution: _Optional[int] = ..., pcie_max_generation: _Optional[int] = ..., pcie_max_width: _Optional[int] = ..., driver_version: _Optional[str] = ..., pcie_busy_generation: _Optional[int] = ..., pcie_busy_width: _Optional[int] = ...) -> None: ...
 
 class Column(_message.Message):
     __slots__ = ("metric", "f64le", "valid")
