@@ -388,6 +388,15 @@ def report_calibration(server: str, host: str, calibration: dict, *,
     return dict(id=ack.id, ceilings=ack.ceilings)
 
 
+def check_calibration_send(server: str, host: str, *, security: ClientSecurity = INSECURE,
+                           timeout_s: float = 10.0) -> None:
+    """Raises ClientError unless the analyzer at `server` answers and would
+    take a calibration for `host` from this caller (a dry run: nothing stored)."""
+    req = apb.CalibrationReport(host=host, dry_run=True)
+    _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ReportCalibration(req, timeout=t),
+          timeout=timeout_s, security=security)
+
+
 def ceilings(server: str, host: str = "", model: str = "", uuid: str = "", history: bool = False, *,
              security: ClientSecurity = INSECURE) -> list[dict]:
     req = apb.CeilingsRequest(host=host, model=model, uuid=uuid, history=history)

@@ -113,13 +113,19 @@ def cmd_calibrate(ns, nvml_module=None) -> int:
 
 
 def _sender(ns):
-    """Checks --send's address and TLS flags before measuring; returns what
-    sends a result (a failure raises ClientError: the result is printed).
+    """Checks --send before measuring: its address, the TLS flags, and a dry
+    run the analyzer answers only if it would take this host's result from
+    this certificate. Returns what sends a result (a failure then raises
+    ClientError: the result is printed).
     The analyzer takes calibrations from agents only, each for its own host:
     this presents what this host's agent does."""
     if ns.tokens:
         raise UsageError("--tokens: a calibration is sent with this host's agent certificate, not a token")
     server, security = with_port(ns.send, ANALYZER_PORT, flag="--send"), agent_security(ns)
+    try:
+        clients.check_calibration_send(server, ns.host, security=security)
+    except clients.ClientError as exc:
+        raise clients.ClientError(f"{exc}; nothing was measured (--send is checked first)") from None
 
     def send(out: dict) -> None:
         ack = clients.report_calibration(server, ns.host, out, security=security)

@@ -289,6 +289,8 @@ def closed_in_handshake(exc: grpc.RpcError) -> bool:
 
 # security.auth.authorize's words for a caller whose role is not among the method's
 _ROLE_REFUSAL = re.compile(r" has role \w+; \S+ needs ([\w ]+)$")
+# ... and the analyzer's for an agent naming another host than its certificate's (service._own_host)
+_OTHER_HOST = re.compile(r"this agent's certificate is for '([^']*)'")
 
 
 def explain_failure(exc: grpc.RpcError, target: str, security: ClientSecurity,
@@ -311,6 +313,10 @@ def explain_failure(exc: grpc.RpcError, target: str, security: ClientSecurity,
         return (f"the server at {target} requires a client certificate or token: pass --tls-dir DIR (with "
                 f"client.pem) or --cert/--key, or --token-file FILE / GPUSCOPE_TOKEN ({details})")
     if code == grpc.StatusCode.PERMISSION_DENIED:
+        theirs = _OTHER_HOST.search(details)
+        if theirs:
+            return (f"the server at {target} refused this call: {details} (an agent's certificate speaks for its "
+                    f"own host only: pass --host {theirs.group(1)}, or use that host's own agent certificate)")
         needs = _ROLE_REFUSAL.search(details)
         if not needs:
             return None        # not the caller's role (a capture target the agent may not touch): as said

@@ -566,12 +566,14 @@ class MetricResult(_message.Message):
     def __init__(self, metric: _Optional[str] = ..., unit: _Optional[str] = ..., aggregate: _Optional[str] = ..., series: _Optional[_Iterable[_Union[MetricSeries, _Mapping]]] = ...) -> None: ...
 
 class CalibrationReport(_message.Message):
-    __slots__ = ("host", "calibration_json")
+    __slots__ = ("host", "calibration_json", "dry_run")
     HOST_FIELD_NUMBER: _ClassVar[int]
     CALIBRATION_JSON_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     host: str
     calibration_json: str
-    def __init__(self, host: _Optional[str] = ..., calibration_json: _Optional[str] = ...) -> None: ...
+    dry_run: bool
+    def __init__(self, host: _Optional[str] = ..., calibration_json: _Optional[str] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class CalibrationAck(_message.Message):
     __slots__ = ("id", "ceilings")
