@@ -321,7 +321,10 @@ def accuracy(server: str, start: float | None = None, end: float | None = None, 
 
 def degraded(server: str, start: float | None = None, end: float | None = None, *,
              security: ClientSecurity = INSECURE) -> list[dict]:
-    """GPUs under their peers, one entry per (GPU, dimension); absent figures are None."""
+    """GPUs under their peers, one entry per (GPU, dimension), kind "degraded"
+    (absent figures are None); then the groups too small to judge, one entry
+    per (model, driver, dimension), kind "unjudged": model, driver,
+    dimension, gpus (with a figure there), min_peers."""
     req = _in_range(apb.DegradedRequest(), start, end)
     resp = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ListDegraded(req, timeout=t),
                  security=security)
@@ -331,7 +334,9 @@ def degraded(server: str, start: float | None = None, end: float | None = None, 
                  dimension=g.dimension, value=opt(g, "value"), peer_median=opt(g, "peer_median"),
                  peers=opt(g, "peers"), shortfall=opt(g, "shortfall"), z=opt(g, "z"), unit=g.unit,
                  link={f: opt(g, f) for f in link} if any(g.HasField(f) for f in link) else None,
-                 summary=g.summary) for g in resp.gpus]
+                 summary=g.summary) for g in resp.gpus] + [
+        dict(kind="unjudged", model=u.model, driver=u.driver, dimension=u.dimension, gpus=u.gpus,
+             min_peers=u.min_peers) for u in resp.unjudged]
 
 
 def top(server: str, start: float | None = None, end: float | None = None, host: str = "", by: str = "gpu",

@@ -225,11 +225,27 @@ class DegradedGpu(_message.Message):
     pcie_max_width: int
     def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., dimension: _Optional[str] = ..., value: _Optional[float] = ..., peer_median: _Optional[float] = ..., peers: _Optional[int] = ..., shortfall: _Optional[float] = ..., z: _Optional[float] = ..., unit: _Optional[str] = ..., summary: _Optional[str] = ..., driver: _Optional[str] = ..., pcie_generation: _Optional[int] = ..., pcie_width: _Optional[int] = ..., pcie_max_generation: _Optional[int] = ..., pcie_max_width: _Optional[int] = ...) -> None: ...
 
-class DegradedResponse(_message.Message):
-    __slots__ = ("gpus",)
+class UnjudgedGroup(_message.Message):
+    __slots__ = ("model", "driver", "dimension", "gpus", "min_peers")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    DIMENSION_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
+    MIN_PEERS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    driver: str
+    dimension: str
+    gpus: int
+    min_peers: int
+    def __init__(self, model: _Optional[str] = ..., driver: _Optional[str] = ..., dimension: _Optional[str] = ..., gpus: _Optional[int] = ..., min_peers: _Optional[int] = ...) -> None: ...
+
+class DegradedResponse(_message.Message):
+    __slots__ = ("gpus", "unjudged")
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    UNJUDGED_FIELD_NUMBER: _ClassVar[int]
     gpus: _containers.RepeatedCompositeFieldContainer[DegradedGpu]
-    def __init__(self, gpus: _Optional[_Iterable[_Union[DegradedGpu, _Mapping]]] = ...) -> None: ...
+    unjudged: _containers.RepeatedCompositeFieldContainer[UnjudgedGroup]
+    def __init__(self, gpus: _Optional[_Iterable[_Union[DegradedGpu, _Mapping]]] = ..., unjudged: _Optional[_Iterable[_Union[UnjudgedGroup, _Mapping]]] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
     __slots__ = ("finding_id", "context_seconds")
