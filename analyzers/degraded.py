@@ -82,21 +82,50 @@ def find_degraded(con: duckdb.DuckDBPyConnection, gpus, config: DegradedConfig =
     rows are GPUs with KEY_COLUMNS, optionally `uuid`, and any of the
     DIMENSIONS' columns and LINK_COLUMNS; a missing column or a NULL is
     unknown, never zero."""
+    return _over(con, gpus, lambda source: _find(con, source, config))
+
+
+def unjudged_groups(con: duckdb.DuckDBPyConnection, gpus, config: DegradedConfig = DegradedConfig()) -> list[dict]:
+    """The (model, driver, dimension) groups find_degraded did not judge
+    because fewer than `config.min_peers` of their GPUs have a figure: one
+    dict each (model, driver, dimension, gpus: how many have one, min_peers),
+    sorted. Without it, a 4-GPU box reads "no degraded GPU" though nothing
+    was compared. A group none of whose GPUs has a figure in a dimension is
+    not listed (nothing there to judge); `gpus` is as for find_degraded."""
+    def groups(source: str) -> list[dict]:
+        present = _columns(con, source)
+        dims = [d for d in DIMENSIONS if d.column in present]
+        if not dims:
+            return []
+        sql = f"""WITH v AS ({_values_sql(source, dims, 'NULL')})
+                  SELECT model, driver, dimension, count(*) AS gpus FROM v
+                  GROUP BY ALL HAVING count(*) < $min_peers ORDER BY model, driver, dimension"""
+        return [dict(r, min_peers=config.min_peers) for r in _rows(con, sql, dict(min_peers=config.min_peers))]
+    return _over(con, gpus, groups)
+
+
+def _over(con: duckdb.DuckDBPyConnection, gpus, fn):
+    """fn(name of `gpus` in con): a table or view name as it is, a pyarrow table registered for the call."""
     if isinstance(gpus, str):
-        return _find(con, gpus, config)
+        return fn(gpus)
     view = "_degraded_gpus"
     con.register(view, gpus)
     try:
-        return _find(con, view, config)
+        return fn(view)
     finally:
         con.unregister(view)
 
 
-def _find(con: duckdb.DuckDBPyConnection, source: str, config: DegradedConfig) -> list[dict]:
+def _columns(con: duckdb.DuckDBPyConnection, source: str) -> set[str]:
     present = {r[0] for r in con.execute(f"DESCRIBE {_quote(source)}").fetchall()}
     missing = [c for c in KEY_COLUMNS if c not in present]
     if missing:
         raise ValueError(f"{source} lacks {', '.join(missing)}")
+    return present
+
+
+def _find(con: duckdb.DuckDBPyConnection, source: str, config: DegradedConfig) -> list[dict]:
+    present = _columns(con, source)
     uuid = "uuid" if "uuid" in present else "NULL"
     by_gpu: dict[tuple, dict] = {}
     dims = [d for d in DIMENSIONS if d.column in present]
@@ -112,15 +141,18 @@ def _find(con: duckdb.DuckDBPyConnection, source: str, config: DegradedConfig) -
     return sorted(by_gpu.values(), key=lambda f: (f["host"], f["gpu"], f["dimension"]))
 
 
-def _peer_sql(source: str, dims: list[Dimension], uuid: str) -> str:
+def _values_sql(source: str, dims: list[Dimension], uuid: str) -> str:
     # long form: one row per (GPU, dimension) with a finite value (a NaN is as
     # unknown as a NULL); a GPU of unknown model or driver has no known peers
-    values = " UNION ALL ".join(
+    return " UNION ALL ".join(
         f"SELECT host, gpu, {uuid} AS uuid, model, driver, '{d.name}' AS dimension, "
         f"CAST({d.column} AS DOUBLE) AS value FROM {_quote(source)} "
         f"WHERE isfinite(CAST({d.column} AS DOUBLE)) AND model IS NOT NULL AND driver IS NOT NULL" for d in dims)
+
+
+def _peer_sql(source: str, dims: list[Dimension], uuid: str) -> str:
     return f"""
-        WITH v AS ({values}),
+        WITH v AS ({_values_sql(source, dims, uuid)}),
         peers AS (
             SELECT model, driver, dimension, count(*) AS peers, median(value) AS peer_median,
                    greatest($mad_to_sigma * mad(value), $scale_floor * abs(median(value))) AS scale

@@ -27,7 +27,7 @@ from gpuscope.security.redact import command_label
 
 from .analyzer import Analyzer
 from .calibrations import CalibrationInvalid
-from .degraded import find_degraded
+from .degraded import find_degraded, unjudged_groups
 from .report import LIMITS, MIN_PREFIX, AmbiguousId
 from .events import Watch
 from .ingest import BatchError, validate_capture_record
@@ -202,6 +202,8 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
 
     async def ReportCalibration(self, request, context):
         await _own_host(context, request.host, "host")
+        if request.dry_run:        # this caller may send for this host: that is all a dry run asks
+            return apb.CalibrationAck()
         try:
             record = json.loads(request.calibration_json)
         except ValueError as exc:
@@ -475,13 +477,15 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         def build() -> apb.DegradedResponse:
             # the peer statistics run here, on the inputs' Arrow table: an in-memory DuckDB
             # of the gRPC process's own, not the analysis process's GIL
-            found = find_degraded(duckdb.connect(), self.analyzer.store.degraded_inputs(start, end))
+            con, inputs = duckdb.connect(), self.analyzer.store.degraded_inputs(start, end)
+            found = find_degraded(con, inputs)
             keep = ("host", "gpu", "uuid", "model", "driver", "dimension", "value", "peer_median", "peers",
                     "shortfall", "z", "unit", "summary")
             return apb.DegradedResponse(gpus=[apb.DegradedGpu(**{k: f[k] for k in keep if f[k] is not None},
                                                               **{k: v for k, v in (f["link"] or {}).items()
                                                                  if v is not None})
-                                              for f in found])
+                                              for f in found],
+                                        unjudged=[apb.UnjudgedGroup(**g) for g in unjudged_groups(con, inputs)])
         return await self._query(build)
 
     def close(self) -> None:

@@ -159,11 +159,28 @@ def _jax():
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 
 
+class NoGpuBackend(CalibrationError):
+    """No platform was asked for and JAX has no GPU backend: the CPU is
+    measured only when asked by name (someone who asked to calibrate their
+    GPUs must not get the CPU's figures)."""
+
+
 def default_platform() -> str:
-    """The backend JAX picks when none is asked for ("cpu" where its GPU
-    plugin is missing, even on a GPU host)."""
+    """JAX's GPU backend, when none is asked for. NoGpuBackend where JAX has
+    none (its CUDA plugin missing or failing, even on a GPU host: JAX then
+    falls back to the CPU), saying why as JAX does."""
     jax, _ = _jax()
-    return jax.default_backend()
+    platform = jax.default_backend()
+    if platform in GPU_PLATFORMS:
+        return platform
+    try:
+        jax.devices("gpu")
+        return "gpu"
+    except RuntimeError as exc:   # "Unknown backend ..." or the plugin's "Unable to initialize backend 'cuda': ..."
+        why = str(exc)
+    raise NoGpuBackend(f"no GPU is visible to JAX ({why}); install JAX's CUDA plugin (e.g. pip install "
+                       "'jax[cuda12]'; gpuscope's [calibrate] extra installs JAX alone), or pass --platform cpu to "
+                       "measure this host's CPU on purpose")
 
 
 def _device(jax, cfg: CalibrateConfig):

@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         where = f" (the address came from {origin})" if isinstance(exc, clients.ClientError) and origin and \
             origin != "--server" and ns.server in str(exc) else ""
         print(f"gpuscope {ns.command}: error: {exc}{where}", file=sys.stderr)
-        return 1
+        return getattr(exc, "exit_status", 1)
     except config_file.ConfigError as exc:
         _said(ns, exc)
         return 2

@@ -5,6 +5,8 @@ flags in security_flags); without it a call is plain text."""
 from __future__ import annotations
 
 import json
+import re
+import socket
 
 import grpc
 from google.protobuf import json_format
@@ -13,7 +15,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from gpuscope.collectors import catalogue as cat
 from gpuscope.collectors.records import ATTRIBUTION_FIELDS
 from gpuscope.collectors.serving_profiler import expected_seconds
-from gpuscope.security.tls import INSECURE, ClientSecurity, explain_failure
+from gpuscope.security.tls import INSECURE, ClientSecurity, broke_mid_call, closed_in_handshake, explain_failure
 from gpuscope.v1 import agent_pb2, agent_pb2_grpc, analyzer_pb2 as apb, analyzer_pb2_grpc
 
 from .serve import MAX_MESSAGE_BYTES   # capture replies carry the XSpace
@@ -32,24 +34,70 @@ _OPTIONS = (("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES))
 
 
-def _client_error(exc: grpc.RpcError, server: str, security: ClientSecurity, wants: str = "analyzer") -> ClientError:
-    """One line that says what went wrong and, for TLS and authentication, what to do."""
+# What runs the server a client asked for, for "is it running?"
+_SERVED_BY = {"analyzer": "`gpuscope analyzer` or `gpuscope up`", "agent": "`gpuscope agent` or `gpuscope up`"}
+
+
+def _client_error(exc: grpc.RpcError, server: str, security: ClientSecurity, wants: str = "analyzer",
+                  timeout: float | None = None) -> ClientError:
+    """One line that says what went wrong and what to do: the server is not
+    there or went away, it did not answer in time, or it refused this
+    client's TLS or role. `timeout`: the call's deadline, in seconds."""
+    code, reason = exc.code(), _reason(exc.details() or "")
+    running = f"is {_SERVED_BY[wants]} running there?"
+    if broke_mid_call(exc):
+        return ClientError(f"lost the connection to {server} in the middle of the call ({reason}): the {wants} "
+                           f"there stopped or restarted; {running}")
+    if closed_in_handshake(exc) and _refuses_connections(server):
+        return ClientError(f"cannot reach {server}: it {'reset' if 'reset' in reason else 'closed'} the connection "
+                           f"and now refuses new ones ({reason}); {running}")
     explained = explain_failure(exc, server, security)
     if explained:
         return ClientError(explained)
-    if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        within = f"within {timeout:g} s" if timeout else "in time"
+        return ClientError(f"the {wants} at {server} did not answer {within}: it is overloaded, or its process is "
+                           "stopped (kill -STOP, a debugger, a host out of memory); try again, or look at that "
+                           "process")
+    if code == grpc.StatusCode.UNIMPLEMENTED:
         wrong = _wrong_service(server, security, wants)
         if wrong:
             return ClientError(wrong)
-    if exc.code() == grpc.StatusCode.UNAVAILABLE and "retry shortly" in (exc.details() or ""):
-        return ClientError(f"{server}: {exc.details()}")      # it answered: busy or restarting, not unreachable
-    if exc.code() == grpc.StatusCode.UNAVAILABLE:
-        return ClientError(f"cannot reach {server}: {exc.details()} "
-                           "(is `gpuscope up` or `gpuscope analyzer` running there?)")
-    if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-                      grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE):
-        return ClientError(exc.details() or exc.code().name)    # the server's words are for people already
-    return ClientError(f"{server}: {exc.code().name}: {exc.details()}")
+    if code == grpc.StatusCode.UNAVAILABLE and "retry shortly" in reason:
+        return ClientError(f"{server}: {reason}")      # it answered: busy or restarting, not unreachable
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return ClientError(f"cannot reach {server}: {reason} ({running})")
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE):
+        return ClientError(exc.details() or code.name)    # the server's words are for people already
+    return ClientError(f"{server}: {code.name}: {exc.details()}")
+
+
+# gRPC's prefix to a failed connection's cause ("...; last error: UNKNOWN: ipv4:10.0.0.5:9400: "):
+# the address is said already, and the cause is what a person acts on
+_CONNECT_PREFIX = re.compile(r"^failed to connect to all addresses; last error: \w+: \S+: ")
+
+
+def _reason(details: str) -> str:
+    return _CONNECT_PREFIX.sub("", details)
+
+
+def _refuses_connections(target: str, timeout_s: float = 2.0) -> bool:
+    """True when a TCP connection to `target` (HOST:PORT, [V6]:PORT) is
+    refused now: nothing listens there. Anything else, a connection made, a
+    timeout, a name that does not resolve, a Unix socket, is False: not known
+    to be gone."""
+    host, _, port = target.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdecimal() or target.startswith(("unix:", "unix-abstract:")):
+        return False
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _wrong_service(server: str, security: ClientSecurity, wants: str) -> str | None:
@@ -75,7 +123,7 @@ def _call(server: str, fn, timeout: float = 10.0, security: ClientSecurity = INS
         try:
             return fn(ch, timeout)
         except grpc.RpcError as exc:
-            raise _client_error(exc, server, security, wants) from None
+            raise _client_error(exc, server, security, wants, timeout) from None
 
 
 def attribution_dict(a) -> dict:
@@ -164,7 +212,7 @@ def watch(server: str, host: str = "", gpu: int | None = None, verdicts=(), kind
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.CANCELLED:
                 return
-            if answered and exc.code() == grpc.StatusCode.UNAVAILABLE:
+            if answered and exc.code() == grpc.StatusCode.UNAVAILABLE or broke_mid_call(exc):
                 raise ConnectionLost(f"lost the connection to {server} (the server stopped or restarted: "
                                      f"{exc.details()})") from None
             raise _client_error(exc, server, security) from None
@@ -273,7 +321,10 @@ def accuracy(server: str, start: float | None = None, end: float | None = None, 
 
 def degraded(server: str, start: float | None = None, end: float | None = None, *,
              security: ClientSecurity = INSECURE) -> list[dict]:
-    """GPUs under their peers, one entry per (GPU, dimension); absent figures are None."""
+    """GPUs under their peers, one entry per (GPU, dimension), kind "degraded"
+    (absent figures are None); then the groups too small to judge, one entry
+    per (model, driver, dimension), kind "unjudged": model, driver,
+    dimension, gpus (with a figure there), min_peers."""
     req = _in_range(apb.DegradedRequest(), start, end)
     resp = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ListDegraded(req, timeout=t),
                  security=security)
@@ -283,7 +334,9 @@ def degraded(server: str, start: float | None = None, end: float | None = None, 
                  dimension=g.dimension, value=opt(g, "value"), peer_median=opt(g, "peer_median"),
                  peers=opt(g, "peers"), shortfall=opt(g, "shortfall"), z=opt(g, "z"), unit=g.unit,
                  link={f: opt(g, f) for f in link} if any(g.HasField(f) for f in link) else None,
-                 summary=g.summary) for g in resp.gpus]
+                 summary=g.summary) for g in resp.gpus] + [
+        dict(kind="unjudged", model=u.model, driver=u.driver, dimension=u.dimension, gpus=u.gpus,
+             min_peers=u.min_peers) for u in resp.unjudged]
 
 
 def top(server: str, start: float | None = None, end: float | None = None, host: str = "", by: str = "gpu",
@@ -342,6 +395,15 @@ def report_calibration(server: str, host: str, calibration: dict, *,
     ack = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ReportCalibration(req, timeout=t),
                 timeout=30, security=security)
     return dict(id=ack.id, ceilings=ack.ceilings)
+
+
+def check_calibration_send(server: str, host: str, *, security: ClientSecurity = INSECURE,
+                           timeout_s: float = 10.0) -> None:
+    """Raises ClientError unless the analyzer at `server` answers and would
+    take a calibration for `host` from this caller (a dry run: nothing stored)."""
+    req = apb.CalibrationReport(host=host, dry_run=True)
+    _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ReportCalibration(req, timeout=t),
+          timeout=timeout_s, security=security)
 
 
 def ceilings(server: str, host: str = "", model: str = "", uuid: str = "", history: bool = False, *,

@@ -15,7 +15,13 @@ _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 
 
 class UsageError(Exception):
-    pass
+    """A command cannot do what it was asked; the message says what to do.
+    `exit_status` 2 where it cannot act here at all without another flag,
+    as argparse exits for a command line it cannot run."""
+
+    def __init__(self, message: str, exit_status: int = 1):
+        super().__init__(message)
+        self.exit_status = exit_status
 
 
 def duration(value: str) -> float:

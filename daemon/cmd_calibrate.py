@@ -11,7 +11,7 @@ import socket
 import sys
 
 from gpuscope.collectors.calibrate import (GPU_PLATFORMS, MATMUL_DTYPES, CalibrateConfig, CalibrationError,
-                                           Calibrator, default_platform)
+                                           Calibrator, NoGpuBackend, default_platform)
 from gpuscope.collectors.nvml import NvmlCollector, SourceUnavailable
 
 from . import clients
@@ -33,7 +33,8 @@ def add_calibrate_parser(sub) -> None:
     sp.add_argument("--gpu", type=int, default=0, help="device index (default 0)")
     sp.add_argument("--quick", action="store_true", help="fewer repeats (about 30 s on an H200)")
     sp.add_argument("--platform", choices=("gpu", "cpu"), default=None,
-                    help="JAX backend (default: JAX's own choice, the GPU where its CUDA plugin is installed)")
+                    help="JAX backend (default: the GPU; with no GPU visible to JAX the command stops, and "
+                         "cpu measures the CPU on purpose)")
     sp.add_argument("--dtypes", default=",".join(MATMUL_DTYPES),
                     help=f"matmul dtypes, comma-separated (default {','.join(MATMUL_DTYPES)})")
     sp.add_argument("--force", action="store_true", help="run even though another process holds the GPU")
@@ -59,17 +60,17 @@ def cmd_calibrate(ns, nvml_module=None) -> int:
         raise UsageError(f"--gpu {ns.gpu}: a device index is 0 or more")
     if ns.output:
         _check_writable(ns.output)       # before minutes of measuring, not after
-    send = _sender(ns) if ns.send else None
     try:
         platform = ns.platform or default_platform()
+    except NoGpuBackend as exc:
+        raise UsageError(str(exc), exit_status=2) from None
     except CalibrationError as exc:
         raise UsageError(str(exc)) from None
+    send = _sender(ns) if ns.send else None
     if platform in GPU_PLATFORMS:
         nvml, gpu_info, note = _nvml(ns, nvml_module)
-    else:   # JAX runs on the CPU: no GPU is used, so none is read or named
-        nvml, gpu_info, note = None, {}, (f"JAX runs on the {platform} here: these are its figures, not a GPU's"
-                                          + ("" if ns.platform else " (install JAX's CUDA plugin to calibrate "
-                                                                    "the GPU)"))
+    else:   # --platform cpu: no GPU is used, so none is read or named
+        nvml, gpu_info, note = None, {}, f"JAX runs on the {platform} here: these are its figures, not a GPU's"
     probe = None
     if nvml is not None:
         def probe() -> dict[str, float]:
@@ -113,13 +114,19 @@ def cmd_calibrate(ns, nvml_module=None) -> int:
 
 
 def _sender(ns):
-    """Checks --send's address and TLS flags before measuring; returns what
-    sends a result (a failure raises ClientError: the result is printed).
+    """Checks --send before measuring: its address, the TLS flags, and a dry
+    run the analyzer answers only if it would take this host's result from
+    this certificate. Returns what sends a result (a failure then raises
+    ClientError: the result is printed).
     The analyzer takes calibrations from agents only, each for its own host:
     this presents what this host's agent does."""
     if ns.tokens:
         raise UsageError("--tokens: a calibration is sent with this host's agent certificate, not a token")
     server, security = with_port(ns.send, ANALYZER_PORT, flag="--send"), agent_security(ns)
+    try:
+        clients.check_calibration_send(server, ns.host, security=security)
+    except clients.ClientError as exc:
+        raise clients.ClientError(f"{exc}; nothing was measured (--send is checked first)") from None
 
     def send(out: dict) -> None:
         ack = clients.report_calibration(server, ns.host, out, security=security)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -268,6 +269,30 @@ def is_loopback(hostport: str) -> bool:
         return False
 
 
+def broke_mid_call(exc: grpc.RpcError) -> bool:
+    """The call was under way on a connection the server had accepted when
+    that connection broke (gRPC says "Stream removed"): the server went away
+    (kill -9, a restart), it did not refuse this client."""
+    return (exc.code() == grpc.StatusCode.UNAVAILABLE
+            and ((exc.details() or "").startswith("Stream removed")))
+
+
+def closed_in_handshake(exc: grpc.RpcError) -> bool:
+    """The server closed or reset the connection before it was established.
+    A server refusing this client's TLS does that, and so does one that dies
+    while the client connects: which it was, only whether it still listens
+    tells (daemon/clients.py asks)."""
+    details = (exc.details() or "") if exc.code() == grpc.StatusCode.UNAVAILABLE else ""
+    return not broke_mid_call(exc) and ("Socket closed" in details or "Connection reset" in details
+                                        or "handshake" in details.lower())
+
+
+# security.auth.authorize's words for a caller whose role is not among the method's
+_ROLE_REFUSAL = re.compile(r" has role \w+; \S+ needs ([\w ]+)$")
+# ... and the analyzer's for an agent naming another host than its certificate's (service._own_host)
+_OTHER_HOST = re.compile(r"this agent's certificate is for '([^']*)'")
+
+
 def explain_failure(exc: grpc.RpcError, target: str, security: ClientSecurity,
                     established: bool = False) -> str | None:
     """One line naming the fix when a call failed on TLS or authentication;
@@ -276,7 +301,7 @@ def explain_failure(exc: grpc.RpcError, target: str, security: ClientSecurity,
     a closed connection is the server going away, not a refusal."""
     code = exc.code() if hasattr(exc, "code") else None
     details = (exc.details() if hasattr(exc, "details") else "") or ""
-    if established and code == grpc.StatusCode.UNAVAILABLE:
+    if code == grpc.StatusCode.UNAVAILABLE and (established or broke_mid_call(exc)):
         return None
     if code == grpc.StatusCode.UNAUTHENTICATED:
         if security.insecure:
@@ -288,13 +313,27 @@ def explain_failure(exc: grpc.RpcError, target: str, security: ClientSecurity,
         return (f"the server at {target} requires a client certificate or token: pass --tls-dir DIR (with "
                 f"client.pem) or --cert/--key, or --token-file FILE / GPUSCOPE_TOKEN ({details})")
     if code == grpc.StatusCode.PERMISSION_DENIED:
-        if " has role reader; " not in details:
+        theirs = _OTHER_HOST.search(details)
+        if theirs:
+            return (f"the server at {target} refused this call: {details} (an agent's certificate speaks for its "
+                    f"own host only: pass --host {theirs.group(1)}, or use that host's own agent certificate)")
+        needs = _ROLE_REFUSAL.search(details)
+        if not needs:
             return None        # not the caller's role (a capture target the agent may not touch): as said
-        return (f"the server at {target} refused this call: {details} (an operator certificate or token "
-                "allows it: `gpuscope certs client DIR --name NAME --role operator` or `gpuscope certs token`)")
+        roles = needs.group(1).split(" or ")
+        if "reader" in roles or "operator" in roles:
+            role = "reader" if "reader" in roles else "operator"      # the least that allows it
+            return (f"the server at {target} refused this call: {details} (a {role} certificate or token allows "
+                    f"it: `gpuscope certs client DIR --name NAME --role {role}` or `gpuscope certs token "
+                    f"--tokens FILE --name NAME --role {role}`)")
+        return (f"the server at {target} refused this call: {details} (only a GPU host's agent certificate "
+                "may make it: `gpuscope certs agent DIR --host HOST`, passed with --tls-dir or --cert/--key)")
     if code != grpc.StatusCode.UNAVAILABLE:
         return None
     if "Hostname Verification" in details or "hostname" in details.lower() and "verif" in details.lower():
+        if security.server_name:
+            return (f"the certificate of the server at {target} does not name {security.server_name}, the name "
+                    "--tls-server-name asked for: pass one of the names it lists, or drop --tls-server-name")
         return (f"the certificate of the server at {target} does not name {target.rpartition(':')[0] or target}: "
                 "connect by a name it lists, or pass --tls-server-name NAME (one of its names)")
     if "CERTIFICATE_VERIFY_FAILED" in details or "certificate verify failed" in details.lower():
@@ -303,7 +342,7 @@ def explain_failure(exc: grpc.RpcError, target: str, security: ClientSecurity,
     if "WRONG_VERSION_NUMBER" in details:
         return (f"the server at {target} does not speak TLS (was it started with --insecure?): pass --insecure "
                 "too (loopback only), or start it with --tls-dir")
-    if "Socket closed" in details or "Connection reset" in details or "handshake" in details.lower():
+    if closed_in_handshake(exc):
         if security.insecure:
             return (f"the server at {target} closed a plain-text connection; it probably requires TLS: drop "
                     "--insecure and pass --tls-dir DIR (or --ca/--cert/--key)")

@@ -25,24 +25,24 @@ WEAK_HBM = ("h2", 6)           # calibrated at 3.5 TB/s against ~4.3 TB/s
 GEN4_LINK = ("h1", 2)          # Gen4 while busy in a Gen5 GPU
 
 
-def _devices(host: str) -> list[DeviceInfo]:
+def _devices(host: str, gpus: int = 8) -> list[DeviceInfo]:
     # h2's agent never saw its GPUs busy: no busy link, nothing said of their generation
     return [DeviceInfo(gpu=g, uuid=f"GPU-{host}-{g}", name="NVIDIA H200", pcie_generation=1,
                        pcie_width=8 if (host, g) == NARROW_LINK else 16, pcie_max_generation=5, pcie_max_width=16,
                        pcie_busy_generation=(4 if (host, g) == GEN4_LINK else 5) if host == "h1" else None,
                        pcie_busy_width=16 if host == "h1" else None, driver_version="570.124.06")
-            for g in range(8)]
+            for g in range(gpus)]
 
 
-def _batch(host: str, rng: np.random.Generator) -> pb.SampleBatch:
+def _batch(host: str, rng: np.random.Generator, gpus: int = 8) -> pb.SampleBatch:
     now = time.time()
     samples = []
-    for gpu in range(8):
+    for gpu in range(gpus):
         clock = 1.60e9 if (host, gpu) == SLOW_CLOCK else 1.98e9 * (1 + rng.normal(0, 0.005))
         samples += [GpuSample(gpu, now - 60 + i, {"sm_clock_hertz": clock, "power_watts": 690.0,
                                                   "power_limit_watts": 700.0, "util_gpu_ratio": 1.0})
                     for i in range(40)]
-    return encode_batch(host, "boot", 1, samples, _devices(host))
+    return encode_batch(host, "boot", 1, samples, _devices(host, gpus))
 
 
 @pytest.mark.parametrize("engine", [False, True], ids=["thread", "process"])
@@ -200,5 +200,27 @@ def test_degraded_findings_resume_after_a_restart(tmp_path):
         assert srv.analyzer.run_fleet_checks().result(timeout=30) == {"degraded": 3}
         again = clients.findings(srv.target, kinds=["degraded"])
         assert {f["id"] for f in again} == first and all(f["windows"] == 2 for f in again)
+    finally:
+        srv.stop()
+
+
+def test_a_four_gpu_box_says_it_was_not_judged(tmp_path):
+    """Found in a trial: 4 GPUs, fewer than the 8 peers a comparison needs,
+    read "no degraded GPU" though none was compared."""
+    srv = AnalyzerServer(tmp_path / "d.duckdb")
+    try:
+        with grpc.insecure_channel(srv.target) as ch:
+            assert analyzer_pb2_grpc.AnalyzerStub(ch).Push(_batch("h3", np.random.default_rng(1), gpus=4)).status \
+                == pb.BatchAck.COMMITTED
+        unjudged = dict(kind="unjudged", model="NVIDIA H200", driver="570.124.06", dimension="clocks", gpus=4,
+                        min_peers=8)
+        wait_for(lambda: clients.degraded(srv.target) == [unjudged], timeout=20)
+        cli = [sys.executable, "-m", "gpuscope.daemon.cli", "degraded", "--server", srv.target, "--insecure"]
+        out = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.splitlines() == [
+            "no degraded GPU among the groups judged (docs/degraded.md); the others were not compared:",
+            "not judged: 4 NVIDIA H200 GPUs (driver 570.124.06) for clocks: fewer than 8 peers"], out
+        out = subprocess.run(cli + ["--json"], capture_output=True, text=True, timeout=60)
+        assert json.loads(out.stdout) == [unjudged]
     finally:
         srv.stop()

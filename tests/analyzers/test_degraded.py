@@ -9,7 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from gpuscope.analyzers.degraded import DIMENSIONS, DegradedConfig, clocks_at_power_sql, find_degraded
+from gpuscope.analyzers.degraded import (DIMENSIONS, DegradedConfig, clocks_at_power_sql, find_degraded,
+                                         unjudged_groups)
 
 COLUMN = {d.name: d.column for d in DIMENSIONS}
 
@@ -132,6 +133,24 @@ def test_groups_under_the_minimum_are_not_judged(con):
     values = [4.25e12] * 6 + [2e12]
     assert find_degraded(con, _group(values)) == []
     assert len(find_degraded(con, _group(values), DegradedConfig(min_peers=7))) == 1
+
+
+def test_groups_under_the_minimum_are_listed_as_not_judged(con):
+    """Found in a trial: a 4-GPU box read "no degraded GPU" though nothing
+    was compared. Groups too small are listed per dimension, with how many
+    GPUs have a figure there (unknowns do not count) and the minimum."""
+    box = _group([4.25e12, 4.2e12, 2e12, None], tensor_flops_per_s=pa.array([7.8e14] * 4))
+    fleet = _group([3.0e12] * 8, model="NVIDIA H100 80GB HBM3")      # judged: not listed
+    nameless = _group([1e12] * 2, driver=None)                         # no known peers at all: in no group
+    t = pa.concat_tables([box, fleet, nameless], promote_options="default")
+    assert find_degraded(con, t) == []
+    assert unjudged_groups(con, t) == [
+        dict(model="NVIDIA H200", driver="570.86.15", dimension="hbm", gpus=3, min_peers=8),
+        dict(model="NVIDIA H200", driver="570.86.15", dimension="tensor", gpus=4, min_peers=8)]
+    assert [g["dimension"] for g in unjudged_groups(con, t, DegradedConfig(min_peers=4))] == ["hbm"]
+    con.register("gpus", t)
+    assert len(unjudged_groups(con, "gpus")) == 2
+    assert unjudged_groups(con, pa.table({"host": ["a"], "gpu": [0], "model": ["x"], "driver": ["1"]})) == []
 
 
 def test_nulls_are_skipped_not_zeros(con):

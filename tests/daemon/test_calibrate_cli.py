@@ -87,7 +87,9 @@ def test_bad_arguments_are_named(cpu_as_gpu):
 
 def test_without_nvml_or_gpu_the_command_says_what_to_do():
     """The real command on this GPU-less machine: the CPU backend calibrates
-    with a note; asking for the GPU fails with a one-line hint."""
+    with a note when asked for by name; asking for the GPU fails with a
+    one-line hint; asking for nothing stops with exit 2 before measuring
+    (found in a trial: it measured the CPU and exited 0, with a note)."""
     run = lambda *a: subprocess.run([sys.executable, "-m", "gpuscope.daemon.cli", *a], capture_output=True,
                                     text=True, timeout=300, env={**os.environ, "XLA_FLAGS": ""})
     ok = run(*ARGS)
@@ -96,3 +98,9 @@ def test_without_nvml_or_gpu_the_command_says_what_to_do():
     bad = run("calibrate", "--platform", "gpu")
     assert bad.returncode == 1 and "without a GPU use --platform cpu" in bad.stderr
     assert "Traceback" not in bad.stderr
+    unasked = run("calibrate", "--quick")
+    assert unasked.returncode == 2 and not unasked.stdout and "measuring" not in unasked.stderr
+    (line,) = unasked.stderr.splitlines()
+    assert line.startswith("gpuscope calibrate: error: no GPU is visible to JAX (Unknown backend"), line
+    assert "install JAX's CUDA plugin (e.g. pip install 'jax[cuda12]'" in line
+    assert "or pass --platform cpu to measure this host's CPU on purpose" in line

@@ -15,6 +15,7 @@ from gpuscope.security import certs
 from gpuscope.security.auth import authorize, caller_from
 from gpuscope.security.tls import ClientSecurity, server_credentials, tls_files
 from gpuscope.v1 import agent_pb2, agent_pb2_grpc, analyzer_pb2 as apb, analyzer_pb2_grpc, samples_pb2 as pb
+from tests.conftest import free_port
 
 
 def _authenticate(method, auth_context, metadata):
@@ -157,7 +158,34 @@ def test_calibrate_send_presents_the_agent_certificate_of_its_host(pki, analyzer
     tls = ["--ca", str(pki / "ca" / "ca.pem"), "--cert", str(pki / "h1" / "agent.pem"),
            "--key", str(pki / "h1" / "agent.key")]
     argv = ["calibrate", "--quick", "--platform", "cpu", "--dtypes", "bf16", "--json", "--send", target, *tls]
+    progress = []
+    monkeypatch.setattr("gpuscope.daemon.cmd_calibrate.Calibrator.run", lambda self: progress.append("measured"))
+    # another host's name, or a dead analyzer, are found by a dry run before anything is measured
     assert main(argv + ["--host", "h2"]) == 1
-    assert "this agent's certificate is for 'h1'" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "this agent's certificate is for 'h1' (an agent's certificate speaks for its own host only: pass " \
+        "--host h1" in err and "nothing was measured" in err and not out
+    dead = f"127.0.0.1:{free_port()}"
+    assert main([*argv[:-len(tls) - 1], dead, *tls, "--host", "h1"]) == 1
+    assert f"error: cannot reach {dead}: Failed to connect to remote host: Connection refused" in \
+        capsys.readouterr().err
+    assert progress == []
+    monkeypatch.undo()
+    monkeypatch.setattr("gpuscope.daemon.logs.configure", lambda *a, **k: None)
     assert main(argv + ["--host", "h1"]) == 0
     assert [c["platform"] for c in a.store.ceilings(host="h1", model="cpu")] == ["cpu"]
+
+
+def test_a_dry_run_checks_the_host_and_stores_nothing(pki, analyzer):
+    a, target = analyzer
+    before = a.store.ceilings(history=True)
+    with _client(pki, "h1").channel(target) as ch:
+        stub = analyzer_pb2_grpc.AnalyzerStub(ch)
+        ack = stub.ReportCalibration(apb.CalibrationReport(host="h1", dry_run=True), timeout=10)
+        assert (ack.id, ack.ceilings) == ("", 0)
+        assert _code(lambda: stub.ReportCalibration(apb.CalibrationReport(host="h2", dry_run=True),
+                                                    timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
+    with _client(pki, "reader").channel(target) as ch:
+        assert _code(lambda: analyzer_pb2_grpc.AnalyzerStub(ch).ReportCalibration(
+            apb.CalibrationReport(host="h1", dry_run=True), timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
+    assert a.store.ceilings(history=True) == before

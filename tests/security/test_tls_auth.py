@@ -596,6 +596,12 @@ def test_clients_get_one_line_errors_that_name_the_fix(pki, guarded):
     assert clients.jobs(guarded, security=_client(pki["operator"]))[0]["command"] == "python train.py"
     with pytest.raises(clients.ClientError, match="refused this call: rita has role reader.*--role operator"):
         clients.jobs(guarded, security=_client(pki["reader"]))
+    with pytest.raises(clients.ClientError, match=r"gpu-host-7 has role agent; \S+ListFindings needs operator or "
+                                                  r"reader \(a reader certificate .*--role reader`\)"):
+        clients.findings(guarded, security=_client(pki["agent"]))
+    with pytest.raises(clients.ClientError, match=r"rita has role reader; \S+ReportCalibration needs agent \(only a "
+                                                  r"GPU host's agent certificate .*`gpuscope certs agent"):
+        clients.report_calibration(guarded, "gpu-host-7", {}, security=_client(pki["reader"]))
     with pytest.raises(clients.ClientError, match="requires a client certificate"):
         clients.status(guarded, security=ClientSecurity(ca=ca))
     with pytest.raises(clients.ClientError, match="drop --insecure"):

@@ -229,11 +229,27 @@ class DegradedGpu(_message.Message):
     pcie_max_width: int
     def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., dimension: _Optional[str] = ..., value: _Optional[float] = ..., peer_median: _Optional[float] = ..., peers: _Optional[int] = ..., shortfall: _Optional[float] = ..., z: _Optional[float] = ..., unit: _Optional[str] = ..., summary: _Optional[str] = ..., driver: _Optional[str] = ..., pcie_generation: _Optional[int] = ..., pcie_width: _Optional[int] = ..., pcie_max_generation: _Optional[int] = ..., pcie_max_width: _Optional[int] = ...) -> None: ...
 
-class DegradedResponse(_message.Message):
-    __slots__ = ("gpus",)
+class UnjudgedGroup(_message.Message):
+    __slots__ = ("model", "driver", "dimension", "gpus", "min_peers")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    DIMENSION_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
+    MIN_PEERS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    driver: str
+    dimension: str
+    gpus: int
+    min_peers: int
+    def __init__(self, model: _Optional[str] = ..., driver: _Optional[str] = ..., dimension: _Optional[str] = ..., gpus: _Optional[int] = ..., min_peers: _Optional[int] = ...) -> None: ...
+
+class DegradedResponse(_message.Message):
+    __slots__ = ("gpus", "unjudged")
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    UNJUDGED_FIELD_NUMBER: _ClassVar[int]
     gpus: _containers.RepeatedCompositeFieldContainer[DegradedGpu]
-    def __init__(self, gpus: _Optional[_Iterable[_Union[DegradedGpu, _Mapping]]] = ...) -> None: ...
+    unjudged: _containers.RepeatedCompositeFieldContainer[UnjudgedGroup]
+    def __init__(self, gpus: _Optional[_Iterable[_Union[DegradedGpu, _Mapping]]] = ..., unjudged: _Optional[_Iterable[_Union[UnjudgedGroup, _Mapping]]] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
     __slots__ = ("finding_id", "context_seconds")
@@ -574,12 +590,14 @@ class MetricResult(_message.Message):
     def __init__(self, metric: _Optional[str] = ..., unit: _Optional[str] = ..., aggregate: _Optional[str] = ..., series: _Optional[_Iterable[_Union[MetricSeries, _Mapping]]] = ...) -> None: ...
 
 class CalibrationReport(_message.Message):
-    __slots__ = ("host", "calibration_json")
+    __slots__ = ("host", "calibration_json", "dry_run")
     HOST_FIELD_NUMBER: _ClassVar[int]
     CALIBRATION_JSON_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     host: str
     calibration_json: str
-    def __init__(self, host: _Optional[str] = ..., calibration_json: _Optional[str] = ...) -> None: ...
+    dry_run: bool
+    def __init__(self, host: _Optional[str] = ..., calibration_json: _Optional[str] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class CalibrationAck(_message.Message):
     __slots__ = ("id", "ceilings")
