@@ -123,6 +123,7 @@ class Analyzer:
         self.store.ensure_rollup_columns()
         self.publisher = Publisher(config.publish, self.store.fleet_rows, clock=clock) if config.publish else None
         self.live = LiveWindows(self.window_s)
+        self.live.hbm_measured = self.store.measured_hbm()
         self.gpus: dict[tuple[str, int], GpuState] = {}
         self._names: dict[tuple[str, int], str] = {}
         self._sources: dict[tuple[str, int], str] = {}     # where each GPU's samples come from
@@ -467,7 +468,12 @@ class Analyzer:
         """A GPU's measured ceilings: checked (CalibrationInvalid names the bad
         field), stored beside its earlier ones. Returns {id, ceilings}."""
         cal, rows = parse_calibration(host, record, received=time.time())
-        cid = self.writer.call(lambda st: st.add_calibration(cal, rows)).result(timeout=30)
+        def store(st: Store) -> str:
+            cid = st.add_calibration(cal, rows)
+            # the writer thread judges the windows: the new ceiling reaches them in order
+            self.live.hbm_measured = st.measured_hbm()
+            return cid
+        cid = self.writer.call(store).result(timeout=30)
         log.info("calibration stored", host=host, gpu=cal["gpu"], uuid=cal["uuid"], platform=cal["platform"])
         return dict(id=cid, ceilings=len(rows))
 

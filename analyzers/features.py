@@ -97,6 +97,10 @@ class Stack:
     pcie_generation: np.ndarray
     pcie_width: np.ndarray
     power_limit_watts: np.ndarray
+    # the GPU's measured HBM ceiling (its calibration) and its part's datasheet figure: NVML's and
+    # DCGM's DRAM ratio is of the datasheet's, and a real GPU reaches less
+    hbm_measured_bytes_per_s: np.ndarray | None = None
+    hbm_datasheet_bytes_per_s: np.ndarray | None = None
 
 
 FEATURES = ("util_gpu_ratio", "util_mem_ratio", "sm_util_ratio", "sm_occupancy_ratio", "tensor_util_ratio",
@@ -105,6 +109,8 @@ FEATURES = ("util_gpu_ratio", "util_mem_ratio", "sm_util_ratio", "sm_occupancy_r
             "pcie_link_util_ratio", "power_watts", "power_limit_ratio", "sm_clock_hertz",
             "power_capped_time_ratio", "thermal_throttled_time_ratio", "power_reason_sample_ratio",
             "thermal_reason_sample_ratio", "activity_shift_ratio",
+            # DRAM bandwidth as a fraction of this GPU's measured ceiling, and that ceiling (calibrated GPUs)
+            "dram_measured_util_ratio", "hbm_measured_bytes_per_second",
             # the serving engine on the GPU, when there is one: window means of what its /metrics gave
             *cat.SERVING)
 FEATURE_INDEX = {n: i for i, n in enumerate(FEATURES)}
@@ -260,6 +266,14 @@ def feature_matrix(s: Stack) -> np.ndarray:
                          x.mean("power_limit_watts"))
         f["power_limit_ratio"] = np.where(np.nan_to_num(limit, nan=0.0) != 0, f["power_watts"] / limit, np.nan)
     f["sm_clock_hertz"] = x.mean("sm_clock_hertz")
+    if s.hbm_measured_bytes_per_s is not None:
+        measured, sheet = s.hbm_measured_bytes_per_s, s.hbm_datasheet_bytes_per_s
+        with np.errstate(invalid="ignore", divide="ignore"):
+            known = ~np.isnan(f["dram_bw_util_ratio"]) & (measured > 0) & (sheet > 0)
+            f["dram_measured_util_ratio"] = np.where(known, f["dram_bw_util_ratio"] * sheet / measured, np.nan)
+        f["hbm_measured_bytes_per_second"] = np.where(known, measured, np.nan)
+    else:
+        f["dram_measured_util_ratio"] = f["hbm_measured_bytes_per_second"] = x.none
     cap = _sum_opt(x.rate("throttle_sw_power_cap_seconds_total"), x.rate("throttle_hw_power_brake_seconds_total"))
     therm = _sum_opt(x.rate("throttle_sw_thermal_seconds_total"), x.rate("throttle_hw_thermal_seconds_total"))
     f["power_capped_time_ratio"] = np.minimum(cap, 1.0)
@@ -330,18 +344,20 @@ def stack(windows: Sequence[tuple[int, float, float, np.ndarray, Columns, dict]]
     if len(t) > 1 and np.any((np.diff(t) < 0) & (seg[1:] == seg[:-1])):   # a window's samples out of order
         o = np.lexsort((t, seg))
         t, matrix = t[o], matrix[o]
+    busy = np.array([_nan(d.get("pcie_busy_generation")) for d in dev], float)
+    best = np.fmax([_nan(d.get("pcie_generation")) for d in dev], [_nan(d.get("pcie_max_generation")) for d in dev])
     return Stack(gpu=np.array([w[0] for w in windows], np.int64), start=np.array([w[1] for w in windows], float),
                  end=np.array([w[2] for w in windows], float),
                  t=t, names=names, matrix=matrix,
                  offsets=np.array(offsets, np.int64),
-                 # The line rate is the link's best generation where known: the agent reads the
-                 # current one once, and an idle GPU's link idles at Gen1 to save power, which
-                 # would make any later traffic look like a saturated link. (A link that really
-                 # trained down is a degraded GPU, found as such, not a busier link.)
-                 pcie_generation=np.fmax([_nan(d.get("pcie_generation")) for d in dev],
-                                         [_nan(d.get("pcie_max_generation")) for d in dev]),
-                 pcie_width=np.array([_nan(d.get("pcie_width")) for d in dev], float),
-                 power_limit_watts=np.array([_nan(d.get("power_limit_watts")) for d in dev], float))
+                 # The line rate is the link as its agent saw it while the GPU was busy; before
+                 # that, its best generation: an idle GPU's link rests at Gen1 to save power, which
+                 # would make later traffic look like a saturated link.
+                 pcie_generation=np.where(~np.isnan(busy), busy, best),
+                 pcie_width=np.array([_nan(d.get("pcie_busy_width") or d.get("pcie_width")) for d in dev], float),
+                 power_limit_watts=np.array([_nan(d.get("power_limit_watts")) for d in dev], float),
+                 hbm_measured_bytes_per_s=np.array([_nan(d.get("hbm_measured_bytes_per_s")) for d in dev], float),
+                 hbm_datasheet_bytes_per_s=np.array([_nan(d.get("hbm_datasheet_bytes_per_s")) for d in dev], float))
 
 
 def compute_window(gpu: int, start: float, end: float, t: np.ndarray,

@@ -16,6 +16,7 @@ import numpy as np
 from .classify import Classification, classify_many
 from .features import compute_windows, feature_matrix, stack, stack_columns
 from .ingest import DecodedBatch
+from .roofline import datasheet_peaks
 
 
 @dataclass
@@ -35,6 +36,8 @@ class LiveWindows:
         self._closing: list[tuple[tuple[str, int], _Acc]] = []
         self.devices: dict[tuple[str, int], dict] = {}
         self._seen: dict[tuple[str, int], tuple] = {}      # the DeviceFacts behind each entry of devices
+        # each calibrated GPU's measured HBM ceiling, bytes/s, by UUID (the analyzer keeps it current)
+        self.hbm_measured: dict[str, float] = {}
         self.late_samples = 0
 
     def add(self, b: DecodedBatch, now: float | None = None) -> dict[int, float]:
@@ -44,9 +47,13 @@ class LiveWindows:
             key = (b.host, d.gpu)
             if self._seen.get(key) != d:     # every batch repeats its devices; they seldom change
                 self._seen[key] = d
+                sheet = datasheet_peaks(d.name)
                 self.devices[key] = dict(pcie_generation=d.pcie_generation, pcie_width=d.pcie_width,
                                          pcie_max_generation=d.pcie_max_generation,
-                                         power_limit_watts=d.power_limit_watts)
+                                         pcie_busy_generation=d.pcie_busy_generation,
+                                         pcie_busy_width=d.pcie_busy_width,
+                                         power_limit_watts=d.power_limit_watts, uuid=d.uuid,
+                                         hbm_datasheet_bytes_per_s=sheet[1].bytes_per_s if sheet else None)
         newest: dict[int, float] = {}
         if not b.count:
             return newest
@@ -87,8 +94,10 @@ class LiveWindows:
         parts = []
         for (host, g), acc in closing:
             t = np.concatenate(acc.t) if len(acc.t) > 1 else acc.t[0]
+            dev = self.devices.get((host, g), {})
+            measured = self.hbm_measured.get(dev.get("uuid") or "")
             parts.append((g, acc.start, acc.start + self.window_s, t, stack_columns(acc.rows),
-                          self.devices.get((host, g), {})))
+                          {**dev, "hbm_measured_bytes_per_s": measured} if measured else dev))
         s = stack(parts)
         matrix = feature_matrix(s)
         judged = [(i, w) for i, w in enumerate(compute_windows(s, matrix)) if w is not None]

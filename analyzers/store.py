@@ -940,15 +940,7 @@ class Store:
         now (a GPU whose agent does not say is grouped with the others that do not)."""
         return self._arrow(f"""
             WITH clocks AS ({clocks_at_power_sql("samples", in_range=True)}),
-            cal AS (SELECT id, uuid FROM calibrations WHERE coalesce(platform, '') <> 'cpu'
-                    QUALIFY row_number() OVER (PARTITION BY uuid ORDER BY started_at DESC, received DESC) = 1),
-            measured AS (
-                SELECT cal.uuid,
-                       max(c.value) FILTER (WHERE c.name IN ('hbm_triad', 'hbm_copy')) AS hbm_bytes_per_s,
-                       max(c.value) FILTER (WHERE c.name = 'matmul_bf16') AS tensor_flops_per_s,
-                       max(c.value) FILTER (WHERE c.name = 'h2d') AS pcie_h2d_bytes_per_s,
-                       max(c.value) FILTER (WHERE c.name = 'd2d') AS nvlink_d2d_bytes_per_s
-                FROM cal JOIN ceilings c ON c.calibration_id = cal.id GROUP BY cal.uuid)
+            measured AS ({_CURRENT_CEILINGS})
             SELECT d.host, d.gpu, d.uuid, d.name AS model, coalesce(d.driver_version, '') AS driver,
                    d.pcie_busy_generation AS pcie_generation, coalesce(d.pcie_busy_width, d.pcie_width) AS pcie_width,
                    d.pcie_max_generation, d.pcie_max_width,
@@ -956,6 +948,13 @@ class Store:
                    m.nvlink_d2d_bytes_per_s
             FROM devices d LEFT JOIN clocks c USING (host, gpu) LEFT JOIN measured m ON m.uuid = d.uuid
             WHERE NOT coalesce(d.lost, false) AND d.name <> '' AND d.last_seen >= $start""", dict(start=start, end=end))
+
+    def measured_hbm(self) -> dict[str, float]:
+        """UUID -> the HBM ceiling its current calibration measured, bytes/s
+        (what live windows set DRAM activity against)."""
+        rows = self.reader().execute(f"SELECT uuid, hbm_bytes_per_s FROM ({_CURRENT_CEILINGS}) "
+                                     "WHERE hbm_bytes_per_s > 0").fetchall()
+        return {u: float(v) for u, v in rows}
 
     def upsert_gpu_state(self, rows: Sequence[tuple]) -> None:
         self._rows("gpu_state", self.GPU_STATE_COLUMNS, rows, replace=True)
@@ -1053,6 +1052,17 @@ def _dicts(cur: Any) -> list[dict]:
 
 
 _KIND = "coalesce(kind, 'bottleneck') = ?"
+# Each GPU's current calibration (its newest, never a CPU run's) as one row of ceilings by UUID.
+# HBM is the better of triad and copy: both move bytes through HBM, a GPU reaches its ceiling in one.
+_CURRENT_CEILINGS = """
+    WITH cal AS (SELECT id, uuid FROM calibrations WHERE coalesce(platform, '') <> 'cpu'
+                 QUALIFY row_number() OVER (PARTITION BY uuid ORDER BY started_at DESC, received DESC) = 1)
+    SELECT cal.uuid,
+           max(c.value) FILTER (WHERE c.name IN ('hbm_triad', 'hbm_copy')) AS hbm_bytes_per_s,
+           max(c.value) FILTER (WHERE c.name = 'matmul_bf16') AS tensor_flops_per_s,
+           max(c.value) FILTER (WHERE c.name = 'h2d') AS pcie_h2d_bytes_per_s,
+           max(c.value) FILTER (WHERE c.name = 'd2d') AS nvlink_d2d_bytes_per_s
+    FROM cal JOIN ceilings c ON c.calibration_id = cal.id GROUP BY cal.uuid"""
 _JSON_FIELDS = ("evidence", "flags", "alternatives", "captures", "attribution")
 _DICT_FIELDS = ("evidence", "attribution")
 _EMPTY_JSON = ("[]", "{}")

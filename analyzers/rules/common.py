@@ -82,6 +82,16 @@ def pct(x: float | None) -> str:
     return human.value("ratio", x)
 
 
+def measured_words(w) -> str:
+    """` (91 % of this GPU's measured 4.20 TB/s)` where the GPU is
+    calibrated: the DRAM ratio counters give is of the datasheet's peak,
+    which no real GPU reaches, so 80 % of it can be a GPU at its limit."""
+    x, ceiling = w.get("dram_measured_util_ratio"), w.get("hbm_measured_bytes_per_second")
+    if x is None or ceiling is None:
+        return ""
+    return f" ({pct(x)} of this GPU's measured {human.value('bytes/s', ceiling)})"
+
+
 def sms_busy(w, lead: str = ", ") -> str:
     """`, 53% of SMs busy`, or nothing where the GPU reports no SM activity
     (found in a trial: "? of SMs busy")."""

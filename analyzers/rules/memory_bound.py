@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..features import Window
-from .common import MEMORY, Features, busy, pct, sms_busy
+from .common import MEMORY, Features, busy, measured_words, pct, sms_busy
 from .compute_bound import PIPES, compute_side
 
 VERDICT, ALTERNATIVES = MEMORY, ()
@@ -30,7 +30,7 @@ def score(f: Features) -> np.ndarray:
 
 def describe(w: Window) -> str:
     if w.get("dram_bw_util_ratio") is not None and any(w.get(k) is not None for k in PIPES):
-        return (f"DRAM bandwidth {pct(w.get('dram_bw_util_ratio'))} of peak while tensor pipes "
+        return (f"DRAM bandwidth {pct(w.get('dram_bw_util_ratio'))} of peak{measured_words(w)} while tensor pipes "
                 f"{pct(w.get('tensor_util_ratio'))} active{sms_busy(w)}")
     return (f"memory busy {pct(w.get('util_mem_ratio'))} of the time, as often as kernels run "
             f"({pct(w.get('util_gpu_ratio'))}) (no GPM: NVML utilisation ratio)")
