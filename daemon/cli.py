@@ -164,6 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("agent", help="the per-host sampling daemon")
     sp.add_argument("--analyzer", default="", help="analyzer HOST:PORT to stream to")
     sp.add_argument("--listen", default="127.0.0.1:9401", help="agent API address (default 127.0.0.1:9401)")
+    sp.add_argument("--calibrate-every", type=duration, default=7 * 86400.0, metavar="DURATION",
+                    help="measure each GPU's ceilings again this often (`gpuscope calibrate --quick --send`), only "
+                         "while it is idle and never beside a job; needs --analyzer and JAX with its CUDA plugin; "
+                         "0 for never (default 7d)")
+    sp.add_argument("--calibrate-idle", type=positive_duration, default=900.0, metavar="DURATION",
+                    help="how long a GPU must have been idle before a scheduled calibration (default 15m)")
     add_config_flag(sp)
     source_args(sp, None)
     add_server_flags(sp, "NAME is agent", agent_links=True)

@@ -521,6 +521,7 @@ def cmd_agent(ns) -> int:
     from gpuscope.analyzers.offline import judge_newest      # the agent says its GPUs' verdicts itself
     metrics = _metrics(ns, "agent", AgentCollector(agent, judge_newest))
     listener = _start_commands(agent, ns.analyzer, ns.host, links) if ns.analyzer else None
+    schedule = _calibration_schedule(agent, ns, source)
     logs.say(f"agent: {source}, API on {ns.listen.rpartition(':')[0]}:{port}, analyzer {ns.analyzer or '(none)'}")
     try:
         _wait(stop, ns.duration)
@@ -529,9 +530,41 @@ def cmd_agent(ns) -> int:
             metrics.shutdown()
         if listener is not None:
             listener.stop()
+        if schedule is not None:
+            schedule.stop()
         agent.stop()
         shutdown(server, health)
     return 0
+
+
+def _calibration_schedule(agent: Agent, ns, source: str):
+    """The weekly calibration of idle GPUs (daemon/calibration_schedule.py),
+    when it can send what it measures and has real GPUs to measure."""
+    import importlib.util
+
+    from .calibration_schedule import CalibrationSchedule, ScheduleConfig
+
+    if not ns.calibrate_every:
+        return None
+    if not ns.analyzer or source.startswith("replay"):
+        return None
+    if importlib.util.find_spec("jax") is None:
+        logs.say("calibration schedule off: JAX is not installed here (pip install 'gpuscope[calibrate]' and "
+                 "JAX's CUDA plugin; --calibrate-every 0 silences this)")
+        return None
+    base = [sys.executable, "-m", "gpuscope.daemon.cli", "calibrate", "--quick", "--json", "--send", ns.analyzer,
+            "--host", ns.host]
+    for flag in ("tls_dir", "ca", "cert", "key", "tls_server_name"):
+        if getattr(ns, flag, None):
+            base += ["--" + flag.replace("_", "-"), str(getattr(ns, flag))]
+    if ns.insecure:
+        base.append("--insecure")
+    schedule = CalibrationSchedule(
+        ScheduleConfig(state_path=str(capture_dir(ns).parent / "calibrations.json"), every_s=ns.calibrate_every,
+                       idle_for_s=ns.calibrate_idle),
+        agent, lambda gpu: base + ["--gpu", str(gpu)])
+    schedule.start()
+    return schedule
 
 
 def cmd_analyzer(ns) -> int:
