@@ -141,3 +141,22 @@ def calibration_record(uuid: str = "GPU-aaaa", name: str = "NVIDIA H200", starte
                               m("d2h", "bytes_per_second", 5.0e10),
                               dict(name="d2d", unit="bytes_per_second", value=None, best=None, spread=None,
                                    repeats=0, params={}, conditions={}, error="one device: nothing to copy between")])
+
+
+def generic_servers(handler, credentials: dict, workers: int = 2):
+    """Plain gRPC servers on loopback answering with one generic handler:
+    {name: address} for each {name: server credentials, or None for plain
+    text}, and a function that stops them (TLS and refusal tests)."""
+    from concurrent import futures
+
+    import grpc
+
+    out, started = {}, []
+    for name, creds in credentials.items():
+        s = grpc.server(futures.ThreadPoolExecutor(workers))
+        s.add_generic_rpc_handlers([handler])
+        port = s.add_secure_port("127.0.0.1:0", creds) if creds else s.add_insecure_port("127.0.0.1:0")
+        s.start()
+        started.append(s)
+        out[name] = f"127.0.0.1:{port}"
+    return out, lambda: [s.stop(0) for s in started]

@@ -45,15 +45,19 @@ def _batch(host: str, rng: np.random.Generator, gpus: int = 8) -> pb.SampleBatch
     return encode_batch(host, "boot", 1, samples, _devices(host, gpus))
 
 
+def _push_fleet(target: str, rng: np.random.Generator) -> None:
+    with grpc.insecure_channel(target) as ch:
+        stub = analyzer_pb2_grpc.AnalyzerStub(ch)
+        for host in ("h1", "h2"):
+            assert stub.Push(_batch(host, rng)).status == pb.BatchAck.COMMITTED
+
+
 @pytest.mark.parametrize("engine", [False, True], ids=["thread", "process"])
 def test_degraded_names_the_slow_clock_and_the_narrow_link_and_nothing_else(tmp_path, engine):
     srv = AnalyzerServer(tmp_path / "d.duckdb", engine=engine)
     rng = np.random.default_rng(7)
     try:
-        with grpc.insecure_channel(srv.target) as ch:
-            stub = analyzer_pb2_grpc.AnalyzerStub(ch)
-            for host in ("h1", "h2"):
-                assert stub.Push(_batch(host, rng)).status == pb.BatchAck.COMMITTED
+        _push_fleet(srv.target, rng)
         wait_for(lambda: len(clients.degraded(srv.target)) == 3, timeout=20)
         found = {(r["host"], r["gpu"]): r for r in clients.degraded(srv.target)}
         assert set(found) == {SLOW_CLOCK, NARROW_LINK, GEN4_LINK}
@@ -122,10 +126,7 @@ def test_fleet_checks_open_degraded_findings_show_them_and_close_them_when_the_g
                 pass
         threading.Thread(target=watch, daemon=True).start()
         assert watching.wait(10)
-        with grpc.insecure_channel(srv.target) as ch:
-            stub = analyzer_pb2_grpc.AnalyzerStub(ch)
-            for host in ("h1", "h2"):
-                assert stub.Push(_batch(host, rng)).status == pb.BatchAck.COMMITTED
+        _push_fleet(srv.target, rng)
         opened = wait_for(lambda: (lambda r: r if len(r) == 3 else None)(
             clients.findings(srv.target, kinds=["degraded"], open_only=True)), timeout=30)
         by_gpu = {(f["host"], f["gpu"]): f for f in opened}
@@ -186,10 +187,7 @@ def test_degraded_findings_resume_after_a_restart(tmp_path):
     rng = np.random.default_rng(3)
     srv = AnalyzerServer(db, fleet_check_s=0)
     try:
-        with grpc.insecure_channel(srv.target) as ch:
-            stub = analyzer_pb2_grpc.AnalyzerStub(ch)
-            for host in ("h1", "h2"):
-                assert stub.Push(_batch(host, rng)).status == pb.BatchAck.COMMITTED
+        _push_fleet(srv.target, rng)
         wait_for(lambda: len(clients.degraded(srv.target)) == 3, timeout=20)
         assert srv.analyzer.run_fleet_checks().result(timeout=30) == {"degraded": 3}
         first = {f["id"] for f in clients.findings(srv.target, kinds=["degraded"])}

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-from concurrent import futures
 
 import grpc
 import pytest
@@ -18,7 +17,7 @@ from gpuscope.security import certs
 from gpuscope.security.tls import INSECURE, ClientSecurity, server_credentials, tls_files
 from gpuscope.v1 import analyzer_pb2 as apb, analyzer_pb2_grpc
 from tests.conftest import free_port
-from tests.helpers import wait_for
+from tests.helpers import generic_servers, wait_for
 
 CLI = [sys.executable, "-m", "gpuscope.daemon.cli"]
 
@@ -45,17 +44,9 @@ class _Answers(grpc.GenericRpcHandler):
 
 @pytest.fixture(scope="module")
 def servers(pki):
-    out, started = {}, []
-    for name, creds in (("mtls", server_credentials(tls_files(pki, "analyzer"))), ("plain", None)):
-        s = grpc.server(futures.ThreadPoolExecutor(2))
-        s.add_generic_rpc_handlers([_Answers()])
-        port = s.add_secure_port("127.0.0.1:0", creds) if creds else s.add_insecure_port("127.0.0.1:0")
-        s.start()
-        started.append(s)
-        out[name] = f"127.0.0.1:{port}"
+    out, stop = generic_servers(_Answers(), {"mtls": server_credentials(tls_files(pki, "analyzer")), "plain": None})
     yield out
-    for s in started:
-        s.stop(0)
+    stop()
 
 
 def _status_error(target: str, security: ClientSecurity, timeout: float = 10.0) -> str:

@@ -32,6 +32,7 @@ from gpuscope.security.tls import (INSECURE, ClientSecurity, TlsConfigError, Tls
                                    server_credentials, tls_files)
 from gpuscope.v1 import agent_pb2, agent_pb2_grpc, analyzer_pb2, analyzer_pb2_grpc, samples_pb2 as pb
 from tests.conftest import free_port
+from tests.helpers import generic_servers
 
 METHOD = "/gpuscope.v1.Analyzer/GetStatus"
 
@@ -83,19 +84,12 @@ class _Recorder(grpc.GenericRpcHandler):
 def servers(pki):
     """mtls: client certificates required; tls: server-authenticated only (tokens); plain: no TLS."""
     tokens = TokenStore.load(pki["tokens"])
-    out, started = {}, []
-    for name, creds in (("mtls", server_credentials(tls_files(pki["ca"], "analyzer"))),
-                        ("tls", server_credentials(tls_files(pki["ca"], "analyzer"), require_client_cert=False)),
-                        ("plain", None)):
-        s = grpc.server(futures.ThreadPoolExecutor(4))
-        s.add_generic_rpc_handlers([_Recorder(tokens)])
-        port = s.add_secure_port("127.0.0.1:0", creds) if creds else s.add_insecure_port("127.0.0.1:0")
-        s.start()
-        started.append(s)
-        out[name] = f"127.0.0.1:{port}"
+    out, stop = generic_servers(_Recorder(tokens), {
+        "mtls": server_credentials(tls_files(pki["ca"], "analyzer")),
+        "tls": server_credentials(tls_files(pki["ca"], "analyzer"), require_client_cert=False), "plain": None},
+        workers=4)
     yield out
-    for s in started:
-        s.stop(0)
+    stop()
 
 
 def _ask(target: str, security: ClientSecurity, method: str = METHOD) -> dict:
