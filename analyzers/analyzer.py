@@ -49,12 +49,16 @@ from .fleet_findings import ConditionFindings
 from .ingest import DecodedBatch, clean_command, decode
 from .links import pcie_link
 from .live import LiveWindows
+from .program_check import ProgramCheck
+from .program_list import list_programs
+from .programs import ProgramsConfig
 from .publish import PublishConfig, Publisher
 from .report import build_range_report, build_report, full_id
 from .retention import PassResult, Retention, RetentionConfig
 from .status import GpuRow, summarize as summarize_status
 from .store import FINDING_COLUMNS, Store, StoreConfig, finding_group, finding_row, merge_live
 from .trace_analysis import summarize
+from .trace_program import trace_program
 from .trigger import Decision, TriggerConfig, TriggerPolicy
 from .windows import DEFAULT_WINDOW_S, check_window
 from .writer import Writer
@@ -83,6 +87,7 @@ class AnalyzerConfig:
     fleet_check_s: float = 300.0
     degraded_span_s: float = 3600.0
     degraded: DegradedConfig = DegradedConfig()
+    programs: ProgramsConfig = ProgramsConfig()     # runs against their programs' baselines (programs.py)
 
 
 def _owner(f: dict | None) -> tuple[str, str]:
@@ -151,7 +156,10 @@ class Analyzer:
         # what the store holds of each open finding: a change of these is written at once
         self._findings_stored = {f["id"]: _stored(f) for f in self.findings.open.values()}
         self.conditions = {"degraded": ConditionFindings("degraded", self.store.open_findings("degraded"),
-                                                         ended_words="no longer under its peers")}
+                                                         ended_words="no longer under its peers"),
+                           "regression": ConditionFindings("regression", self.store.open_findings("regression"),
+                                                           ended_words="the run ended or is back to its baseline")}
+        self.program_check = ProgramCheck(self.store, self.config.programs)
         self._samples_at_start, _ = self.store.sample_rows()
         self._status_dirty = set(self.gpus)           # a mirror of a new process learns every GPU
         self._newest_seen: dict[str, float] = {}       # host -> newest sample time received
@@ -486,8 +494,11 @@ class Analyzer:
             try:
                 links = {g: pcie_link(gen, width, name) for g, (gen, width, name)
                          in self.store.host_links(record.host).items()}
-                summary = summarize(parse_trace(xspace, record.path or record.id), links,
-                                    self.store.host_measured_peaks(record.host))
+                trace = parse_trace(xspace, record.path or record.id)
+                summary = summarize(trace, links, self.store.host_measured_peaks(record.host))
+                program = trace_program(trace)
+                if program is not None:           # what the program check matches the job's run by
+                    summary["program"] = program
             except TraceError as exc:
                 error = (error + "; " if error else "") + str(exc)
         verdict = summary.get("verdict") if summary else None
@@ -608,7 +619,16 @@ class Analyzer:
         inputs = self.store.degraded_inputs(now - self.config.degraded_span_s, now)
         degraded = find_degraded(duckdb.connect(), inputs, self.config.degraded)
         found = {"degraded": [degraded_condition(f, self.config.degraded) for f in degraded]}
-        return self.writer.call(lambda _store: self._apply_conditions(found, now))
+        runs, cursor = self.program_check.collect(now)
+        weak: dict[tuple[str, int], list[dict]] = {}
+        for c in found["degraded"]:
+            weak.setdefault((c["host"], c["gpu"]), []).append(c)
+        found["regression"] = self.program_check.judge(runs, weak)
+
+        def apply(_store: Store) -> dict[str, int]:
+            self.program_check.apply(runs, cursor)
+            return self._apply_conditions(found, now)
+        return self.writer.call(apply)
 
     def _apply_conditions(self, found: dict[str, list[dict]], now: float) -> dict[str, int]:
         counts = {}
@@ -741,6 +761,12 @@ class Analyzer:
     def finding(self, finding_id: str) -> dict | None:
         row = self.store.finding(finding_id)
         return None if row is None else self.live_finding(row)
+
+    def list_programs(self, start: float, host: str = "", fingerprint: str = "", limit: int = 200) -> list[dict]:
+        """Programs with runs since `start` and their baselines, or one
+        program's runs (analyzers/program_list.py)."""
+        return list_programs(self.store, start, host, fingerprint, limit,
+                             list(self.conditions["regression"].open.values()), self.config.programs)
 
     def top(self, start: float, end: float, host: str = "", by: str = "gpu", limit: int = 20) -> list[dict]:
         """The GPUs (or jobs, pods, Slurm jobs) bottlenecked longest over

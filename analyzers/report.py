@@ -16,6 +16,7 @@ from typing import Callable
 from gpuscope.collectors import catalogue as cat
 
 from .degraded import what_to_try as degraded_advice
+from .programs import what_to_try as regression_advice
 from .roofline import choose_peaks, datasheet_peaks
 from .rules import what_to_try
 from .store import DRAWN_FLAGS, Store
@@ -81,9 +82,13 @@ def build_report(store: Store, finding_id: str, context_s: float = 0.0, now: flo
 
 
 def _advice(f: dict) -> list[str]:
-    """A bottleneck's advice is its verdict's and flags'; a degraded GPU's, its weak dimensions'."""
-    if (f.get("kind") or "bottleneck") == "degraded":
+    """A bottleneck's advice is its verdict's and flags'; a degraded GPU's, its weak dimensions';
+    a regression's, its departures'."""
+    kind = f.get("kind") or "bottleneck"
+    if kind == "degraded":
         return [t for dim in f.get("flags") or () for t in degraded_advice(dim)]
+    if kind == "regression":
+        return [t for flag in f.get("flags") or () for t in regression_advice(flag)]
     return what_to_try(f["verdict"], f.get("flags") or ())
 
 

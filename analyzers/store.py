@@ -21,9 +21,10 @@ from gpuscope.collectors.records import ATTRIBUTION_FIELDS, FINDING_KINDS  # noq
 
 from .calibrations import peaks_from
 from .degraded import clocks_at_power_sql
+from .programs import RUN_COLUMNS
 from .seqset import SeqSet
 
-SCHEMA_VERSION = 9          # 9: findings of other kinds than bottlenecks (degraded, regression)
+SCHEMA_VERSION = 10         # 9: findings of other kinds than bottlenecks (degraded, regression); 10: program runs
 # Columns added after a table first shipped: files created earlier gain them on open.
 ADDED_COLUMNS = {"findings": ("counters_verdict", "trace_verdict", "captures",     # 2: captures refine findings
                               "absorbed_until DOUBLE",        # 5: the last window end the row's numbers hold
@@ -158,6 +159,13 @@ def _ddl() -> list[str]:
         """CREATE TABLE IF NOT EXISTS gpu_state (host VARCHAR, gpu INTEGER, verdict VARCHAR, confidence DOUBLE,
              flags VARCHAR, last_window_end DOUBLE, last_sample DOUBLE, last_arrival DOUBLE, written DOUBLE,
              PRIMARY KEY (host, gpu))""",
+        # Runs of programs (analyzers/programs.py): one process of one command, what its GPUs did
+        # (signature: metric -> [sum, count] of the samples of the GPUs it held alone; verdicts:
+        # verdict -> windows) and what its captures said (HLO fingerprint, step, top ops).
+        """CREATE TABLE IF NOT EXISTS program_runs (id VARCHAR PRIMARY KEY, host VARCHAR, pid BIGINT, command VARCHAR,
+             command_fp VARCHAR, hlo_fp VARCHAR, name VARCHAR, job VARCHAR, gpus VARCHAR, attribution VARCHAR,
+             start DOUBLE, "end" DOUBLE, sampled_s DOUBLE, signature VARCHAR, verdicts VARCHAR, step_seconds DOUBLE,
+             step_captures INTEGER, top_ops VARCHAR, captures VARCHAR, updated DOUBLE)""",
     ]
 
 
@@ -855,7 +863,8 @@ class Store:
         try:
             for table, where in (("samples_1m", "t < ?"), ("findings", '"end" IS NOT NULL AND "end" < ?'),
                                  ("anomalies", "t < ?"), ("decisions", "coalesce(updated, t) < ?"),
-                                 ("captures", 'coalesce("end", start) < ?'), ("verdict_pairs", "t < ?")):
+                                 ("captures", 'coalesce("end", start) < ?'), ("verdict_pairs", "t < ?"),
+                                 ("program_runs", '"end" < ?')):
                 out[f"{table}_deleted"] = int(con.execute(f"DELETE FROM {table} WHERE {where}",
                                                           [horizon]).fetchall()[0][0])
             self.commit()
@@ -995,6 +1004,118 @@ class Store:
             self._rollup_end_known = True
         end = self._rollup_end
         return end is not None and start < end
+
+
+    # == Program runs (analyzers/programs.py) ===============================================
+    def meta_float(self, key: str) -> float | None:
+        rows = self.reader().execute("SELECT value FROM meta WHERE key = ?", [key]).fetchall()
+        return float(rows[0][0]) if rows else None
+
+    def set_meta(self, key: str, value: float) -> None:
+        self._con.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [key, repr(value)])
+
+    def process_presence(self, lo: float, hi: float) -> list[dict]:
+        """Each (host, pid, command) the agents listed in (lo, hi]: its GPUs,
+        first and last time, and its attribution labels."""
+        labels = ", ".join(f'any_value("{f}") FILTER (WHERE "{f}" IS NOT NULL AND "{f}" <> \'\') AS "{f}"'
+                           for f in ATTRIBUTION_FIELDS)
+        return _dicts(self.reader().execute(
+            f"SELECT host, pid, coalesce(command, '') AS command, list(DISTINCT gpu ORDER BY gpu) AS gpus, "
+            f"min(t) AS first, max(t) AS last, {labels} FROM processes WHERE t > ? AND t <= ? GROUP BY ALL",
+            [lo, hi]))
+
+    def process_signatures(self, lo: float, hi: float, metrics: Sequence[str]) -> list[dict]:
+        """Per (host, pid, command): sums and counts of `metrics` over the
+        samples in (lo, hi] of its GPUs while it held them alone (a span two
+        processes of one GPU share says nothing of either), and its windows'
+        verdicts there (verdict -> count, as JSON)."""
+        sums = ", ".join(f'sum(s."{m}") AS "sum_{m}", count(s."{m}") AS "n_{m}"' for m in metrics)
+        cols = "s.host, s.gpu, s.t, " + ", ".join(f's."{m}"' for m in metrics)
+        return _dicts(self.reader().execute(f"""
+            WITH pg AS (SELECT host, gpu, pid, coalesce(command, '') AS command, min(t) AS first, max(t) AS last
+                        FROM processes WHERE t > $lo AND t <= $hi GROUP BY ALL),
+            shared AS (SELECT a.host, a.gpu, greatest(a.first, b.first) AS lo, least(a.last, b.last) AS hi
+                       FROM pg a JOIN pg b ON a.host = b.host AND a.gpu = b.gpu AND (a.pid, a.command) < (b.pid, b.command)
+                            AND a.first <= b.last AND b.first <= a.last),
+            shared_gpus AS (SELECT DISTINCT host, gpu FROM shared),
+            -- most GPUs had one process at a time: only the few that had two look for shared spans
+            alone AS (SELECT {cols} FROM samples s ANTI JOIN shared_gpus USING (host, gpu)
+                      WHERE s.t > $lo AND s.t <= $hi
+                      UNION ALL
+                      SELECT {cols} FROM samples s SEMI JOIN shared_gpus USING (host, gpu)
+                      WHERE s.t > $lo AND s.t <= $hi AND NOT EXISTS (
+                          SELECT 1 FROM shared x WHERE x.host = s.host AND x.gpu = s.gpu AND s.t >= x.lo AND s.t <= x.hi)),
+            sig AS (SELECT a.host, a.pid, a.command, {sums}
+                    FROM pg a JOIN alone s ON s.host = a.host AND s.gpu = a.gpu AND s.t >= a.first AND s.t <= a.last
+                    GROUP BY ALL),
+            ver AS (SELECT host, pid, command, to_json(map(list(verdict), list(n))) AS verdicts FROM (
+                        SELECT a.host, a.pid, a.command, w.verdict, count(*) AS n
+                        FROM pg a JOIN windows w ON w.host = a.host AND w.gpu = a.gpu
+                             AND w."end" >= a.first AND w.start <= a.last AND w."end" > $lo AND w."end" <= $hi
+                        WHERE w.verdict IS NOT NULL AND NOT EXISTS (
+                            SELECT 1 FROM shared x WHERE x.host = w.host AND x.gpu = w.gpu
+                            AND w."end" >= x.lo AND w.start <= x.hi)
+                        GROUP BY ALL) GROUP BY ALL)
+            SELECT * FROM sig FULL JOIN ver USING (host, pid, command)""", dict(lo=lo, hi=hi)))
+
+    def program_runs(self, since: float | None = None, host: str = "", fingerprints: Sequence[str] = (),
+                     before: float | None = None, limit: int = 10_000) -> list[dict]:
+        """Runs (newest first) that ended at or after `since`, of a host, of
+        programs (an HLO or a command fingerprint), or starting before `before`."""
+        where, args = [], []
+        for cond, arg in (('"end" >= ?', since), ("host = ?", host or None), ("start < ?", before)):
+            if arg is not None:
+                where.append(cond)
+                args.append(arg)
+        if fingerprints:
+            where.append("(list_contains(?, hlo_fp) OR list_contains(?, command_fp))")
+            args += [list(fingerprints), list(fingerprints)]
+        return _dicts(self.reader().execute(
+            "SELECT * FROM program_runs" + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY start DESC LIMIT ?", args + [limit]))
+
+    def program_captures(self, since: float) -> list[dict]:
+        """Captures started at or after `since` whose trace named a program:
+        id, host, pid, gpus, start, end, and the summary's program and top ops."""
+        return _dicts(self.reader().execute(
+            "SELECT id, host, pid, gpus, start, \"end\", json_extract(summary, '$.program') AS program, "
+            "json_extract(summary, '$.top_ops') AS top_ops FROM captures "
+            "WHERE start >= ? AND json_extract(summary, '$.program') IS NOT NULL ORDER BY start", [since]))
+
+    def runs_of_programs(self, fingerprints: Sequence[str], per_program: int) -> list[dict]:
+        """The newest `per_program` runs of each of `fingerprints` (an HLO or
+        a command fingerprint), each row with the `fingerprint` it is listed
+        under (a run is listed under its HLO's and its command's): one query
+        for a whole check."""
+        if not fingerprints:
+            return []
+        return _dicts(self.reader().execute("""
+            WITH r AS (SELECT *, unnest([hlo_fp, command_fp]) AS fingerprint FROM program_runs
+                       WHERE list_contains($fps, hlo_fp) OR list_contains($fps, command_fp))
+            SELECT * FROM r WHERE list_contains($fps, fingerprint)
+            QUALIFY row_number() OVER (PARTITION BY fingerprint ORDER BY start DESC) <= $n""",
+            dict(fps=list(fingerprints), n=per_program)))
+
+    def upsert_program_runs(self, rows: Sequence[tuple]) -> None:
+        self._rows("program_runs", RUN_COLUMNS, rows, replace=True)
+
+    def programs(self, since: float = 0.0, host: str = "", limit: int = 1000) -> list[dict]:
+        """One row per program with runs ending at or after `since`: its
+        fingerprint and kind, its runs, hosts, first and last time, its
+        runs' median step, and its newest run's name and command."""
+        where, args = ['"end" >= ?'], [since]
+        if host:
+            where.append("host = ?")
+            args.append(host)
+        return _dicts(self.reader().execute(f"""
+            SELECT coalesce(hlo_fp, command_fp) AS fingerprint,
+                   CASE WHEN bool_or(hlo_fp IS NOT NULL) THEN 'hlo' ELSE 'command' END AS kind,
+                   arg_max(name, start) AS name, arg_max(command, start) AS command, count(*) AS runs,
+                   count(DISTINCT host) AS hosts, min(start) AS first_seen, max("end") AS last_seen,
+                   sum(sampled_s) AS sampled_s, median(step_seconds) AS step_seconds,
+                   list(DISTINCT command_fp) FILTER (WHERE command_fp IS NOT NULL) AS command_fps
+            FROM program_runs WHERE {" AND ".join(where)} AND coalesce(hlo_fp, command_fp) IS NOT NULL
+            GROUP BY 1 ORDER BY last_seen DESC LIMIT ?""", args + [limit]))
 
 
 def encode_ranges(seqs: SeqSet) -> str:

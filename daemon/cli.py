@@ -27,6 +27,7 @@ from .cmd_accuracy import cmd_accuracy
 from .cmd_degraded import cmd_degraded
 from .cmd_calibrate import add_calibrate_parser
 from .cmd_ceilings import add_ceilings_parser
+from .cmd_programs import add_programs_parser
 from .cmd_certs import add_certs_parser
 from .cmd_config import add_config_flag, add_config_parser
 from .cmd_fleet import add_fleet_parser
@@ -119,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--no-rollup", action="store_true", help="delete old samples without keeping per-minute means")
         sp.add_argument("--fleet-check-every", type=duration, default=300.0, metavar="DURATION",
                         help="between fleet checks, which open `degraded` findings for GPUs under their peers "
-                             "(docs/degraded.md); 0 for never (default 5m)")
+                             "(docs/degraded.md) and `regression` findings for runs slower than their program's "
+                             "earlier runs (docs/programs.md); 0 for never (default 5m)")
         g = sp.add_argument_group("fleet tier", "per-minute rollups, closed findings and capture summaries as "
                                                 "hive-partitioned Parquet for `gpuscope fleet` (docs/fleet.md)")
         g.add_argument("--publish", default=None, metavar="URL",
@@ -368,6 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_captures)
 
     add_ceilings_parser(sub, server_args)
+    add_programs_parser(sub, server_args)
 
     sp = sub.add_parser("metrics", help="the metric catalogue: names, units, kinds")
     sp.add_argument("--json", action="store_true")

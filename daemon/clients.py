@@ -412,3 +412,14 @@ def ceilings(server: str, host: str = "", model: str = "", uuid: str = "", histo
     resp = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ListCeilings(req, timeout=t),
                  security=security)
     return json.loads(resp.calibrations_json or "[]")
+
+
+def programs(server: str, start: float | None = None, host: str = "", fingerprint: str = "", limit: int = 0, *,
+             security: ClientSecurity = INSECURE) -> list[dict]:
+    """Programs with their runs and baselines (analyzers/program_list.py)."""
+    req = apb.ProgramsRequest(host=host, fingerprint=fingerprint, limit=limit)
+    if start is not None:
+        req.start = start
+    resp = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ListPrograms(req, timeout=t),
+                 security=security)
+    return json.loads(resp.programs_json or "[]")

@@ -189,3 +189,23 @@ def test_a_dry_run_checks_the_host_and_stores_nothing(pki, analyzer):
         assert _code(lambda: analyzer_pb2_grpc.AnalyzerStub(ch).ReportCalibration(
             apb.CalibrationReport(host="h1", dry_run=True), timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
     assert a.store.ceilings(history=True) == before
+
+
+def test_programs_show_a_reader_the_executable_and_an_operator_the_command(pki, analyzer):
+    import json
+    from gpuscope.analyzers import programs as pg
+    a, target = analyzer
+    run = pg.new_run("h1", 77, "python3 train.py --lr 3e-4 --data /secret/corpus", 1000.0, {})
+    a.writer.call(lambda st: st.upsert_program_runs([pg.run_row(run)])).result(timeout=10)
+    req = apb.ProgramsRequest(start=0.0, fingerprint=run["command_fp"])
+    seen = {}
+    for who in ("reader", "operator"):
+        with _client(pki, who).channel(target) as ch:
+            (p,) = json.loads(analyzer_pb2_grpc.AnalyzerStub(ch).ListPrograms(req, timeout=10).programs_json)
+            seen[who] = p
+    assert seen["reader"]["command"] == "python3" and seen["reader"]["runs_shown"][0]["job"] == "pid:77 python3"
+    assert seen["operator"]["runs_shown"][0]["job"] == "pid:77 python3 train.py --lr 3e-4 --data /secret/corpus"
+    assert seen["reader"]["name"] == "python train.py"
+    with _client(pki, "h1").channel(target) as ch:
+        assert _code(lambda: analyzer_pb2_grpc.AnalyzerStub(ch).ListPrograms(req, timeout=10)) == \
+            grpc.StatusCode.PERMISSION_DENIED

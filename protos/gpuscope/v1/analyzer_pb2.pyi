@@ -624,3 +624,21 @@ class CeilingsResponse(_message.Message):
     CALIBRATIONS_JSON_FIELD_NUMBER: _ClassVar[int]
     calibrations_json: str
     def __init__(self, calibrations_json: _Optional[str] = ...) -> None: ...
+
+class ProgramsRequest(_message.Message):
+    __slots__ = ("start", "host", "fingerprint", "limit")
+    START_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    start: float
+    host: str
+    fingerprint: str
+    limit: int
+    def __init__(self, start: _Optional[float] = ..., host: _Optional[str] = ..., fingerprint: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ProgramsResponse(_message.Message):
+    __slots__ = ("programs_json",)
+    PROGRAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    programs_json: str
+    def __init__(self, programs_json: _Optional[str] = ...) -> None: ...

@@ -121,6 +121,11 @@ class AnalyzerStub:
                 request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.CeilingsRequest.SerializeToString,
                 response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.CeilingsResponse.FromString,
                 _registered_method=True)
+        self.ListPrograms = channel.unary_unary(
+                '/gpuscope.v1.Analyzer/ListPrograms',
+                request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.ProgramsRequest.SerializeToString,
+                response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.ProgramsResponse.FromString,
+                _registered_method=True)
 
 
 class AnalyzerServicer:
@@ -244,6 +249,13 @@ class AnalyzerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListPrograms(self, request, context):
+        """Programs (an HLO or a command fingerprint) with their runs and baselines (`gpuscope programs`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AnalyzerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -331,6 +343,11 @@ def add_AnalyzerServicer_to_server(servicer, server):
                     servicer.ListCeilings,
                     request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.CeilingsRequest.FromString,
                     response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.CeilingsResponse.SerializeToString,
+            ),
+            'ListPrograms': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPrograms,
+                    request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.ProgramsRequest.FromString,
+                    response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.ProgramsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -793,6 +810,33 @@ class Analyzer:
             '/gpuscope.v1.Analyzer/ListCeilings',
             gpuscope_dot_v1_dot_analyzer__pb2.CeilingsRequest.SerializeToString,
             gpuscope_dot_v1_dot_analyzer__pb2.CeilingsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPrograms(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuscope.v1.Analyzer/ListPrograms',
+            gpuscope_dot_v1_dot_analyzer__pb2.ProgramsRequest.SerializeToString,
+            gpuscope_dot_v1_dot_analyzer__pb2.ProgramsResponse.FromString,
             options,
             channel_credentials,
             insecure,
