@@ -144,7 +144,8 @@ def _rfc3339(t: float) -> str:
 
 
 # a finding's alert by its kind: a route for hardware (degraded) is not one for jobs' bottlenecks
-ALERT_NAMES = {"bottleneck": "GPUBottleneck", "degraded": "GPUDegraded", "regression": "GPURegression"}
+ALERT_NAMES = {"bottleneck": "GPUBottleneck", "degraded": "GPUDegraded", "regression": "GPURegression",
+               "straggler": "GPUStraggler"}
 # a finding's attribution labels an alert carries (empty ones are left out)
 ROUTING_LABELS = ("namespace", "pod", "slurm_job")
 

@@ -49,6 +49,7 @@ from .fleet_findings import ConditionFindings
 from .ingest import DecodedBatch, clean_command, decode
 from .links import pcie_link
 from .live import LiveWindows
+from .job_list import list_jobs
 from .program_check import ProgramCheck
 from .program_list import list_programs
 from .programs import ProgramsConfig
@@ -56,6 +57,7 @@ from .publish import PublishConfig, Publisher
 from .report import build_range_report, build_report, full_id
 from .retention import PassResult, Retention, RetentionConfig
 from .status import GpuRow, summarize as summarize_status
+from .stragglers import StragglerConfig, find_stragglers
 from .store import FINDING_COLUMNS, Store, StoreConfig, finding_group, finding_row, merge_live
 from .trace_analysis import summarize
 from .trace_program import trace_program
@@ -88,6 +90,7 @@ class AnalyzerConfig:
     degraded_span_s: float = 3600.0
     degraded: DegradedConfig = DegradedConfig()
     programs: ProgramsConfig = ProgramsConfig()     # runs against their programs' baselines (programs.py)
+    stragglers: StragglerConfig = StragglerConfig()  # the ranks of a job against each other (stragglers.py)
 
 
 def _owner(f: dict | None) -> tuple[str, str]:
@@ -158,7 +161,9 @@ class Analyzer:
         self.conditions = {"degraded": ConditionFindings("degraded", self.store.open_findings("degraded"),
                                                          ended_words="no longer under its peers"),
                            "regression": ConditionFindings("regression", self.store.open_findings("regression"),
-                                                           ended_words="the run ended or is back to its baseline")}
+                                                           ended_words="the run ended or is back to its baseline"),
+                           "straggler": ConditionFindings("straggler", self.store.open_findings("straggler"),
+                                                          ended_words="its job's ranks no longer wait for it")}
         self.program_check = ProgramCheck(self.store, self.config.programs)
         self._samples_at_start, _ = self.store.sample_rows()
         self._status_dirty = set(self.gpus)           # a mirror of a new process learns every GPU
@@ -619,11 +624,12 @@ class Analyzer:
         inputs = self.store.degraded_inputs(now - self.config.degraded_span_s, now)
         degraded = find_degraded(duckdb.connect(), inputs, self.config.degraded)
         found = {"degraded": [degraded_condition(f, self.config.degraded) for f in degraded]}
-        runs, cursor = self.program_check.collect(now)
+        runs, cursor, interval = self.program_check.collect(now)
         weak: dict[tuple[str, int], list[dict]] = {}
         for c in found["degraded"]:
             weak.setdefault((c["host"], c["gpu"]), []).append(c)
         found["regression"] = self.program_check.judge(runs, weak)
+        found["straggler"] = find_stragglers(runs, interval, self.config.stragglers, weak)
 
         def apply(_store: Store) -> dict[str, int]:
             self.program_check.apply(runs, cursor)
@@ -767,6 +773,12 @@ class Analyzer:
         program's runs (analyzers/program_list.py)."""
         return list_programs(self.store, start, host, fingerprint, limit,
                              list(self.conditions["regression"].open.values()), self.config.programs)
+
+    def list_jobs(self, start: float, job: str = "", limit: int = 200) -> list[dict]:
+        """Distributed jobs with ranks since `start`, what their GPUs do now and
+        their stragglers, or one job's ranks (analyzers/job_list.py)."""
+        now = {key: st.verdict for key, st in list(self.gpus.items()) if st.verdict}
+        return list_jobs(self.store, start, job, limit, now, list(self.conditions["straggler"].open.values()))
 
     def top(self, start: float, end: float, host: str = "", by: str = "gpu", limit: int = 20) -> list[dict]:
         """The GPUs (or jobs, pods, Slurm jobs) bottlenecked longest over

@@ -111,6 +111,9 @@ FEATURES = ("util_gpu_ratio", "util_mem_ratio", "sm_util_ratio", "sm_occupancy_r
             "thermal_reason_sample_ratio", "activity_shift_ratio",
             # DRAM bandwidth as a fraction of this GPU's measured ceiling, and that ceiling (calibrated GPUs)
             "dram_measured_util_ratio", "hbm_measured_bytes_per_second",
+            # the network port nearest the GPU (collectors/network.py): both directions, the busier one's share
+            # of its line rate, congestion notifications and retransmissions
+            "nic_bytes_per_second", "nic_link_util_ratio", "nic_congestion_per_second", "nic_retransmits_per_second",
             # the serving engine on the GPU, when there is one: window means of what its /metrics gave
             *cat.SERVING)
 FEATURE_INDEX = {n: i for i, n in enumerate(FEATURES)}
@@ -231,7 +234,7 @@ INPUTS = ("util_gpu_ratio", "util_mem_ratio", "gpm_sm_util_ratio", "gpm_sm_occup
           "nvlink_tx_bytes_total", "nvlink_rx_bytes_total", "power_watts", "power_limit_watts", "sm_clock_hertz",
           "throttle_sw_power_cap_seconds_total", "throttle_hw_power_brake_seconds_total",
           "throttle_sw_thermal_seconds_total", "throttle_hw_thermal_seconds_total", "clock_event_reasons",
-          *cat.SERVING)
+          *cat.SERVING, *cat.NETWORK)
 
 
 def feature_matrix(s: Stack) -> np.ndarray:
@@ -283,6 +286,9 @@ def feature_matrix(s: Stack) -> np.ndarray:
     f["activity_shift_ratio"] = x.activity_shift()
     for name in cat.SERVING:
         f[name] = x.mean(name)
+    f["nic_bytes_per_second"] = _sum_opt(x.mean("nic_tx_bytes_per_second"), x.mean("nic_rx_bytes_per_second"))
+    for name in ("nic_link_util_ratio", "nic_congestion_per_second", "nic_retransmits_per_second"):
+        f[name] = x.mean(name)
     m = np.column_stack([f[n] for n in FEATURES]) if x.k else np.empty((0, len(FEATURES)))
     return np.round(m, EVIDENCE_DECIMALS)
 
@@ -303,18 +309,18 @@ def compute_windows(s: Stack, matrix: np.ndarray | None = None) -> list[Window |
     return out
 
 
-_SERVING = frozenset(cat.SERVING)
+_SIDE = frozenset(cat.SIDE)
 
 
 def gpu_sample_counts(s: Stack) -> np.ndarray:
-    """Each window's samples of the GPU itself: the serving sampler's rows,
-    stored beside the GPU's with serving_* metrics only, are not its samples
-    (a window of 10 NVML readings and 3 scrapes holds 10)."""
+    """Each window's samples of the GPU itself: the serving and network
+    samplers' rows, stored beside the GPU's with their own metrics only, are
+    not its samples (a window of 10 NVML readings and 3 scrapes holds 10)."""
     counts = np.diff(np.append(s.offsets, len(s.t)))
-    serving = [i for i, n in enumerate(s.names) if n in _SERVING]
+    serving = [i for i, n in enumerate(s.names) if n in _SIDE]
     if not serving or not len(s.t):
         return counts
-    others = [i for i, n in enumerate(s.names) if n not in _SERVING]
+    others = [i for i, n in enumerate(s.names) if n not in _SIDE]
     only_serving = ~np.isnan(s.matrix[:, serving]).all(axis=1)
     if others:
         only_serving &= np.isnan(s.matrix[:, others]).all(axis=1)

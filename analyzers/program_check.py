@@ -26,15 +26,18 @@ class ProgramCheck:
         self.store = store
         self.config = config
 
-    def collect(self, now: float) -> tuple[list[dict], float | None]:
+    def collect(self, now: float) -> tuple[list[dict], float | None, dict[str, dict]]:
         """The runs the store's new samples touch, updated (not yet written),
-        and the check's new cursor (None: nothing new to cover)."""
+        the check's new cursor (None: nothing new to cover), and what each
+        run did over the check's span alone (run id -> {metric: mean},
+        with `verdicts`: verdict -> windows), which job checks compare
+        across ranks (stragglers.py)."""
         lo = self.store.meta_float(CURSOR)
         hi = now - self.config.lag_s
         if lo is None:
             lo = hi - FIRST_SPAN_S
         if hi <= lo:
-            return [], None
+            return [], None, {}
         runs = {(r["host"], r["pid"], r["command"]): pg.run_from_row(r)
                 for r in reversed(self.store.program_runs(since=lo - self.config.run_gap_s))}
         touched: dict[tuple, dict] = {}
@@ -47,15 +50,18 @@ class ProgramCheck:
             pg.add_presence(run, [int(g) for g in p["gpus"]], float(p["first"]), float(p["last"]))
             run["updated"] = now
             touched[key] = run
+        interval: dict[str, dict] = {}
         for s in self.store.process_signatures(lo, hi, tuple(pg.SIGNATURE)):
             run = touched.get((s["host"], int(s["pid"]), s["command"]))
             if run is None:
                 continue
-            pg.add_signature(run, {m: (s.get(f"sum_{m}") or 0.0, int(s.get(f"n_{m}") or 0)) for m in pg.SIGNATURE})
-            if s.get("verdicts"):
-                pg.add_verdicts(run, json.loads(s["verdicts"]))
+            sums = {m: (s.get(f"sum_{m}") or 0.0, int(s.get(f"n_{m}") or 0)) for m in pg.SIGNATURE}
+            pg.add_signature(run, sums)
+            verdicts = json.loads(s["verdicts"]) if s.get("verdicts") else {}
+            pg.add_verdicts(run, verdicts)
+            interval[run["id"]] = dict({m: v / n for m, (v, n) in sums.items() if n}, verdicts=verdicts)
         self._attach_captures(runs, touched, lo - self.config.run_gap_s)
-        return list(touched.values()), hi
+        return list(touched.values()), hi, interval
 
     def _attach_captures(self, runs: dict[tuple, dict], touched: dict[tuple, dict], since: float) -> None:
         """Captures of a run's process (its pid, else its GPUs, within its span)."""

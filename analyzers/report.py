@@ -17,6 +17,7 @@ from gpuscope.collectors import catalogue as cat
 
 from .degraded import what_to_try as degraded_advice
 from .programs import what_to_try as regression_advice
+from .stragglers import what_to_try as straggler_advice
 from .roofline import choose_peaks, datasheet_peaks
 from .rules import what_to_try
 from .store import DRAWN_FLAGS, Store
@@ -83,12 +84,14 @@ def build_report(store: Store, finding_id: str, context_s: float = 0.0, now: flo
 
 def _advice(f: dict) -> list[str]:
     """A bottleneck's advice is its verdict's and flags'; a degraded GPU's, its weak dimensions';
-    a regression's, its departures'."""
+    a regression's, its departures'; a straggler's, what holds it."""
     kind = f.get("kind") or "bottleneck"
     if kind == "degraded":
         return [t for dim in f.get("flags") or () for t in degraded_advice(dim)]
     if kind == "regression":
         return [t for flag in f.get("flags") or () for t in regression_advice(flag)]
+    if kind == "straggler":
+        return straggler_advice((f.get("flags") or [""])[0])
     return what_to_try(f["verdict"], f.get("flags") or ())
 
 

@@ -230,6 +230,14 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                                  _limit(request.limit, 200))
         return apb.ProgramsResponse(programs_json=json.dumps(_for_caller(rows), default=str))
 
+    async def ListDistJobs(self, request, context):
+        try:
+            start = _finite(request.start, "start") if request.HasField("start") else time.time() - JOBS_SINCE_S
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        rows = await self._query(self.analyzer.list_jobs, start, request.job, _limit(request.limit, 200))
+        return apb.DistJobsResponse(jobs_json=json.dumps(_for_caller(rows), default=str))
+
     async def Commands(self, request, context):
         if not request.host:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "host: empty")
@@ -505,6 +513,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
 MAX_POINTS = 100_000
 DEGRADED_SPAN_S = 3600.0     # live figures of the last hour unless asked
 PROGRAMS_SINCE_S = 7 * 86400  # programs with runs in the last week unless asked
+JOBS_SINCE_S = 3600.0         # distributed jobs seen in the last hour unless asked
 
 
 def _in_context(fn):

@@ -1096,6 +1096,18 @@ class Store:
             QUALIFY row_number() OVER (PARTITION BY fingerprint ORDER BY start DESC) <= $n""",
             dict(fps=list(fingerprints), n=per_program)))
 
+    def dist_job_runs(self, since: float, job: str = "", limit: int = 100_000) -> list[dict]:
+        """Runs that ended at or after `since` of processes their launcher
+        made ranks of a distributed job (of `job` only, when given), each
+        with its `dist_job`, newest first."""
+        where, args = ['"end" >= ?', "json_extract_string(attribution, '$.dist_job') IS NOT NULL"], [since]
+        if job:
+            where.append("json_extract_string(attribution, '$.dist_job') = ?")
+            args.append(job)
+        return _dicts(self.reader().execute(
+            "SELECT *, json_extract_string(attribution, '$.dist_job') AS dist_job FROM program_runs WHERE "
+            + " AND ".join(where) + " ORDER BY start DESC LIMIT ?", args + [limit]))
+
     def upsert_program_runs(self, rows: Sequence[tuple]) -> None:
         self._rows("program_runs", RUN_COLUMNS, rows, replace=True)
 

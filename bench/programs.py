@@ -80,7 +80,7 @@ def samples(store: Store, gpus: int, programs: int, lo: float, seconds: int, rng
 
 def one_check(check: ProgramCheck, store: Store, now: float) -> tuple[dict, list[dict]]:
     t0 = time.perf_counter()
-    runs, cursor = check.collect(now)
+    runs, cursor, _ = check.collect(now)
     t1 = time.perf_counter()
     found = check.judge(runs, {})
     t2 = time.perf_counter()

@@ -6,9 +6,11 @@ others, and sampling, go on):
 - /proc/PID/cgroup: container id and runtime, pod UID, Slurm job and step,
   systemd unit (the shapes below). A path of a shape not listed is kept raw
   in `cgroup`, never guessed at.
-- /proc/PID/environ: SLURM_JOB_ID, SLURM_STEP_ID, SLURM_JOB_USER; and
-  HOSTNAME, a pod's name by default, which tells pods apart when several
-  share a GPU. Another user's environ is mode 0400 and behind the kernel's
+- /proc/PID/environ: SLURM_JOB_ID, SLURM_STEP_ID, SLURM_JOB_USER; HOSTNAME,
+  a pod's name by default, which tells pods apart when several share a GPU;
+  and the launcher's variables that make the process a rank of a
+  distributed job (collectors/ranks.py: Slurm, MPI, torch.distributed,
+  JAX, Kubernetes). Another user's environ is mode 0400 and behind the kernel's
   ptrace check: root reads it, or CAP_DAC_READ_SEARCH with CAP_SYS_PTRACE;
   without, the Slurm job and step still come from the cgroup.
 - /proc/PID/status Uid: the owner, named from the password database.
@@ -45,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
+from .ranks import KUBERNETES_LAUNCHERS, RANK_ENV, Rank, kubernetes_job, rank_from_environ
 from .records import MAX_ATTRIBUTION_BYTES, Attribution
 
 
@@ -157,8 +160,9 @@ def parse_cgroup(text: str) -> tuple[CgroupFacts, str]:
 
 
 # -- the per-process reading -------------------------------------------------------------
-_ENV_KEYS = {b"SLURM_JOB_ID": "slurm_job", b"SLURM_JOBID": "slurm_job", b"SLURM_STEP_ID": "slurm_step",
-             b"SLURM_STEPID": "slurm_step", b"SLURM_JOB_USER": "slurm_user", b"HOSTNAME": "hostname"}
+_ENV_KEYS = {"SLURM_JOB_ID": "slurm_job", "SLURM_JOBID": "slurm_job", "SLURM_STEP_ID": "slurm_step",
+             "SLURM_STEPID": "slurm_step", "SLURM_JOB_USER": "slurm_user", "HOSTNAME": "hostname"}
+_ENV_READ = frozenset(k.encode() for k in set(_ENV_KEYS) | RANK_ENV)
 
 
 def clean_label(text: str) -> str:
@@ -222,6 +226,7 @@ class _Gone(Exception):
 class _Facts:
     base: Attribution             # all but the pod's labels
     hostname: str                 # from environ: a pod's name by default
+    rank: Rank | None = None      # a Kubernetes rank's job is named after its pod (ranks.kubernetes_job)
 
 
 class Attributor:
@@ -299,10 +304,19 @@ class Attributor:
                 c.cgroup_unknown += 1
                 c.example_cgroup = clean_label(raw)
                 base["cgroup"] = raw
-        env = self._environ(pid)
+        raw_env = self._environ(pid)
+        env: dict[str, str] = {}
+        for name, field in _ENV_KEYS.items():
+            if raw_env.get(name) and field not in env:
+                env[field] = raw_env[name]
         for k in ("slurm_job", "slurm_step", "slurm_user"):
             if env.get(k):
                 base[k] = env[k]                 # the job's own word beats the cgroup's reading of it
+        rank = rank_from_environ(raw_env)
+        if rank is not None:
+            base.update(rank=str(rank.rank), world_size="" if rank.world is None else str(rank.world))
+            if rank.job:                    # an Indexed Job's is named after its pod, once known (_join)
+                base["dist_job"] = rank.job
         base["user"] = self._owner(pid)
         if self._workload is not None:
             try:
@@ -311,7 +325,7 @@ class Attributor:
                 pass
         c.read += 1
         return _Facts(Attribution(**{k: clean_label(v) for k, v in base.items() if v}),
-                      clean_label(env.get("hostname", "")))
+                      clean_label(env.get("hostname", "")), rank)
 
     def _text(self, pid: int, name: str) -> str | None:
         """A /proc/PID file, None when it cannot be read (the reason kept
@@ -339,9 +353,10 @@ class Attributor:
         out: dict[str, str] = {}
         for item in raw.split(b"\0"):
             name, eq, value = item.partition(b"=")
-            field = _ENV_KEYS.get(name) if eq else None
-            if field is not None and field not in out:
-                out[field] = value.decode("utf-8", "replace")
+            if eq and name in _ENV_READ:
+                key = name.decode()
+                if key not in out:
+                    out[key] = value.decode("utf-8", "replace")
         return out
 
     def _owner(self, pid: int) -> str:
@@ -372,8 +387,12 @@ class Attributor:
         if len(holders) != 1:
             return facts.base
         h = holders[0]
-        return dataclasses.replace(facts.base, pod=clean_label(h.pod), namespace=clean_label(h.namespace),
-                                   container=clean_label(h.container))
+        joined = dataclasses.replace(facts.base, pod=clean_label(h.pod), namespace=clean_label(h.namespace),
+                                     container=clean_label(h.container))
+        if facts.rank is not None and facts.rank.launcher in KUBERNETES_LAUNCHERS:
+            named = kubernetes_job(facts.rank, h.namespace, h.pod)
+            joined = dataclasses.replace(joined, dist_job=clean_label(named.job) if named else "")
+        return joined
 
     # -- status -----------------------------------------------------------------------
     def status(self) -> dict[str, str]:

@@ -93,6 +93,15 @@ METRICS: tuple[Metric, ...] = (
     _m("serving_itl_p99_seconds", "seconds", G, "serving engine: inter-token latency, 99th percentile of the interval", "s"),
     _m("serving_queue_time_p99_seconds", "seconds", G, "serving engine: time requests waited in the queue, 99th percentile", "s"),
     _m("serving_e2e_p99_seconds", "seconds", G, "serving engine: request latency end to end, 99th percentile", "s"),
+    # The network port nearest the GPU in the PCIe tree (collectors/network.py): an RDMA port (InfiniBand,
+    # RoCE) or a NIC; every GPU that port serves carries the port's numbers.
+    _m("nic_tx_bytes_per_second", "bytes/s", G, "nearest network port: bytes/s sent (all its traffic)", "B/s"),
+    _m("nic_rx_bytes_per_second", "bytes/s", G, "nearest network port: bytes/s received (all its traffic)", "B/s"),
+    _m("nic_link_util_ratio", "ratio", R, "nearest network port: the busier direction / its line rate", "ratio"),
+    _m("nic_congestion_per_second", "1/s", G, "nearest RDMA port: congestion notifications handled and ECN-marked "
+       "packets received per second (mlx5 hardware counters)", "1/s"),
+    _m("nic_retransmits_per_second", "1/s", G, "nearest RDMA port: out-of-sequence packets, sequence errors and "
+       "ack timeouts per second (mlx5 hardware counters)", "1/s"),
 )
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
@@ -133,6 +142,9 @@ def find(name: str) -> Metric | None:
     short = name.removeprefix(PROMETHEUS_PREFIX)
     return BY_NAME.get(name) or _BY_EXPORTED.get(short) or _BY_EXPORTED.get(short + "_total")
 SERVING: tuple[str, ...] = tuple(m.name for m in METRICS if m.name.startswith("serving_"))
+NETWORK: tuple[str, ...] = tuple(m.name for m in METRICS if m.name.startswith("nic_"))
+# what samplers beside the GPU's own source add to its samples, in rows of their own
+SIDE: tuple[str, ...] = SERVING + NETWORK
 BY_CSV: dict[str, Metric] = {m.csv: m for m in METRICS if m.csv}
 NAMES: tuple[str, ...] = tuple(m.name for m in METRICS)
 

@@ -41,6 +41,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import structlog
@@ -49,6 +50,7 @@ from . import catalogue as cat
 from . import dcgm_fields as df
 from .dcgm_bindings import DcgmBindings, load_dcgm, profiling_refusal, status_name
 from .dcgm_values import FieldValueReader
+from .network import sysfs_bus_id
 from .nvml import ARCHITECTURES, NvmlCollector, NvmlConfig, SourceUnavailable
 from .records import BUSY_UTIL, DeviceInfo, GpuSample, HealthKind, HealthRecord, ProcessRecord, Scrape, with_busy_link
 
@@ -225,6 +227,7 @@ class DcgmCollector:
                           pcie_generation=link.get(PCIE_LINK[0]), pcie_width=link.get(PCIE_LINK[1]),
                           pcie_max_generation=link.get(PCIE_LINK[2]), pcie_max_width=link.get(PCIE_LINK[3]),
                           driver_version=_text(getattr(a.identifiers, "driverVersion", "")),
+                          pci_bus_id=sysfs_bus_id(SimpleNamespace(busId=getattr(a.identifiers, "pciBusId", ""))),
                           source="dcgm")
 
     def _pcie_link(self, sess: _Session, gpu: int) -> dict[int, int]:

@@ -27,6 +27,7 @@ import numpy as np
 from . import catalogue as cat
 from .attribution import Attributor
 from .procstat import ProcStat
+from .network import sysfs_bus_id
 from .records import BUSY_UTIL, DeviceInfo, GpuSample, HealthKind, HealthRecord, ProcessRecord, Scrape, with_busy_link
 
 
@@ -234,6 +235,7 @@ class NvmlCollector:
         width = dev.call("pcie_width", scrape, n.nvmlDeviceGetCurrPcieLinkWidth, h)
         max_gen = dev.call("pcie_max_gen", scrape, n.nvmlDeviceGetMaxPcieLinkGeneration, h)
         max_width = dev.call("pcie_max_width", scrape, n.nvmlDeviceGetMaxPcieLinkWidth, h)
+        pci = dev.call("pci_info", scrape, n.nvmlDeviceGetPciInfo_v3, h)
         gpm = False
         if self.config.gpm:
             support = dev.call("gpm_support", scrape, n.nvmlGpmQueryDeviceSupport, h)
@@ -257,7 +259,7 @@ class NvmlCollector:
             memory_total_bytes=getattr(mem, "total", None),
             power_limit_watts=cat.normalise(_M["power_limit_watts"], limit) if limit is not None else None,
             pcie_generation=gen, pcie_width=width, pcie_max_generation=max_gen, pcie_max_width=max_width,
-            driver_version=self.driver_version() or "", gpm_supported=gpm,
+            driver_version=self.driver_version() or "", gpm_supported=gpm, pci_bus_id=sysfs_bus_id(pci),
             source="nvml (GPM)" if gpm else "nvml (no GPM: utilisation ratios only)")
 
     def _start_events(self) -> None:

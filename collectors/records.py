@@ -32,6 +32,10 @@ class Attribution:
     unit: str = ""                   # the systemd unit or scope
     workload: str = ""               # what runs: "jax 127.0.0.1:9012", "vllm" (collectors/jobs.py)
     cgroup: str = ""                 # the cgroup path, kept raw when its shape is not one we know
+    # a rank of a distributed job (collectors/ranks.py): the job as its launcher names it in every rank
+    dist_job: str = ""               # "slurm:4242.0", "torch:10.0.0.1:29500", "k8s:ml/train"
+    rank: str = ""                   # its rank, decimal
+    world_size: str = ""             # ranks in the job, decimal, when the launcher says
 
 
 ATTRIBUTION_FIELDS = tuple(f.name for f in fields(Attribution))
@@ -40,9 +44,10 @@ ATTRIBUTION_FIELDS = tuple(f.name for f in fields(Attribution))
 # the analyzer refuses a batch that breaks it (a bug of the agent).
 MAX_ATTRIBUTION_BYTES = 256
 # What a finding is an episode of: a bottleneck of the GPU's own windows, or a condition the analyzer's
-# fleet checks found by setting it against others (under its peers; slower than its program's baseline).
+# fleet checks found by setting it against others (under its peers; slower than its program's baseline;
+# the rank of a distributed job the other ranks wait for).
 # A finding of another kind than a bottleneck has its kind as its verdict.
-FINDING_KINDS = ("bottleneck", "degraded", "regression")
+FINDING_KINDS = ("bottleneck", "degraded", "regression", "straggler")
 
 # The job of a GPU whose source names its pod and lists no process (dcgm-exporter's
 # labels): `pod NS/NAME [container C]`. It holds no command line (readers see it whole)
@@ -89,6 +94,8 @@ class DeviceInfo:
     # where its samples come from and what that source can see of it, for people:
     # "nvml", "dcgm (profiling)", "dcgm (no profiling: another profiler holds the counters)"
     source: str = ""
+    # its PCI address as sysfs names it ("0000:3b:00.0"): which network port is nearest (collectors/network.py)
+    pci_bus_id: str = ""
     # whose the GPU is when the source names it without processes (dcgm-exporter's pod labels):
     # findings of a GPU with no process seen take it as their job's
     attribution: Attribution | None = None

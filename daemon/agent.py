@@ -50,6 +50,7 @@ class AgentConfig:
     slow_interval_s: float = 10.0
     ring_seconds: float = 600.0
     serving_interval_s: float = 5.0       # serving engines' /metrics (0: never)
+    network_interval_s: float = 5.0       # the network ports nearest the GPUs (0: never)
 
 
 class Agent:
@@ -78,6 +79,8 @@ class Agent:
         self.captures: CaptureRunner | None = None
         self.discovery = None                       # collectors.jobs.JobDiscovery
         self.serving = None                         # collectors.serving_sampler.ServingSampler
+        self.network = None                         # collectors.network.NetworkSampler
+        self._network_said = ""
         self.attribution = None                     # collectors.attribution.Attributor (its status, its kubelet)
         self.capture_reporter: Callable[[CaptureRecord, bytes], None] | None = None
         self._burst_until = 0.0                          # sample at BURST_INTERVAL_S until then
@@ -104,6 +107,9 @@ class Agent:
         if self.serving is not None and self.config.serving_interval_s > 0:
             self._scheduler.add_job(self._serving_tick, "interval", seconds=self.config.serving_interval_s,
                                     max_instances=1, coalesce=True, id="serving-scrape")
+        if self.network is not None and self.config.network_interval_s > 0:
+            self._scheduler.add_job(self._network_tick, "interval", seconds=self.config.network_interval_s,
+                                    max_instances=1, coalesce=True, id="network-scrape")
         self._scheduler.start()
         self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
         self._thread.start()
@@ -134,6 +140,13 @@ class Agent:
 
     def _serving_tick(self) -> None:
         self._scheduled("serving scrape", self.serving.scrape)
+
+    def _network_tick(self) -> None:
+        self._scheduled("network scrape", lambda: Scrape(samples=self.network.scrape()))
+        said = self.network.describe()
+        if said != self._network_said:          # which port each GPU's traffic takes, said when it changes
+            self._network_said = said
+            log.info("network ports", host=self.config.host, ports=said)
 
     def _scheduled(self, what: str, scrape: Callable[[], Scrape]) -> None:
         """A scheduled scrape: whatever it raises is counted and logged, and

@@ -27,6 +27,7 @@ from .cmd_accuracy import cmd_accuracy
 from .cmd_degraded import cmd_degraded
 from .cmd_calibrate import add_calibrate_parser
 from .cmd_ceilings import add_ceilings_parser
+from .cmd_dist_jobs import add_job_parser, cmd_fleet_jobs
 from .cmd_programs import add_programs_parser
 from .cmd_certs import add_certs_parser
 from .cmd_config import add_config_flag, add_config_parser
@@ -97,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--serving-interval", type=number(1, 300, unit=" s", zero=True), default=5.0, metavar="S",
                         help="seconds between scrapes of each serving engine's /metrics, 1-300, 0 for never "
                              "(default 5: one analysis window)")
+        sp.add_argument("--network-interval", type=number(1, 300, unit=" s", zero=True), default=5.0, metavar="S",
+                        help="seconds between readings of the network port nearest each GPU (RDMA port counters, "
+                             "NIC bytes, from /sys), 1-300, 0 for never (default 5)")
         sp.add_argument("--kubelet-socket", default=KUBELET_SOCKET, metavar="PATH",
                         help=f"the kubelet's pod-resources socket, which names the pod holding each GPU (default "
                              f"{KUBELET_SOCKET}; absent is fine off Kubernetes; '' turns it off)")
@@ -120,8 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--no-rollup", action="store_true", help="delete old samples without keeping per-minute means")
         sp.add_argument("--fleet-check-every", type=duration, default=300.0, metavar="DURATION",
                         help="between fleet checks, which open `degraded` findings for GPUs under their peers "
-                             "(docs/degraded.md) and `regression` findings for runs slower than their program's "
-                             "earlier runs (docs/programs.md); 0 for never (default 5m)")
+                             "(docs/degraded.md), `regression` findings for runs slower than their program's "
+                             "earlier runs (docs/programs.md) and `straggler` findings for the rank a distributed "
+                             "job waits for (docs/jobs.md); 0 for never (default 5m)")
         g = sp.add_argument_group("fleet tier", "per-minute rollups, closed findings and capture summaries as "
                                                 "hive-partitioned Parquet for `gpuscope fleet` (docs/fleet.md)")
         g.add_argument("--publish", default=None, metavar="URL",
@@ -223,13 +228,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="list at most N GPUs, by host and index (default 1000)")
     sp.set_defaults(fn=cmd_status)
 
-    sp = sub.add_parser("findings", help="bottleneck episodes, degraded GPUs and program regressions")
+    sp = sub.add_parser("findings", help="bottleneck episodes, degraded GPUs, program regressions and the "
+                                         "stragglers of distributed jobs")
     server_args(sp)
     range_args(sp)
     sp.add_argument("--verdict", action="append", choices=VERDICTS, help="repeat for several")
     sp.add_argument("--kind", action="append", choices=FINDING_KINDS,
-                    help="bottleneck episodes, degraded GPUs (under their peers: docs/degraded.md) or program "
-                         "regressions; repeat for several (default: all)")
+                    help="bottleneck episodes, degraded GPUs (under their peers: docs/degraded.md), program "
+                         "regressions (docs/programs.md) or the stragglers of distributed jobs (docs/jobs.md); "
+                         "repeat for several (default: all)")
     sp.add_argument("--flag", action="append", metavar="FLAG",
                     help="findings carrying this flag, e.g. power-capped, thermal-throttled, or a degraded GPU's "
                          "weak dimension: hbm, tensor, pcie, nvlink, clocks (repeat: all of them)")
@@ -310,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--host", default="")
     sp.add_argument("--gpu", type=number(0, 65535, int), default=None, help="GPU index")
     sp.add_argument("--verdict", action="append", choices=VERDICTS + FINDING_KINDS[1:],
-                    help="events of this verdict; a degraded or regression finding's verdict is its kind")
+                    help="events of this verdict; a degraded, regression or straggler finding's verdict is its kind")
     sp.add_argument("--kind", action="append", choices=["finding", "anomaly", "decision", "capture"])
     sp.set_defaults(fn=cmd_watch)
 
@@ -361,9 +368,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_degraded)
 
     sp = sub.add_parser("jobs", help="the jobs on an agent's GPUs it can trace: JAX profiler servers and "
-                                     "serving engines (vLLM, SGLang, TensorRT-LLM)")
+                                     "serving engines (vLLM, SGLang, TensorRT-LLM); --fleet: distributed jobs "
+                                     "across hosts, as the analyzer groups their ranks")
     server_args(sp)
-    sp.set_defaults(fn=cmd_jobs)
+    sp.add_argument("--fleet", action="store_true",
+                    help="ask the analyzer (--server) for distributed jobs: ranks, hosts, what their GPUs do now "
+                         "and stragglers (docs/jobs.md)")
+    sp.add_argument("--since", type=positive_duration, default=3600.0, metavar="DURATION",
+                    help="with --fleet: jobs with ranks seen this recently (default 1h)")
+    sp.set_defaults(fn=lambda ns: cmd_fleet_jobs(ns) if ns.fleet else cmd_jobs(ns))
+    add_job_parser(sub, server_args)
 
     sp = sub.add_parser("captures", help="list captures with status and verdict")
     server_args(sp)

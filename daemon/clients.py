@@ -423,3 +423,14 @@ def programs(server: str, start: float | None = None, host: str = "", fingerprin
     resp = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ListPrograms(req, timeout=t),
                  security=security)
     return json.loads(resp.programs_json or "[]")
+
+
+def dist_jobs(server: str, start: float | None = None, job: str = "", limit: int = 0, *,
+              security: ClientSecurity = INSECURE) -> list[dict]:
+    """Distributed jobs with their ranks and stragglers (analyzers/job_list.py)."""
+    req = apb.DistJobsRequest(job=job, limit=limit)
+    if start is not None:
+        req.start = start
+    resp = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ListDistJobs(req, timeout=t),
+                 security=security)
+    return json.loads(resp.jobs_json or "[]")

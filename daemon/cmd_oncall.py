@@ -261,13 +261,13 @@ def render_top(r: dict, ns) -> str:
 
 
 def _conditions_lines(r: dict) -> str:
-    """Open degraded and regression findings: a GPU under its peers need
-    not be busy, so they are listed whether or not it ranks above."""
+    """Open degraded, regression and straggler findings: a GPU under its
+    peers need not be busy, so they are listed whether or not it ranks above."""
     rows = r.get("conditions") or []
     if not rows:
         return ""
     lines = ["", f"open now, not bottlenecks ({human.many(len(rows), 'finding')}; "
-                 "`gpuscope findings --kind degraded --open` lists all):"]
+                 "`gpuscope findings --kind KIND --open` lists all of a kind):"]
     for f in rows:
         lines.append(f"  {f['host']}/gpu{f['gpu']:<3} {f['kind']:<10} {', '.join(f['flags']):<8} "
                      f"{f['id'][:8]}  {f['summary']}")

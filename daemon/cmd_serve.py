@@ -56,6 +56,15 @@ def _attributed(agent: Agent, attribution, source: str) -> None:
         agent.collector.pods = attribution.pods
 
 
+def _network(agent: Agent, source: str) -> None:
+    """The network ports nearest each GPU (collectors/network.py), on a
+    real host only: a replay's GPUs sit in no PCIe tree of this machine."""
+    if source.startswith("replay:") or source.startswith("recording"):
+        return
+    from gpuscope.collectors.network import NetworkSampler
+    agent.network = NetworkSampler(lambda: [(d.gpu, d.pci_bus_id) for d in agent.devices() if d.pci_bus_id])
+
+
 def _setup_captures(agent: Agent, ns, analyzer_target: str | None, links, serving=None) -> None:
     """Deep captures: runner under --capture-dir, job discovery, and reports
     to the analyzer (which summarizes, stores and links them). `serving`:
@@ -425,9 +434,10 @@ def cmd_up(ns) -> int:
     analyzer.start()
     alerter = _alerter(alerts, analyzer)
     agent_cfg = AgentConfig(host=ns.host, source=source, interval_s=ns.interval,
-                              serving_interval_s=ns.serving_interval)
+                              serving_interval_s=ns.serving_interval, network_interval_s=ns.network_interval)
     agent = Agent(agent_cfg, collector)
     _attributed(agent, attribution, source)
+    _network(agent, source)
     servicer = AnalyzerServicer(analyzer)
     server, port, health = build_server(ns.listen, [
         (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, servicer, "gpuscope.v1.Analyzer"),
@@ -510,8 +520,10 @@ def cmd_agent(ns) -> int:
     security = _server_security(ns, "agent", ns.listen)
     factory = _uplink_factory(ns, ns.analyzer, links) if ns.analyzer else None
     agent = Agent(AgentConfig(host=ns.host, source=source, interval_s=ns.interval,
-                              serving_interval_s=ns.serving_interval), collector, factory)
+                              serving_interval_s=ns.serving_interval, network_interval_s=ns.network_interval),
+                  collector, factory)
     _attributed(agent, attribution, source)
+    _network(agent, source)
     _setup_captures(agent, ns, ns.analyzer or None, links)
     server, port, health = build_server(ns.listen, [
         (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent, ns.analyzer or ""), "gpuscope.v1.Agent")],

@@ -81,6 +81,7 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
     "/gpuscope.v1.Analyzer/Top": _READ,
     "/gpuscope.v1.Analyzer/ListCeilings": _READ,
     "/gpuscope.v1.Analyzer/ListPrograms": _READ,
+    "/gpuscope.v1.Analyzer/ListDistJobs": _READ,
     # an agent's own API
     "/gpuscope.v1.Agent/GetStatus": _READ,
     "/gpuscope.v1.Agent/RecentSamples": _READ,

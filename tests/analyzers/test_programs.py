@@ -40,7 +40,7 @@ def put_run(store, host, pid, command, t0, seconds=60, gpus=(0,), dram=0.8, sm=0
 
 def check(store, now):
     c = ProgramCheck(store, CONFIG)
-    runs, cursor = c.collect(now)
+    runs, cursor, _ = c.collect(now)
     found = c.judge(runs, {})
     c.apply(runs, cursor)
     return runs, found

@@ -37,6 +37,7 @@ class FakeGpu:
     pcie_width: int = 16
     pcie_max_gen: int = 5
     pcie_max_width: int = 16
+    pci_bus_id: str = ""               # NVML's form, "00000000:3B:00.0"; "" = by index
     # field id -> raw value (NVML units); ids absent here answer NOT_SUPPORTED
     fields: dict[int, float] = field(default_factory=lambda: {
         186: 120_000, 197: 0, 198: 0, 82: 35, 74: 0, 76: 0, 269: 0, 83: 1_000_000, 270: 0, 271: 0, 94: 0})
@@ -139,6 +140,13 @@ class FakeNvml:
 
     def nvmlDeviceGetMaxPcieLinkWidth(self, h):
         return self._gpu(h, "nvmlDeviceGetMaxPcieLinkWidth").pcie_max_width
+
+    def nvmlDeviceGetPciInfo_v3(self, h):
+        g = self._gpu(h, "nvmlDeviceGetPciInfo_v3")
+        i = ctypes.cast(h, ctypes.c_void_p).value - 0x1000
+        info = real.nvmlPciInfo_t()
+        info.busId = (g.pci_bus_id or f"00000000:{0x18 + i:02X}:00.0").encode()
+        return info
 
     # -- fast path ---------------------------------------------------------------------------
     def nvmlDeviceGetUtilizationRates(self, h):

@@ -642,3 +642,19 @@ class ProgramsResponse(_message.Message):
     PROGRAMS_JSON_FIELD_NUMBER: _ClassVar[int]
     programs_json: str
     def __init__(self, programs_json: _Optional[str] = ...) -> None: ...
+
+class DistJobsRequest(_message.Message):
+    __slots__ = ("start", "job", "limit")
+    START_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    start: float
+    job: str
+    limit: int
+    def __init__(self, start: _Optional[float] = ..., job: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class DistJobsResponse(_message.Message):
+    __slots__ = ("jobs_json",)
+    JOBS_JSON_FIELD_NUMBER: _ClassVar[int]
+    jobs_json: str
+    def __init__(self, jobs_json: _Optional[str] = ...) -> None: ...

@@ -126,6 +126,11 @@ class AnalyzerStub:
                 request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.ProgramsRequest.SerializeToString,
                 response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.ProgramsResponse.FromString,
                 _registered_method=True)
+        self.ListDistJobs = channel.unary_unary(
+                '/gpuscope.v1.Analyzer/ListDistJobs',
+                request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.DistJobsRequest.SerializeToString,
+                response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.DistJobsResponse.FromString,
+                _registered_method=True)
 
 
 class AnalyzerServicer:
@@ -256,6 +261,13 @@ class AnalyzerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListDistJobs(self, request, context):
+        """Distributed jobs made of ranks across hosts, their GPUs' verdicts and stragglers (`gpuscope jobs --fleet`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AnalyzerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -348,6 +360,11 @@ def add_AnalyzerServicer_to_server(servicer, server):
                     servicer.ListPrograms,
                     request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.ProgramsRequest.FromString,
                     response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.ProgramsResponse.SerializeToString,
+            ),
+            'ListDistJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDistJobs,
+                    request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.DistJobsRequest.FromString,
+                    response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.DistJobsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -837,6 +854,33 @@ class Analyzer:
             '/gpuscope.v1.Analyzer/ListPrograms',
             gpuscope_dot_v1_dot_analyzer__pb2.ProgramsRequest.SerializeToString,
             gpuscope_dot_v1_dot_analyzer__pb2.ProgramsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDistJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuscope.v1.Analyzer/ListDistJobs',
+            gpuscope_dot_v1_dot_analyzer__pb2.DistJobsRequest.SerializeToString,
+            gpuscope_dot_v1_dot_analyzer__pb2.DistJobsResponse.FromString,
             options,
             channel_credentials,
             insecure,

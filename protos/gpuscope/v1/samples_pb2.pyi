@@ -87,7 +87,7 @@ class ProcessSample(_message.Message):
     def __init__(self, sample: _Optional[int] = ..., pid: _Optional[int] = ..., used_memory_bytes: _Optional[int] = ..., cpu_cores: _Optional[float] = ..., command: _Optional[str] = ..., attribution: _Optional[int] = ...) -> None: ...
 
 class Attribution(_message.Message):
-    __slots__ = ("user", "container_id", "runtime", "pod", "namespace", "container", "pod_uid", "slurm_job", "slurm_step", "slurm_user", "unit", "workload", "cgroup")
+    __slots__ = ("user", "container_id", "runtime", "pod", "namespace", "container", "pod_uid", "slurm_job", "slurm_step", "slurm_user", "unit", "workload", "cgroup", "dist_job", "rank", "world_size")
     USER_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,9 @@ class Attribution(_message.Message):
     UNIT_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     CGROUP_FIELD_NUMBER: _ClassVar[int]
+    DIST_JOB_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     user: str
     container_id: str
     runtime: str
@@ -114,7 +117,10 @@ class Attribution(_message.Message):
     unit: str
     workload: str
     cgroup: str
-    def __init__(self, user: _Optional[str] = ..., container_id: _Optional[str] = ..., runtime: _Optional[str] = ..., pod: _Optional[str] = ..., namespace: _Optional[str] = ..., container: _Optional[str] = ..., pod_uid: _Optional[str] = ..., slurm_job: _Optional[str] = ..., slurm_step: _Optional[str] = ..., slurm_user: _Optional[str] = ..., unit: _Optional[str] = ..., workload: _Optional[str] = ..., cgroup: _Optional[str] = ...) -> None: ...
+    dist_job: str
+    rank: str
+    world_size: str
+    def __init__(self, user: _Optional[str] = ..., container_id: _Optional[str] = ..., runtime: _Optional[str] = ..., pod: _Optional[str] = ..., namespace: _Optional[str] = ..., container: _Optional[str] = ..., pod_uid: _Optional[str] = ..., slurm_job: _Optional[str] = ..., slurm_step: _Optional[str] = ..., slurm_user: _Optional[str] = ..., unit: _Optional[str] = ..., workload: _Optional[str] = ..., cgroup: _Optional[str] = ..., dist_job: _Optional[str] = ..., rank: _Optional[str] = ..., world_size: _Optional[str] = ...) -> None: ...
 
 class HealthEvent(_message.Message):
     __slots__ = ("gpu", "t", "kind", "detail", "code")

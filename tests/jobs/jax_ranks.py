@@ -1,0 +1,32 @@
+"""One rank of a real jax.distributed job on the CPU (gloo collectives), as
+its launcher starts it: JAX_COORDINATOR_ADDRESS, JAX_PROCESS_ID and
+JAX_NUM_PROCESSES in its environment. Every step each rank does its work and
+then meets the others in an all-gather; the rank SLOW_RANK also does 50 ms of
+host work (a slow data loader). Prints, last, one JSON line: its rank and each
+step's seconds of own work and of waiting in the collective."""
+import json, os, sys, time
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
+                           num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+                           process_id=int(os.environ["JAX_PROCESS_ID"]))
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+rank = jax.process_index()
+slow = rank == int(os.environ.get("SLOW_RANK", "-1"))
+x = np.ones((256, 256), np.float32)
+out = []
+for step in range(int(os.environ.get("STEPS", "20"))):
+    t0 = time.perf_counter()
+    y = x @ x
+    if slow:
+        end = time.perf_counter() + 0.05
+        while time.perf_counter() < end:      # host work: a slow data loader
+            pass
+    t1 = time.perf_counter()
+    s = multihost_utils.process_allgather(jnp.sum(y))    # every rank meets here
+    t2 = time.perf_counter()
+    out.append(dict(work=t1 - t0, wait=t2 - t1))
+print(json.dumps(dict(rank=rank, steps=out)), flush=True)
+jax.distributed.shutdown()
