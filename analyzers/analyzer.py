@@ -54,6 +54,7 @@ from .program_check import ProgramCheck
 from .program_list import list_programs
 from .programs import ProgramsConfig
 from .publish import PublishConfig, Publisher
+from .rank_skew import COORDINATED, collectives, skew
 from .report import build_range_report, build_report, full_id
 from .retention import PassResult, Retention, RetentionConfig
 from .status import GpuRow, summarize as summarize_status
@@ -504,6 +505,8 @@ class Analyzer:
                 program = trace_program(trace)
                 if program is not None:           # what the program check matches the job's run by
                     summary["program"] = program
+                if record.trigger.startswith(COORDINATED):   # one rank of a job's coordinated capture
+                    summary["collectives"] = collectives(trace)
             except TraceError as exc:
                 error = (error + "; " if error else "") + str(exc)
         verdict = summary.get("verdict") if summary else None
@@ -773,6 +776,26 @@ class Analyzer:
         program's runs (analyzers/program_list.py)."""
         return list_programs(self.store, start, host, fingerprint, limit,
                              list(self.conditions["regression"].open.values()), self.config.programs)
+
+    def job_ranks(self, job: str, since_s: float = 600.0) -> list[dict]:
+        """The ranks of `job` seen in the last `since_s`, the newest process
+        of each: rank, host, GPUs, pid (what a coordinated capture asks for)."""
+        jobs = list_jobs(self.store, self._clock() - since_s, job)
+        return [dict(rank=r["rank"], host=r["host"], gpus=r["gpus"], pid=r["pid"])
+                for j in jobs for r in j.get("rank_list", [])]
+
+    def job_skew(self, group: str) -> dict:
+        """What a coordinated capture's traces say (analyzers/rank_skew.py),
+        with each rank's capture as it stands (reported or not yet)."""
+        rows = self.store.coordinated_captures(group)
+        per_rank, hosts, captures = {}, {}, []
+        for r in rows:
+            rank = r["trigger"].rsplit("-r", 1)[-1]
+            hosts[rank] = r["host"]
+            per_rank[rank] = json.loads(r["collectives"]) if r["collectives"] else []
+            captures.append(dict(rank=rank, id=r["id"], host=r["host"], status=r["status"], error=r["error"],
+                                 collectives=len(per_rank[rank])))
+        return dict(skew(per_rank, hosts), group=group, captures=captures)
 
     def list_jobs(self, start: float, job: str = "", limit: int = 200) -> list[dict]:
         """Distributed jobs with ranks since `start`, what their GPUs do now and

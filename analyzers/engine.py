@@ -61,7 +61,7 @@ SWITCH_INTERVAL_S = 0.0005
 LOCK_WAIT_S = 20.0            # how long a new child waits for the store's lock held by a dying one
 # What the parent may call in the child, by name: nothing else crosses.
 CALLS = {"status", "list_findings", "findings_payload", "finding", "report", "range_report", "report_capture",
-         "report_calibration", "top", "list_programs", "list_jobs", "store.captures", "store.ceilings", "store.metric", "store.records",
+         "report_calibration", "top", "list_programs", "list_jobs", "job_ranks", "job_skew", "store.captures", "store.ceilings", "store.metric", "store.records",
          "store.verdict_pairs", "store.count", "store.degraded_inputs"}
 
 
@@ -539,6 +539,12 @@ class EngineClient:
 
     def list_jobs(self, start: float, job: str = "", limit: int = 200) -> list[dict]:
         return self.call("list_jobs", start, job, limit)
+
+    def job_ranks(self, job: str, since_s: float = 600.0) -> list[dict]:
+        return self.call("job_ranks", job, since_s)
+
+    def job_skew(self, group: str) -> dict:
+        return self.call("job_skew", group)
 
     def report_calibration(self, host: str, record: dict) -> dict:
         return self.call("report_calibration", host, record)

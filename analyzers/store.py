@@ -1108,6 +1108,13 @@ class Store:
             "SELECT *, json_extract_string(attribution, '$.dist_job') AS dist_job FROM program_runs WHERE "
             + " AND ".join(where) + " ORDER BY start DESC LIMIT ?", args + [limit]))
 
+    def coordinated_captures(self, group: str) -> list[dict]:
+        """The captures of one coordinated capture (trigger cc-GROUP-rRANK):
+        host, status, error, trigger, and the collectives their traces held."""
+        return _dicts(self.reader().execute(
+            "SELECT id, host, status, error, trigger, json_extract(summary, '$.collectives') AS collectives "
+            "FROM captures WHERE starts_with(trigger, ?) ORDER BY trigger", [f"cc-{group}-r"]))
+
     def upsert_program_runs(self, rows: Sequence[tuple]) -> None:
         self._rows("program_runs", RUN_COLUMNS, rows, replace=True)
 

@@ -74,7 +74,11 @@ class XlaProfilerClient:
                 return False
 
     def capture(self, duration_ms: int, repository_root: Path, session_id: str, host_name: str = "gpuscope",
-                margin_s: float = 15.0, host_tracer_level: int = 2, python_tracer_level: int = 0) -> CaptureResult:
+                margin_s: float = 15.0, host_tracer_level: int = 2, python_tracer_level: int = 0,
+                start_unix_s: float | None = None) -> CaptureResult:
+        """`start_unix_s`: when the session starts, on this host's clock (the
+        profiler server waits for it: ProfileOptions.start_timestamp_ns, how
+        XLA starts the hosts of one job together); None: now."""
         if duration_ms <= 0:
             raise ValueError(f"duration_ms must be > 0, got {duration_ms}")
         repository_root = Path(repository_root)
@@ -86,12 +90,14 @@ class XlaProfilerClient:
             # names; without it an H200 capture of a bf16 matmul said "placed by kernel names"
             opts=ps.ProfileOptions(version=1, host_tracer_level=host_tracer_level, device_tracer_level=1,
                                    python_tracer_level=python_tracer_level, duration_ms=duration_ms,
-                                   enable_hlo_proto=True))
+                                   enable_hlo_proto=True,
+                                   start_timestamp_ns=int(start_unix_s * 1e9) if start_unix_s else 0))
+        wait_s = max(0.0, start_unix_s - time.time()) if start_unix_s else 0.0
         t0 = time.monotonic()
         with self._channel_factory(self.address) as ch:
             try:
                 resp = self._method(ch, "Profile", ps.ProfileRequest, ps.ProfileResponse)(
-                    req, timeout=duration_ms / 1e3 + margin_s)
+                    req, timeout=wait_s + duration_ms / 1e3 + margin_s)
             except grpc.RpcError as exc:
                 raise _classify(exc, self.address) from None
         seconds = time.monotonic() - t0

@@ -21,7 +21,7 @@ from gpuscope.collectors.records import (Attribution, DeviceInfo, GpuSample, Hea
                                         ProcessRecord, Scrape)
 from gpuscope.security.redact import redact_command
 
-from .captures import CaptureRecord, CaptureRunner
+from .captures import MAX_LEAD_S, CaptureRecord, CaptureRunner
 from .uplink import Uplink
 
 log = structlog.get_logger("gpuscope.agent")
@@ -51,6 +51,18 @@ class AgentConfig:
     ring_seconds: float = 600.0
     serving_interval_s: float = 5.0       # serving engines' /metrics (0: never)
     network_interval_s: float = 5.0       # the network ports nearest the GPUs (0: never)
+
+
+def local_start(cmd) -> float | None:
+    """A coordinated capture's start on this host's clock: the analyzer's
+    `start_at` less how far the analyzer's clock is ahead of ours, read when
+    the command arrives (its network delay, milliseconds, is the error);
+    at most MAX_LEAD_S ahead, whatever the clocks say."""
+    if not cmd.HasField("start_at"):
+        return None
+    now = time.time()
+    start = cmd.start_at - (cmd.sent_at - now) if cmd.sent_at else cmd.start_at
+    return min(max(start, now), now + MAX_LEAD_S)
 
 
 class Agent:
@@ -249,7 +261,7 @@ class Agent:
 
     def capture(self, duration_ms: int, address: str = "", pid: int | None = None,
                 trigger: str = "on-call", gpu: int | None = None,
-                budget_s: float | None = None) -> tuple[CaptureRecord, bytes]:
+                budget_s: float | None = None, start_at: float | None = None) -> tuple[CaptureRecord, bytes]:
         """Deep capture of one job now: by profiler address, by pid, or (for
         the analyzer's commands) the job on a GPU. Only targets the agent
         knows are captured: discovered jobs and configured addresses.
@@ -281,7 +293,8 @@ class Agent:
         rec, data = self.captures.capture(
             job.address, duration_ms, pid=job.pid, gpus=job.gpus,
             job=redact_command(f"pid:{job.pid} {job.command}".strip()) if job.pid else "", trigger=trigger,
-            kind=job.kind, client=client, on_late=self._report if self.capture_reporter is not None else None)
+            kind=job.kind, client=client, on_late=self._report if self.capture_reporter is not None else None,
+            start_at=start_at)
         if self.capture_reporter is not None:
             # The caller gets the trace now; the analyzer's summary and linking follow.
             threading.Thread(target=self._report, args=(rec, data), name="capture-report", daemon=True).start()
@@ -331,7 +344,7 @@ class Agent:
             if cmd.kind == "capture":
                 try:
                     self.capture(cmd.duration_ms or 2000, pid=cmd.pid if cmd.HasField("pid") else None,
-                                 trigger=cmd.id, gpu=cmd.gpu)
+                                 trigger=cmd.id, gpu=cmd.gpu, start_at=local_start(cmd))
                     return
                 except (LookupError, TargetNotAllowed) as exc:      # e.g. the job left the GPU meanwhile
                     log.info("no profiler for the job: counter burst instead", gpu=cmd.gpu, reason=str(exc))

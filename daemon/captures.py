@@ -24,6 +24,7 @@ files rather than none.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import socket
@@ -42,6 +43,7 @@ from . import safe_files
 
 log = structlog.get_logger("gpuscope.captures")
 MAX_DURATION_MS = 60_000
+MAX_LEAD_S = 60.0            # a coordinated capture starts at most this long after its command arrives
 
 
 @dataclass(frozen=True)
@@ -134,15 +136,18 @@ class CaptureRunner:
 
     def capture(self, target: str, duration_ms: int, pid: int | None = None, gpus: list[int] | None = None,
                 job: str = "", trigger: str = "on-call", kind: str = "jax",
-                client=None, on_late: Callable[[CaptureRecord, bytes], None] | None = None
-                ) -> tuple[CaptureRecord, bytes]:
+                client=None, on_late: Callable[[CaptureRecord, bytes], None] | None = None,
+                start_at: float | None = None) -> tuple[CaptureRecord, bytes]:
         """client: anything with the XlaProfilerClient.capture signature
         (the JAX profiler by default, or a serving engine's HTTP profiler).
         A result with a `path` outside the per-capture directory must carry
         `source_root`, the directory that path is confined to; the runner
         reads it from there and keeps a copy. A capture that answers `slow`
         while its engine still writes the trace is completed when the trace
-        lands: the same record becomes `ok` and goes to `on_late`."""
+        lands: the same record becomes `ok` and goes to `on_late`. `start_at`:
+        when the trace starts, on this host's clock (a coordinated capture of
+        a job's ranks); the JAX profiler waits for it itself, others are
+        started then."""
         if not 0 < duration_ms <= MAX_DURATION_MS:
             raise ValueError(f"duration_ms must be 1 to {MAX_DURATION_MS}, got {duration_ms}")
         rec = CaptureRecord(id=self._new_id(), host=self.host, target=target, pid=pid, gpus=list(gpus or []),
@@ -170,7 +175,7 @@ class CaptureRunner:
                 safe_files.hand_to(root_fd, cap_fd, *owner)
             root = self.config.directory / rec.id
             try:
-                result = self._profiled(client or self._client_factory(target), duration_ms, root, rec.id)
+                result = self._profiled(client or self._client_factory(target), duration_ms, root, rec.id, start_at)
                 path, data, kept, skipped = self._keep_session(result, root, cap_fd)
                 status, error = _outcome(result, path, kept, skipped, root)
                 rec.path, rec.size_bytes = (str(path), len(data)) if path is not None else ("", 0)
@@ -202,11 +207,17 @@ class CaptureRunner:
                 with self._lock:
                     self._running.discard(key)
 
-    def _profiled(self, client, duration_ms: int, root: Path, capture_id: str):
+    def _profiled(self, client, duration_ms: int, root: Path, capture_id: str, start_at: float | None = None):
         """The profiler's session, with the counters let go by whoever holds them (DCGM) until it ends."""
+        timed = start_at is not None and "start_unix_s" in inspect.signature(client.capture).parameters
+        if start_at is not None and not timed:
+            time.sleep(max(0.0, min(start_at - time.time(), MAX_LEAD_S)))
         if self._profiling is not None:
             self._profiling.pause_profiling()
         try:
+            if timed:
+                return client.capture(duration_ms, root, capture_id, self.host, margin_s=self.config.margin_s,
+                                      start_unix_s=start_at)
             return client.capture(duration_ms, root, capture_id, self.host, margin_s=self.config.margin_s)
         finally:
             if self._profiling is not None:

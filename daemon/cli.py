@@ -299,6 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--serving", metavar="URL", help="a serving engine's base URL (http://HOST:PORT), one the "
                                                          "agent found on its GPUs or was started with --serving")
     target.add_argument("--pid", type=positive_int, help="a process on the agent's GPUs; its profiler port is discovered")
+    target.add_argument("--job", metavar="JOB", help="every rank of a distributed job (`gpuscope jobs --fleet`) over "
+                                                     "the same window, through the analyzer (--server): who arrives "
+                                                     "last at each collective (operator role)")
     sp.add_argument("--duration-ms", type=int, default=2000, help="trace length (default 2000)")
     sp.add_argument("--timeout", type=positive_float, default=None, metavar="S",
                     help="how long to wait for the agent's answer (default: long enough for a serving engine's "

@@ -434,3 +434,20 @@ def dist_jobs(server: str, start: float | None = None, job: str = "", limit: int
     resp = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ListDistJobs(req, timeout=t),
                  security=security)
     return json.loads(resp.jobs_json or "[]")
+
+
+def capture_job(server: str, job: str, duration_ms: int = 0, lead_ms: int = 0, *,
+                security: ClientSecurity = INSECURE) -> dict:
+    """Asks every rank of `job` to trace one window: {group, start_at, ranks}."""
+    req = apb.CaptureJobRequest(job=job, duration_ms=duration_ms, lead_ms=lead_ms)
+    resp = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).CaptureJob(req, timeout=t),
+                 security=security)
+    return dict(group=resp.group, start_at=resp.start_at, ranks=json.loads(resp.ranks_json or "[]"))
+
+
+def job_skew(server: str, group: str, *, security: ClientSecurity = INSECURE) -> dict:
+    """A coordinated capture's ranks and collectives (analyzers/rank_skew.py)."""
+    req = apb.JobSkewRequest(group=group)
+    resp = _call(server, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).JobSkew(req, timeout=t),
+                 security=security)
+    return json.loads(resp.json or "{}")

@@ -75,3 +75,61 @@ def cmd_job(ns) -> int:
               f"{human_value('hertz', m.get('sm_clock_hertz')):>9} {human_value('watts', m.get('power_watts')):>7}  "
               f"{_when(r['start'])}" + ("  STRAGGLER" if r["straggler"] else ""))
     return 0
+
+
+def cmd_capture_job(ns) -> int:
+    """`gpuscope capture --job J`: every rank's agent traces the same window;
+    waits for their reports and says who arrived last at each collective."""
+    asked = clients.capture_job(ns.server, ns.job, ns.duration_ms, security=client_security(ns))
+    sent = [r for r in asked["ranks"] if r["sent"]]
+    if not ns.json:
+        print(f"coordinated capture {asked['group']} of {ns.job}: {len(sent)} of {len(asked['ranks'])} ranks asked, "
+              f"starting {datetime.fromtimestamp(asked['start_at'], timezone.utc).strftime('%H:%M:%S.%f')[:-3]} "
+              f"UTC for {ns.duration_ms} ms")
+        for r in asked["ranks"]:
+            if not r["sent"]:
+                print(f"  rank {r['rank']} on {r['host']}: its agent is not connected to the analyzer, not asked")
+    deadline = asked["start_at"] + ns.duration_ms / 1e3 + (ns.timeout or 60.0)
+    result = clients.job_skew(ns.server, asked["group"], security=client_security(ns))
+    while len(result.get("captures", [])) < len(sent) and time.time() < deadline:
+        time.sleep(1.0)
+        result = clients.job_skew(ns.server, asked["group"], security=client_security(ns))
+    result["asked"] = asked
+    if ns.json:
+        print_json(result)
+    else:
+        print_skew(result, len(sent))
+    return 0 if result.get("captures") and all(c["status"].startswith("ok") for c in result["captures"]) else 1
+
+
+def print_skew(result: dict, expected: int) -> None:
+    caps = result.get("captures", [])
+    if len(caps) < expected:
+        print(f"{expected - len(caps)} of {expected} ranks did not report in time (`gpuscope captures` shows what "
+              "did); judged on what came")
+    print(f"{'RANK':>5}  {'HOST':<16} {'CAPTURE':<14} {'STATUS':<10} {'COLLECTIVES':>11} {'LAST':>6} {'WAITING':>9} "
+          f"{'LATE BY':>9}")
+    per = result.get("per_rank", {})
+    for c in sorted(caps, key=lambda c: (not c["rank"].isdigit(), int(c["rank"]) if c["rank"].isdigit() else 0)):
+        p = per.get(c["rank"], {})
+        print(f"{c['rank']:>5}  {c['host'][:16]:<16} {c['id'][:14]:<14} {c['status'][:10]:<10} {c['collectives']:>11} "
+              f"{percent(p.get('last_share')) if p else '—':>6} "
+              f"{human_value('seconds', p.get('wait_seconds_mean')) if p else '—':>9} "
+              f"{human_value('seconds', p.get('late_seconds_mean')) if p else '—':>9}")
+        if c.get("error"):
+            print(f"       {c['error'][:160]}")
+    n = result.get("collectives", 0)
+    if not n:
+        print("no collective seen in every rank's trace: nothing to compare (a job between steps, or traces "
+              "without collectives)")
+        return
+    sk = result["skew_seconds"]
+    print(f"{n} collectives matched across ranks: arrival skew p50 {human_value('seconds', sk['p50'])}, "
+          f"p90 {human_value('seconds', sk['p90'])}, max {human_value('seconds', sk['max'])}")
+    s = result.get("straggler")
+    if s:
+        print(f"straggler from the traces: rank {s['rank']} on {s['host']}, last at {percent(s['last_share'])} of the "
+              f"collectives, {human_value('seconds', s['arrives_late_by_seconds'])} after the first to arrive "
+              "(median)")
+    else:
+        print("no rank arrives last at most collectives: no straggler in these traces")

@@ -328,6 +328,9 @@ def cmd_capture(ns) -> int:
 
     if ns.duration_ms <= 0:
         raise UsageError(f"--duration-ms: must be > 0, got {ns.duration_ms}")
+    if ns.job:
+        from .cmd_dist_jobs import cmd_capture_job
+        return cmd_capture_job(ns)
     if ns.timeout is not None and ns.timeout < ns.duration_ms / 1e3 + 10:
         raise UsageError(f"--timeout {ns.timeout:g}: must leave the {ns.duration_ms / 1e3:g} s capture 10 s or "
                          f"more to start, stop and answer")

@@ -82,6 +82,8 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
     "/gpuscope.v1.Analyzer/ListCeilings": _READ,
     "/gpuscope.v1.Analyzer/ListPrograms": _READ,
     "/gpuscope.v1.Analyzer/ListDistJobs": _READ,
+    "/gpuscope.v1.Analyzer/JobSkew": _READ,
+    "/gpuscope.v1.Analyzer/CaptureJob": _OPERATE,     # traces every rank of a job
     # an agent's own API
     "/gpuscope.v1.Agent/GetStatus": _READ,
     "/gpuscope.v1.Agent/RecentSamples": _READ,

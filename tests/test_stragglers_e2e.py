@@ -115,3 +115,74 @@ def test_the_rank_the_others_wait_for_is_named_with_its_job(tmp_path, job):
         assert advice[0].startswith("the rank's host starves its GPU")
     finally:
         srv.stop()
+
+
+def test_a_coordinated_capture_of_every_rank_shows_who_arrives_last(tmp_path):
+    """Two agents (two ranks each, their real processes on fake GPUs) and
+    the analyzer; `gpuscope capture --job` asks every rank's agent to trace
+    the same window with JAX's profiler, and the traces name the slow rank."""
+    from gpuscope.collectors.jobs import JobDiscovery
+    from gpuscope.collectors.xla_profiler import XlaProfilerClient
+    from gpuscope.daemon.captures import CaptureConfig, CaptureRunner
+    from gpuscope.daemon.commands import CommandListener
+    from gpuscope.daemon.convert import capture_pb
+    from gpuscope.analyzers.programs import ProgramsConfig
+    from tests.fakes.nvml import FakeNvml, h200
+    from tests.helpers import fake_agent, wait_for
+
+    port = _free_port()
+    script = Path(__file__).parent / "jobs" / "jax_ranks.py"
+    procs = []
+    for rank in range(RANKS):
+        env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                   JAX_PROCESS_ID=str(rank), JAX_NUM_PROCESSES=str(RANKS), SLOW_RANK=str(SLOW), STEPS="400",
+                   GPUSCOPE_PROFILER_PORT=str(_free_port()))
+        procs.append(subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, text=True))
+    srv = AnalyzerServer(tmp_path / "c.duckdb", window_s=5.0, fleet_check_s=0, programs=ProgramsConfig(lag_s=0.0))
+    agents = []
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        for host in sorted(set(HOSTS)):
+            pids = [procs[r].pid for r in range(RANKS) if HOSTS[r] == host]
+            fake = FakeNvml([h200(processes=[(pid, 1 << 30)], util_gpu=50) for pid in pids])
+            agent = fake_agent(fake, srv.target, host=host, proc_root="/proc")
+            agent.captures = CaptureRunner(CaptureConfig(tmp_path / host), host)
+            agent.discovery = JobDiscovery(lambda a: XlaProfilerClient(a).probe())
+            agent.capture_reporter = lambda rec, data: clients.report_capture(srv.target, capture_pb(rec), data)
+            listener = CommandListener(srv.target, host, agent.boot_id, agent.run_command)
+            listener.start()
+            agents.append((agent, listener))
+        wait_for(lambda: all(srv.analyzer.commands.connected(h) for h in set(HOSTS)), timeout=20)
+        wait_for(lambda: srv.analyzer.store.count("processes") >= 8, timeout=20)
+        time.sleep(1.0)
+        srv.analyzer.run_fleet_checks(time.time()).result(timeout=60)
+        (job,) = clients.dist_jobs(srv.target)
+        assert job["ranks"] == RANKS
+
+        out = subprocess.run([sys.executable, "-m", "gpuscope.daemon.cli", "capture", "--job", job["job"],
+                              "--duration-ms", "1500", "--server", srv.target, "--insecure", "--json"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out
+        result = json.loads(out.stdout)
+        assert sorted(c["rank"] for c in result["captures"]) == ["0", "1", "2", "3"]
+        assert all(c["status"] == "ok" and c["collectives"] > 5 for c in result["captures"]), result["captures"]
+        assert result["collectives"] > 5
+        s = result["straggler"]
+        assert (s["rank"], s["host"]) == (str(SLOW), "node-b") and s["last_share"] > 0.8
+        # the others waited for it: about its 50 ms of host work a step
+        assert 0.02 < s["arrives_late_by_seconds"] < 0.2
+        # the ranks' traces started together (the agents asked JAX's profiler for the same instant): the
+        # profile start each trace records, on two agents' clocks
+        rows = srv.analyzer.store.captures(limit=10)
+        starts = [json.loads(r["summary"])["start_unix"] for r in rows]
+        assert max(starts) - min(starts) < 0.1
+    finally:
+        for agent, listener in agents:
+            listener.stop()
+            agent.stop()
+        srv.stop()
+        for p in procs:
+            p.kill()
+            p.wait()

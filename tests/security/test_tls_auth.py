@@ -219,6 +219,8 @@ OPERATOR = Caller("alice", "operator", None, "token")
     ("/gpuscope.v1.Analyzer/ListCeilings", {"reader", "operator"}),
     ("/gpuscope.v1.Analyzer/ListPrograms", {"reader", "operator"}),
     ("/gpuscope.v1.Analyzer/ListDistJobs", {"reader", "operator"}),
+    ("/gpuscope.v1.Analyzer/JobSkew", {"reader", "operator"}),
+    ("/gpuscope.v1.Analyzer/CaptureJob", {"operator"}),
     ("/gpuscope.v1.Analyzer/GetStatus", {"agent", "reader", "operator"}),
     ("/gpuscope.v1.Analyzer/ListFindings", {"reader", "operator"}),
     ("/gpuscope.v1.Analyzer/QueryMetric", {"reader", "operator"}),

@@ -16,20 +16,24 @@ class AgentHello(_message.Message):
     def __init__(self, host: _Optional[str] = ..., boot_id: _Optional[str] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("id", "gpu", "pid", "kind", "duration_ms", "reason")
+    __slots__ = ("id", "gpu", "pid", "kind", "duration_ms", "reason", "start_at", "sent_at")
     ID_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    START_AT_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
     id: str
     gpu: int
     pid: int
     kind: str
     duration_ms: int
     reason: str
-    def __init__(self, id: _Optional[str] = ..., gpu: _Optional[int] = ..., pid: _Optional[int] = ..., kind: _Optional[str] = ..., duration_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    start_at: float
+    sent_at: float
+    def __init__(self, id: _Optional[str] = ..., gpu: _Optional[int] = ..., pid: _Optional[int] = ..., kind: _Optional[str] = ..., duration_ms: _Optional[int] = ..., reason: _Optional[str] = ..., start_at: _Optional[float] = ..., sent_at: _Optional[float] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("host", "gpu", "verdicts", "kinds")
@@ -658,3 +662,35 @@ class DistJobsResponse(_message.Message):
     JOBS_JSON_FIELD_NUMBER: _ClassVar[int]
     jobs_json: str
     def __init__(self, jobs_json: _Optional[str] = ...) -> None: ...
+
+class CaptureJobRequest(_message.Message):
+    __slots__ = ("job", "duration_ms", "lead_ms")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    LEAD_MS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    duration_ms: int
+    lead_ms: int
+    def __init__(self, job: _Optional[str] = ..., duration_ms: _Optional[int] = ..., lead_ms: _Optional[int] = ...) -> None: ...
+
+class CaptureJobResponse(_message.Message):
+    __slots__ = ("group", "start_at", "ranks_json")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    START_AT_FIELD_NUMBER: _ClassVar[int]
+    RANKS_JSON_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    start_at: float
+    ranks_json: str
+    def __init__(self, group: _Optional[str] = ..., start_at: _Optional[float] = ..., ranks_json: _Optional[str] = ...) -> None: ...
+
+class JobSkewRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    def __init__(self, group: _Optional[str] = ...) -> None: ...
+
+class JobSkewResponse(_message.Message):
+    __slots__ = ("json",)
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    def __init__(self, json: _Optional[str] = ...) -> None: ...

@@ -131,6 +131,16 @@ class AnalyzerStub:
                 request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.DistJobsRequest.SerializeToString,
                 response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.DistJobsResponse.FromString,
                 _registered_method=True)
+        self.CaptureJob = channel.unary_unary(
+                '/gpuscope.v1.Analyzer/CaptureJob',
+                request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.CaptureJobRequest.SerializeToString,
+                response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.CaptureJobResponse.FromString,
+                _registered_method=True)
+        self.JobSkew = channel.unary_unary(
+                '/gpuscope.v1.Analyzer/JobSkew',
+                request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.JobSkewRequest.SerializeToString,
+                response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.JobSkewResponse.FromString,
+                _registered_method=True)
 
 
 class AnalyzerServicer:
@@ -268,6 +278,20 @@ class AnalyzerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CaptureJob(self, request, context):
+        """Every rank of a distributed job traced over the same wall-clock window (`gpuscope capture --job`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def JobSkew(self, request, context):
+        """What a coordinated capture's traces say: per collective, who arrived last and by how much.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AnalyzerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -365,6 +389,16 @@ def add_AnalyzerServicer_to_server(servicer, server):
                     servicer.ListDistJobs,
                     request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.DistJobsRequest.FromString,
                     response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.DistJobsResponse.SerializeToString,
+            ),
+            'CaptureJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.CaptureJob,
+                    request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.CaptureJobRequest.FromString,
+                    response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.CaptureJobResponse.SerializeToString,
+            ),
+            'JobSkew': grpc.unary_unary_rpc_method_handler(
+                    servicer.JobSkew,
+                    request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.JobSkewRequest.FromString,
+                    response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.JobSkewResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -881,6 +915,60 @@ class Analyzer:
             '/gpuscope.v1.Analyzer/ListDistJobs',
             gpuscope_dot_v1_dot_analyzer__pb2.DistJobsRequest.SerializeToString,
             gpuscope_dot_v1_dot_analyzer__pb2.DistJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CaptureJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuscope.v1.Analyzer/CaptureJob',
+            gpuscope_dot_v1_dot_analyzer__pb2.CaptureJobRequest.SerializeToString,
+            gpuscope_dot_v1_dot_analyzer__pb2.CaptureJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JobSkew(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuscope.v1.Analyzer/JobSkew',
+            gpuscope_dot_v1_dot_analyzer__pb2.JobSkewRequest.SerializeToString,
+            gpuscope_dot_v1_dot_analyzer__pb2.JobSkewResponse.FromString,
             options,
             channel_credentials,
             insecure,
