@@ -25,6 +25,7 @@ import numpy as np
 from gpuscope.collectors.trace_model import COLLECTIVE, Trace
 
 MAX_KEPT = 5000            # collectives a capture's summary keeps
+MIN_COLLECTIVES = 5        # fewer matched collectives name no straggler: two steps are two coin tosses
 COORDINATED = "cc-"        # a coordinated capture's commands (and so its captures' triggers): cc-GROUP-rRANK
 _OP = re.compile(r"^(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute|collective-broadcast)"
                  r"(?:[.-][\w.-]*)?$")
@@ -105,7 +106,7 @@ def skew(per_rank: dict[str, list[list]], hosts: dict[str, str] | None = None, l
                                   wait_seconds_mean=statistics.fmean(waits[r]),
                                   late_seconds_mean=statistics.fmean(late[r]))
     top = max(ranks, key=lambda r: last[r])
-    if last[top] / n >= last_share and out["skew_seconds"]["p50"] > 0:
+    if n >= MIN_COLLECTIVES and last[top] / n >= last_share and out["skew_seconds"]["p50"] > 0:
         out["straggler"] = dict(rank=top, host=(hosts or {}).get(top), last_share=last[top] / n,
                                 arrives_late_by_seconds=statistics.median(
                                     max(w.values()) - w[top] for w in

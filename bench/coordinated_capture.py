@@ -48,13 +48,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--duration-ms", type=int, default=1000)
+    ap.add_argument("--duration-ms", type=int, default=3000)
+    ap.add_argument("--pace", type=float, default=0.0,
+                    help="seconds each rank sleeps per step (0: every rank busy, the 2 cores oversubscribed)")
     args = ap.parse_args()
     port = free_port()
     procs = [subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "jobs" / "jax_ranks.py")],
         env=dict(os.environ, JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
                  JAX_PROCESS_ID=str(r), JAX_NUM_PROCESSES=str(args.ranks), SLOW_RANK="1", STEPS="100000",
+                 STEP_SLEEP=str(args.pace),
                  GPUSCOPE_PROFILER_PORT=str(free_port())),
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for r in range(args.ranks)]
     tmp = Path(tempfile.mkdtemp())
@@ -99,7 +102,8 @@ def main() -> None:
         for p in procs:
             p.kill()
     print(json.dumps(dict(date=time.strftime("%Y-%m-%d %H:%M"), machine=f"{platform.node()} {os.cpu_count()} CPUs",
-                          ranks=args.ranks, agents=len(agents), duration_ms=args.duration_ms, repeats=repeats),
+                          ranks=args.ranks, agents=len(agents), duration_ms=args.duration_ms, pace_s=args.pace,
+                          repeats=repeats),
                      indent=1))
 
 

@@ -2,7 +2,8 @@
 its launcher starts it: JAX_COORDINATOR_ADDRESS, JAX_PROCESS_ID and
 JAX_NUM_PROCESSES in its environment. Every step each rank does its work and
 then meets the others in an all-gather; the rank SLOW_RANK also does 50 ms of
-host work (a slow data loader). With GPUSCOPE_PROFILER_PORT it serves JAX's
+host work (a slow data loader); STEP_SLEEP seconds of sleep end each step (a
+paced job, leaving the CPUs idle). With GPUSCOPE_PROFILER_PORT it serves JAX's
 profiler there (as a job an agent can trace) and prints "ready". It runs
 STEPS steps (a count, not a time: every rank must take part in every
 collective), then prints, last, one JSON line: its rank and each step's
@@ -38,6 +39,7 @@ for _ in range(int(os.environ.get("STEPS", "25"))):
     t1 = time.perf_counter()
     multihost_utils.process_allgather(jnp.sum(y))    # every rank meets here
     t2 = time.perf_counter()
+    time.sleep(float(os.environ.get("STEP_SLEEP", "0")))   # a paced job (input waits), leaving the CPUs idle
     out.append(dict(work=t1 - t0, wait=t2 - t1))
 print(json.dumps(dict(rank=rank, steps=out)), flush=True)
 jax.distributed.shutdown()
