@@ -17,8 +17,8 @@ GPM). A job has a straggler when
   or idle, and
 - one or a few (at most `max_share` of the ranks, at least one) are not:
   those are the stragglers; or, when every rank waits, the ranks whose
-  activity is above the others' median by `max_z` robust deviations (the
-  one still computing while the rest wait) are.
+  activity is above the others' median by `max_z` robust deviations and by
+  `busier_by` (the one still computing while the rest wait) are.
 What each straggler's own counters say is named as the likely cause: its
 verdict, its SM clock against the job's median, its power, and a degraded
 finding of its GPU.
@@ -43,6 +43,7 @@ class StragglerConfig:
     max_share: float = 0.25
     majority: float = 0.5
     max_z: float = 3.5
+    busier_by: float = 0.15         # ... and SM activity this much (absolute) over the job's median
     slow_clock: float = 0.05        # a clock this far under the job's median is named
 
 
@@ -126,14 +127,17 @@ def _judge_job(job: str, ranks: list[dict], interval: dict[str, dict], config: S
 
 
 def _busier(ranks: list[dict], interval: dict[str, dict], config: StragglerConfig) -> list[dict]:
-    """Ranks whose activity is `max_z` robust deviations over the others'."""
+    """Ranks whose activity is `max_z` robust deviations over the others' and
+    `busier_by` over their median: noise among 64 waiting ranks makes a few
+    3.5-sigma ranks in a thousand jobs; a rank still computing is far busier."""
     values = {r["id"]: _activity(interval[r["id"]]) for r in ranks}
     known = [v for v in values.values() if v is not None]
     if len(known) < config.min_ranks:
         return []
     med = statistics.median(known)
     scale = max(statistics.median(abs(v - med) for v in known) * MAD_TO_SIGMA, 0.02)
-    return [r for r in ranks if values[r["id"]] is not None and (values[r["id"]] - med) / scale >= config.max_z]
+    return [r for r in ranks if values[r["id"]] is not None and (values[r["id"]] - med) / scale >= config.max_z
+            and values[r["id"]] - med >= config.busier_by]
 
 
 def _median(values: list[float | None]) -> float | None:
