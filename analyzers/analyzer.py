@@ -25,6 +25,7 @@ import json
 import math
 import threading
 import time
+import uuid
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
@@ -49,6 +50,7 @@ from .fleet_findings import ConditionFindings
 from .ingest import DecodedBatch, clean_command, decode
 from .links import pcie_link
 from .live import LiveWindows
+from . import coordinated
 from .job_list import list_jobs
 from .program_check import ProgramCheck
 from .program_list import list_programs
@@ -166,6 +168,7 @@ class Analyzer:
                            "straggler": ConditionFindings("straggler", self.store.open_findings("straggler"),
                                                           ended_words="its job's ranks no longer wait for it")}
         self.program_check = ProgramCheck(self.store, self.config.programs)
+        self._job_traced: dict[str, float] = {}        # dist job -> when a straggler last had it traced
         self._samples_at_start, _ = self.store.sample_rows()
         self._status_dirty = set(self.gpus)           # a mirror of a new process learns every GPU
         self._newest_seen: dict[str, float] = {}       # host -> newest sample time received
@@ -647,11 +650,39 @@ class Analyzer:
                 self.store.upsert_findings([finding_row(f) for f in r.changed])
             turned = r.opened + r.closed
             self._log_findings(turned)
+            if kind == "straggler":
+                for f in r.opened:
+                    self._trace_job(f, now)
             for f in turned:
                 self.events.publish(dict(kind="finding", t=f["end"] if f["end"] is not None else f["start"],
                                          host=f["host"], gpu=f["gpu"], verdict=f["verdict"], record=f))
             counts[kind] = len(self.conditions[kind].open)
         return counts
+
+    def _trace_job(self, f: dict, now: float) -> None:
+        """A straggler's job traced on every rank over one window (a
+        coordinated capture), at most once per job per cooldown; the
+        decision is recorded either way."""
+        job = (f.get("attribution") or {}).get("dist_job") or ""
+        cfg = self.config.trigger
+        last = self._job_traced.get(job)
+        ranks = self.job_ranks(job) if job else []
+        if cfg.dry_run or not ranks or (last is not None and now - last < cfg.job_capture_cooldown_s):
+            why = ("dry run" if cfg.dry_run else "no rank of its job seen in the last 10 minutes" if not ranks else
+                   f"its job was traced {now - last:.0f} s ago (one coordinated capture per "
+                   f"{cfg.job_capture_cooldown_s:.0f} s)")
+            action, status, group, reason = ("dry-run" if cfg.dry_run else "skip"), "skipped", "", why
+        else:
+            self._job_traced[job] = now
+            group, _, sent = coordinated.send(self.commands, job, ranks, cfg.job_capture_duration_ms,
+                                              cfg.job_capture_lead_s)
+            reached = sum(r["sent"] for r in sent)
+            action, status = "capture-job", "sent" if reached else "failed"
+            reason = (f"every rank of {job} traced over one window ({reached} of {len(sent)} agents reached; "
+                      f"`gpuscope capture --job` reads group {group})")
+        self._decided([Decision(id=uuid.uuid4().hex[:12], t=now, host=f["host"], gpu=f["gpu"], job=job,
+                                anomaly_id="", action=action, reason=f"straggler {f['id']}: {reason}", status=status,
+                                capture_id=group, updated=now)])
 
     def open_conditions(self, key: tuple[str, int]) -> list[dict]:
         """The GPU's open degraded (and other fleet-check) findings, as they are now."""

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import duckdb
@@ -29,7 +28,7 @@ from gpuscope.security.redact import command_label
 from .analyzer import Analyzer
 from .calibrations import CalibrationInvalid
 from .degraded import find_degraded, unjudged_groups
-from .rank_skew import COORDINATED
+from . import coordinated
 from .report import LIMITS, MIN_PREFIX, AmbiguousId
 from .events import Watch
 from .ingest import BatchError, validate_capture_record
@@ -246,9 +245,9 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         theirs) and the time it was sent."""
         duration = request.duration_ms or 2000
         lead = request.lead_ms or 2000
-        if not 0 < duration <= MAX_CAPTURE_MS:
+        if not 0 < duration <= coordinated.MAX_DURATION_MS:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"duration_ms: {duration}, expected 1 to {MAX_CAPTURE_MS}")
+                                f"duration_ms: {duration}, expected 1 to {coordinated.MAX_DURATION_MS}")
         if not 200 <= lead <= 60_000:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"lead_ms: {lead}, expected 200 to 60000 (the agents must hear of it before it starts)")
@@ -259,16 +258,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND,
                                 f"job {request.job[:200]!r}: no rank seen in the last 10 minutes "
                                 "(`gpuscope jobs --fleet` lists the jobs seen)")
-        group = uuid.uuid4().hex[:8]
-        start_at = time.time() + lead / 1e3
-        out = []
-        for r in ranks:
-            cmd = apb.Command(id=f"{COORDINATED}{group}-r{r['rank']}", gpu=r["gpus"][0] if r["gpus"] else 0,
-                              pid=r["pid"], kind="capture", duration_ms=duration,
-                              reason=f"coordinated capture {group} of {request.job[:200]}", start_at=start_at,
-                              sent_at=time.time())
-            sent = self.analyzer.commands.send(r["host"], cmd)
-            out.append(dict(r, command=cmd.id, sent=sent))
+        group, start_at, out = coordinated.send(self.analyzer.commands, request.job, ranks, duration, lead / 1e3)
         log.info("coordinated capture", group=group, job=request.job[:200], ranks=len(out),
                  sent=sum(o["sent"] for o in out), start_at=start_at, duration_ms=duration)
         return apb.CaptureJobResponse(group=group, start_at=start_at, ranks_json=json.dumps(out))
@@ -556,7 +546,6 @@ MAX_POINTS = 100_000
 DEGRADED_SPAN_S = 3600.0     # live figures of the last hour unless asked
 PROGRAMS_SINCE_S = 7 * 86400  # programs with runs in the last week unless asked
 JOBS_SINCE_S = 3600.0         # distributed jobs seen in the last hour unless asked
-MAX_CAPTURE_MS = 60_000       # a coordinated capture's length, as an agent's capture (daemon/captures.py)
 
 
 def _in_context(fn):

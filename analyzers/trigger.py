@@ -33,6 +33,10 @@ class TriggerConfig:
     capture_duration_ms: int = 2000     # 2 s: tens of steps of a training job, hundreds of decode steps
     burst_seconds: float = 30.0         # counter burst at 100 ms for throttling and health events
     timeout_s: float = 120.0            # no report by then: the agent went away mid-capture
+    # a straggler finding traces every rank of its job (analyzers/coordinated.py), once per job per this long
+    job_capture_cooldown_s: float = 3600.0
+    job_capture_duration_ms: int = 3000  # a few dozen steps of every rank
+    job_capture_lead_s: float = 2.0      # time for every agent to hear of it before it starts
 
 
 @dataclass

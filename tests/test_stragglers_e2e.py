@@ -178,6 +178,17 @@ def test_a_coordinated_capture_of_every_rank_shows_who_arrives_last(tmp_path):
         rows = srv.analyzer.store.captures(limit=10)
         starts = [json.loads(r["summary"])["start_unix"] for r in rows]
         assert max(starts) - min(starts) < 0.1
+
+        # a straggler finding has every rank traced by itself, once per job per cooldown
+        f = dict(id="f1", host="node-b", gpu=0, attribution={"dist_job": job["job"]})
+        srv.analyzer.writer.call(lambda _s: srv.analyzer._trace_job(f, time.time())).result(timeout=30)
+        srv.analyzer.writer.call(lambda _s: srv.analyzer._trace_job(f, time.time())).result(timeout=30)
+        decisions = [d for d in clients.records(srv.target, "decisions") if "straggler f1" in d["reason"]]
+        assert sorted(d["action"] for d in decisions) == ["capture-job", "skip"]
+        group = next(d["capture_id"] for d in decisions if d["action"] == "capture-job")
+        traced = wait_for(lambda: (lambda r: r if len(r["captures"]) == RANKS else None)(
+            clients.job_skew(srv.target, group)), timeout=60)
+        assert traced["straggler"]["rank"] == str(SLOW)
     finally:
         for agent, listener in agents:
             listener.stop()
