@@ -114,6 +114,8 @@ FEATURES = ("util_gpu_ratio", "util_mem_ratio", "sm_util_ratio", "sm_occupancy_r
             # the network port nearest the GPU (collectors/network.py): both directions, the busier one's share
             # of its line rate, congestion notifications and retransmissions
             "nic_bytes_per_second", "nic_link_util_ratio", "nic_congestion_per_second", "nic_retransmits_per_second",
+            # NVLink per link: the busiest link's share of its peak, and the links up
+            "nvlink_link_max_util_ratio", "nvlink_links_active",
             # the serving engine on the GPU, when there is one: window means of what its /metrics gave
             *cat.SERVING)
 FEATURE_INDEX = {n: i for i, n in enumerate(FEATURES)}
@@ -234,7 +236,7 @@ INPUTS = ("util_gpu_ratio", "util_mem_ratio", "gpm_sm_util_ratio", "gpm_sm_occup
           "nvlink_tx_bytes_total", "nvlink_rx_bytes_total", "power_watts", "power_limit_watts", "sm_clock_hertz",
           "throttle_sw_power_cap_seconds_total", "throttle_hw_power_brake_seconds_total",
           "throttle_sw_thermal_seconds_total", "throttle_hw_thermal_seconds_total", "clock_event_reasons",
-          *cat.SERVING, *cat.NETWORK)
+          "nvlink_link_max_util_ratio", "nvlink_links_active", *cat.SERVING, *cat.NETWORK)
 
 
 def feature_matrix(s: Stack) -> np.ndarray:
@@ -287,7 +289,8 @@ def feature_matrix(s: Stack) -> np.ndarray:
     for name in cat.SERVING:
         f[name] = x.mean(name)
     f["nic_bytes_per_second"] = _sum_opt(x.mean("nic_tx_bytes_per_second"), x.mean("nic_rx_bytes_per_second"))
-    for name in ("nic_link_util_ratio", "nic_congestion_per_second", "nic_retransmits_per_second"):
+    for name in ("nic_link_util_ratio", "nic_congestion_per_second", "nic_retransmits_per_second",
+                 "nvlink_link_max_util_ratio", "nvlink_links_active"):
         f[name] = x.mean(name)
     m = np.column_stack([f[n] for n in FEATURES]) if x.k else np.empty((0, len(FEATURES)))
     return np.round(m, EVIDENCE_DECIMALS)

@@ -61,6 +61,11 @@ METRICS: tuple[Metric, ...] = (
     _m("pcie_replay_total", "count", C, "PCIe replays", "count", 1.0, "pcie_replay", slow=True),
     _m("nvlink_tx_bytes_total", "bytes", C, "NVLink data bytes sent, all links", "KiB", KIB, "nvlink_data_tx_kib"),
     _m("nvlink_rx_bytes_total", "bytes", C, "NVLink data bytes received, all links", "KiB", KIB, "nvlink_data_rx_kib"),
+    # NVLink per link, at the slow cadence (collectors/nvlink.py); absent on a GPU without NVLink
+    _m("nvlink_links_active", "count", G, "NVLink links up", "count", 1.0, slow=True),
+    _m("nvlink_link_max_util_ratio", "ratio", R, "NVLink: the busiest link's busier direction / its peak", "ratio",
+       1.0, slow=True),
+    _m("nvlink_errors_total", "count", C, "NVLink replay, recovery and CRC errors, all links", "count", 1.0, slow=True),
     _m("ecc_uncorrected_total", "count", C, "uncorrected ECC errors since driver load (volatile)", "count", 1.0, "ecc_uncorrected", slow=True),
     _m("ecc_corrected_total", "count", C, "corrected ECC errors since driver load (volatile)", "count", 1.0, "ecc_corrected", slow=True),
     _m("procs_count", "count", G, "compute processes on the GPU", "count", 1.0),

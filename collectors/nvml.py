@@ -28,6 +28,7 @@ from . import catalogue as cat
 from .attribution import Attributor
 from .procstat import ProcStat
 from .network import sysfs_bus_id
+from .nvlink import NvLinks
 from .records import BUSY_UTIL, DeviceInfo, GpuSample, HealthKind, HealthRecord, ProcessRecord, Scrape, with_busy_link
 
 
@@ -145,6 +146,7 @@ class _Device:
         self.gpm_scale: np.ndarray | None = None
         self.ecc_uncorrected: float | None = None
         self.busy = False          # utilisation >= BUSY_UTIL at the last fast reading
+        self.nvlinks = NvLinks(nvml, handle, _field_rows)
 
     def call(self, key: str, scrape: Scrape, fn: Callable, *args):
         """Call NVML; None when not available (never 0). Raises _Lost."""
@@ -421,6 +423,7 @@ class NvmlCollector:
                     if v is not None:
                         values["power_limit_watts"] = v * cat.MILLI
                     self._ecc(dev, t, values, scrape)
+                    dev.nvlinks.read(t, values, lambda key, fn, *args, d=dev: d.call(key, scrape, fn, *args))
                     if dev.busy:
                         self._busy_link(dev, scrape)
                 except _Lost as exc:

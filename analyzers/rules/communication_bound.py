@@ -30,7 +30,9 @@ def score(f: Features) -> np.ndarray:
     waiting = 1.0 - busy(f)
     # a link near its line rate: the GPU's PCIe, or the network port its traffic leaves by (collectives
     # between hosts cross PCIe too, but a 400 Gb/s port fills before a Gen5 x16 link does)
-    saturated = np.maximum(ramp(f.get("pcie_link_util_ratio"), 0.5, 0.8), ramp(f.get("nic_link_util_ratio"), 0.5, 0.8))
+    saturated = np.maximum.reduce([ramp(f.get("pcie_link_util_ratio"), 0.5, 0.8),
+                                   ramp(f.get("nic_link_util_ratio"), 0.5, 0.8),
+                                   ramp(f.get("nvlink_link_max_util_ratio"), 0.5, 0.8)])
     s = np.maximum(traffic(f) * waiting, saturated)
     return np.where(known(f.get("interconnect_bytes_per_second")) | known(f.get("nic_link_util_ratio")), s, np.nan)
 
@@ -40,8 +42,10 @@ def describe(w: Window) -> str:
     link = w.get("pcie_link_util_ratio")
     of_link = f" = {pct(link)} of the link's peak per direction" if pcie is not None and link is not None else ""
     nic, nic_link = w.get("nic_bytes_per_second"), w.get("nic_link_util_ratio")
+    busiest = w.get("nvlink_link_max_util_ratio")
+    on_link = f" (busiest link {pct(busiest)} of its peak)" if busiest is not None else ""
     parts = [f"PCIe {human.value('bytes/s', pcie)}{of_link}" if pcie is not None else None,
-             f"NVLink {human.value('bytes/s', nvl)}" if nvl else None]
+             f"NVLink {human.value('bytes/s', nvl)}{on_link}" if nvl else None]
     said = " + ".join(p for p in parts if p) + " moving while the GPU computes little"
     if nic and nic_link is not None:
         said += (f"; its network port {human.value('bytes/s', nic)} = {pct(nic_link)} of its line rate"

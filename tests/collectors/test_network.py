@@ -125,3 +125,28 @@ def test_rates_from_the_counters_and_a_reset_gives_none(tmp_path):
     clock[0] = 103.0
     by_gpu = {x.gpu: x.values for x in s.scrape()}
     assert "nic_tx_bytes_per_second" not in by_gpu[0] and "nic_link_util_ratio" not in by_gpu[0]
+
+
+# -- NVLink per link (collectors/nvlink.py), through the NVML collector --------------------------
+def _links(up=18, tx=0, rx=0, errors=(0, 0, 0, 0)):
+    return {k: {"up": k < up, "tx_kib": tx, "rx_kib": rx, "errors": list(errors)} for k in range(18)}
+
+
+def test_nvlink_per_link_state_load_and_errors(tmp_path):
+    from gpuscope.collectors.nvml import NvmlCollector
+    from tests.fakes.nvml import FakeNvml, h200
+    clock = [100.0]
+    busy, down, none = h200(nvlinks=_links()), h200(nvlinks=_links(up=16)), h200()       # none: no NVLink
+    c = NvmlCollector(nvml=FakeNvml([busy, down, none]), clock=lambda: clock[0])
+    c.start()
+    first = {s.gpu: s.values for s in c.scrape_slow().samples}
+    assert first[0]["nvlink_links_active"] == 18 and first[1]["nvlink_links_active"] == 16
+    assert "nvlink_links_active" not in first[2]               # a GPU without NVLink: nothing, not zero
+    assert first[0]["nvlink_errors_total"] == 0 and "nvlink_link_max_util_ratio" not in first[0]
+    busy.nvlinks[3]["tx_kib"] = int(12.5e9 * 10 / 1024)          # one link at half its 25 GB/s for 10 s
+    busy.nvlinks[5]["errors"] = [2, 0, 1, 0]
+    clock[0] = 110.0
+    second = {s.gpu: s.values for s in c.scrape_slow().samples}
+    assert abs(second[0]["nvlink_link_max_util_ratio"] - 0.5) < 1e-3
+    assert second[0]["nvlink_errors_total"] == 3
+    assert second[1]["nvlink_link_max_util_ratio"] == 0.0

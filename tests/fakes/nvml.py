@@ -38,6 +38,10 @@ class FakeGpu:
     pcie_max_gen: int = 5
     pcie_max_width: int = 16
     pci_bus_id: str = ""               # NVML's form, "00000000:3B:00.0"; "" = by index
+    # NVLink per link: None = no NVLink (every link's state NotSupported, as the bundled H200's);
+    # else link -> {"up": bool, "tx_kib": int, "rx_kib": int, "errors": [replay, recovery, crc_flit, crc_data]}
+    nvlinks: dict[int, dict] | None = None
+    nvlink_version: int = 4
     # field id -> raw value (NVML units); ids absent here answer NOT_SUPPORTED
     fields: dict[int, float] = field(default_factory=lambda: {
         186: 120_000, 197: 0, 198: 0, 82: 35, 74: 0, 76: 0, 269: 0, 83: 1_000_000, 270: 0, 271: 0, 94: 0})
@@ -141,6 +145,27 @@ class FakeNvml:
     def nvmlDeviceGetMaxPcieLinkWidth(self, h):
         return self._gpu(h, "nvmlDeviceGetMaxPcieLinkWidth").pcie_max_width
 
+    def nvmlDeviceGetNvLinkState(self, h, link):
+        return 1 if self._link(h, "nvmlDeviceGetNvLinkState", link)["up"] else 0
+
+    def nvmlDeviceGetNvLinkVersion(self, h, link):
+        self._link(h, "nvmlDeviceGetNvLinkVersion", link)
+        return self._gpu(h, "nvmlDeviceGetNvLinkVersion").nvlink_version
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, h, link, counter):
+        errors = self._link(h, "nvmlDeviceGetNvLinkErrorCounter", link)["errors"]
+        if not 0 <= counter < len(errors):
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        return errors[counter]
+
+    def _link(self, h, fn, link):
+        g = self._gpu(h, fn)
+        if g.nvlinks is None:
+            raise real.NVMLError(NOT_SUPPORTED)
+        if link not in g.nvlinks:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        return g.nvlinks[link]
+
     def nvmlDeviceGetPciInfo_v3(self, h):
         g = self._gpu(h, "nvmlDeviceGetPciInfo_v3")
         i = ctypes.cast(h, ctypes.c_void_p).value - 0x1000
@@ -194,6 +219,14 @@ class FakeNvml:
             fid, scope = fid if isinstance(fid, tuple) else (fid, 0)
             v = values[i]
             v.fieldId, v.scopeId = fid, scope
+            if fid in (138, 139) and scope != 0xFFFFFFFF and isinstance(field_ids[i], tuple):
+                link = (g.nvlinks or {}).get(scope)       # one link's data, KiB
+                if link is None:
+                    v.nvmlReturn = NOT_SUPPORTED
+                    continue
+                v.nvmlReturn, v.valueType = 0, real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                v.value.ullVal = int(link["tx_kib" if fid == 138 else "rx_kib"])
+                continue
             if fid not in g.fields:
                 v.nvmlReturn = NOT_SUPPORTED
                 continue
