@@ -250,7 +250,8 @@ def test_authorize_fails_closed_and_leaves_health_open():
         assert authorize(method, OPERATOR)[0] == grpc.StatusCode.PERMISSION_DENIED
     assert authorize("/grpc.health.v1.Health/Check", None) is None
     assert authorize("/grpc.health.v1.Health/Watch", None) is None
-    assert OPERATOR_ACTIONS == {"/gpuscope.v1.Agent/Capture", "/gpuscope.v1.Agent/ListJobs"}
+    assert OPERATOR_ACTIONS == {"/gpuscope.v1.Agent/Capture", "/gpuscope.v1.Agent/ListJobs",
+                                "/gpuscope.v1.Analyzer/CaptureJob"}
 
 
 def test_agents_speak_only_for_their_own_host():
