@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from gpuscope.collectors.human import percent, value as human_value
 
 from . import clients
-from .cliutil import positive_duration, print_json
+from .cliutil import UsageError, positive_duration, print_json
 from .security_flags import client_security
 
 
@@ -51,6 +51,8 @@ def cmd_fleet_jobs(ns) -> int:
 
 
 def cmd_job(ns) -> int:
+    if not ns.job.strip():       # the analyzer reads an empty job as every job
+        raise UsageError("JOB: empty (`gpuscope jobs --fleet` lists the jobs seen)")
     rows = clients.dist_jobs(ns.server, time.time() - ns.since, ns.job, security=client_security(ns))
     if ns.json:
         print_json({"jobs": rows})
