@@ -56,11 +56,19 @@ def find_stragglers(runs: list[dict], interval: dict[str, dict], config: Straggl
     """Conditions (fleet_findings.py) for the straggling ranks' GPUs.
     `runs`: the check's touched runs; `interval`: run id -> its span's means
     and verdicts (program_check.collect)."""
-    jobs: dict[str, list[dict]] = {}
+    newest: dict[tuple[str, str], dict] = {}
     for r in runs:
-        job = (r.get("attribution") or {}).get("dist_job")
+        a = r.get("attribution") or {}
+        job = a.get("dist_job")
         if job and r["id"] in interval:
-            jobs.setdefault(job, []).append(r)
+            # a restarted rank is its newest process: the one before would count as another rank (a
+            # 4-rank job read "5 ranks seen", and a 3-rank job with one restart was judged at all)
+            key = (job, a.get("rank", f"pid {r['pid']}"))
+            if key not in newest or (r["start"], r["end"]) > (newest[key]["start"], newest[key]["end"]):
+                newest[key] = r
+    jobs: dict[str, list[dict]] = {}
+    for (job, _), r in newest.items():
+        jobs.setdefault(job, []).append(r)
     found = []
     for job, ranks in sorted(jobs.items()):
         if len(ranks) < config.min_ranks:
