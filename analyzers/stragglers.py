@@ -153,9 +153,10 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
-_ALWAYS = ("trace the straggler and one waiting rank (`gpuscope capture --server AGENT --pid PID` on each) and set "
-           "their steps side by side: the part of the straggler's step the others spend in their collective is "
-           "the cause",)
+_ALWAYS = ("trace every rank over one window (`gpuscope capture --job JOB`; the finding opened one already, under "
+           "decisions) and read who arrives last at each collective and by how much; then set the straggler's step "
+           "beside a waiting rank's: the part of the straggler's step the others spend in their collective is the "
+           "cause",)
 # a straggler's verdict -> what its report tells the on-call to try first
 WHAT_TO_TRY = {
     "host-bound": ("the rank's host starves its GPU: its data loader (workers, storage, decoding), CPU pinning and "
@@ -169,5 +170,8 @@ WHAT_TO_TRY = {
 }
 
 
-def what_to_try(flag: str) -> list[str]:
-    return list(WHAT_TO_TRY.get(flag, ())) + list(_ALWAYS)
+def what_to_try(flag: str, job: str = "") -> list[str]:
+    """A straggler's advice: its verdict's, then tracing its job (`job`: the
+    distributed job, put in the command when known)."""
+    always = [t.replace("--job JOB", f"--job {job}") if job else t for t in _ALWAYS]
+    return list(WHAT_TO_TRY.get(flag, ())) + always
