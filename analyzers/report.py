@@ -91,7 +91,7 @@ def _advice(f: dict) -> list[str]:
     if kind == "regression":
         return [t for flag in f.get("flags") or () for t in regression_advice(flag)]
     if kind == "straggler":
-        return straggler_advice((f.get("flags") or [""])[0])
+        return straggler_advice((f.get("flags") or [""])[0], (f.get("attribution") or {}).get("dist_job", ""))
     return what_to_try(f["verdict"], f.get("flags") or ())
 
 

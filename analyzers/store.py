@@ -372,9 +372,15 @@ class Store:
             raise KeyError(table)
         where, args = _where_host_gpu(["t >= ?"], [since], host, None)
         if finding_id is not None:
-            where.append("finding_id = ?" if table == "anomalies" else
-                         "anomaly_id IN (SELECT id FROM anomalies WHERE finding_id = ?)")
-            args.append(finding_id)
+            if table == "anomalies":
+                where.append("finding_id = ?")
+                args.append(finding_id)
+            else:
+                # a straggler's coordinated capture of its job is decided from the finding, not an anomaly
+                # (Analyzer._trace_job): its reason names the finding
+                where.append("(anomaly_id IN (SELECT id FROM anomalies WHERE finding_id = ?) "
+                             "OR starts_with(reason, ?))")
+                args += [finding_id, f"straggler {finding_id}: "]
         rows = _dicts(self.reader().execute(
             f"SELECT * FROM {table} WHERE {' AND '.join(where)} ORDER BY t DESC LIMIT ?", args + [limit]))
         for r in rows:

@@ -56,11 +56,19 @@ def find_stragglers(runs: list[dict], interval: dict[str, dict], config: Straggl
     """Conditions (fleet_findings.py) for the straggling ranks' GPUs.
     `runs`: the check's touched runs; `interval`: run id -> its span's means
     and verdicts (program_check.collect)."""
-    jobs: dict[str, list[dict]] = {}
+    newest: dict[tuple[str, str], dict] = {}
     for r in runs:
-        job = (r.get("attribution") or {}).get("dist_job")
+        a = r.get("attribution") or {}
+        job = a.get("dist_job")
         if job and r["id"] in interval:
-            jobs.setdefault(job, []).append(r)
+            # a restarted rank is its newest process: the one before would count as another rank (a
+            # 4-rank job read "5 ranks seen", and a 3-rank job with one restart was judged at all)
+            key = (job, a.get("rank", f"pid {r['pid']}"))
+            if key not in newest or (r["start"], r["end"]) > (newest[key]["start"], newest[key]["end"]):
+                newest[key] = r
+    jobs: dict[str, list[dict]] = {}
+    for (job, _), r in newest.items():
+        jobs.setdefault(job, []).append(r)
     found = []
     for job, ranks in sorted(jobs.items()):
         if len(ranks) < config.min_ranks:
@@ -145,9 +153,10 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
-_ALWAYS = ("trace the straggler and one waiting rank (`gpuscope capture --server AGENT --pid PID` on each) and set "
-           "their steps side by side: the part of the straggler's step the others spend in their collective is "
-           "the cause",)
+_ALWAYS = ("trace every rank over one window (`gpuscope capture --job JOB`; the finding opened one already, under "
+           "decisions) and read who arrives last at each collective and by how much; then set the straggler's step "
+           "beside a waiting rank's: the part of the straggler's step the others spend in their collective is the "
+           "cause",)
 # a straggler's verdict -> what its report tells the on-call to try first
 WHAT_TO_TRY = {
     "host-bound": ("the rank's host starves its GPU: its data loader (workers, storage, decoding), CPU pinning and "
@@ -161,5 +170,8 @@ WHAT_TO_TRY = {
 }
 
 
-def what_to_try(flag: str) -> list[str]:
-    return list(WHAT_TO_TRY.get(flag, ())) + list(_ALWAYS)
+def what_to_try(flag: str, job: str = "") -> list[str]:
+    """A straggler's advice: its verdict's, then tracing its job (`job`: the
+    distributed job, put in the command when known)."""
+    always = [t.replace("--job JOB", f"--job {job}") if job else t for t in _ALWAYS]
+    return list(WHAT_TO_TRY.get(flag, ())) + always

@@ -60,13 +60,26 @@ class Port:
 def _read(path: Path) -> str | None:
     try:
         return path.read_text().strip()
-    except OSError:
+    except (OSError, UnicodeDecodeError):       # a driver's file that is not text is as good as missing
         return None
+
+
+_INT = re.compile(r"^-?[0-9]+$")
 
 
 def _int(path: Path) -> int | None:
     text = _read(path)
-    return int(text) if text is not None and text.lstrip("-").isdigit() else None
+    return int(text) if text is not None and _INT.match(text) else None
+
+
+def _line_rate(text: str | None) -> float | None:
+    """An RDMA port's `rate` ("400 Gb/sec (4X NDR)") in bytes per second;
+    None for anything else (one port's odd file must not hide the others)."""
+    m = _RATE.match(text or "")
+    try:
+        return float(m.group(1)) * 1e9 / 8 if m else None
+    except ValueError:
+        return None
 
 
 def _pci_path(device_link: Path, sys_root: Path) -> tuple[str, ...]:
@@ -95,11 +108,10 @@ def discover(sys_root: str | os.PathLike = "/sys") -> list[Port]:
         for netdev in (device / "net").iterdir() if (device / "net").is_dir() else ():
             rdma_netdevs.add(netdev.name)
         for p in sorted((dev / "ports").iterdir(), key=lambda p: p.name) if (dev / "ports").is_dir() else ():
-            m = _RATE.match(_read(p / "rate") or "")
             layer = (_read(p / "link_layer") or "InfiniBand").lower()
             port = Port(f"{dev.name}/{p.name}", "roce" if layer == "ethernet" else "infiniband",
                         _pci_path(device, root), _numa(device),
-                        float(m.group(1)) * 1e9 / 8 if m else None,
+                        _line_rate(_read(p / "rate")),
                         active="ACTIVE" in (_read(p / "state") or ""))
             for key, name in (("tx", "port_xmit_data"), ("rx", "port_rcv_data")):
                 if (p / "counters" / name).exists():

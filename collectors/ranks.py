@@ -2,8 +2,6 @@
 put in its environment.
 
 Launchers, first that applies:
-- Slurm (`srun`): SLURM_JOB_ID and SLURM_STEP_ID name the job step, SLURM_PROCID
-  is the rank, SLURM_NTASKS the world.
 - Open MPI (`mpirun`): OMPI_COMM_WORLD_RANK / _SIZE; the job is Open MPI's job id
   (OMPI_MCA_ess_base_jobid), else the launcher's URI (OMPI_MCA_orte_hnp_uri /
   PMIX_NAMESPACE). MPICH and Intel MPI (Hydra): PMI_RANK / PMI_SIZE, the job
@@ -12,6 +10,10 @@ Launchers, first that applies:
   job from TORCHELASTIC_RUN_ID, else the rendezvous MASTER_ADDR:MASTER_PORT.
 - JAX (jax.distributed): JAX_PROCESS_ID and JAX_NUM_PROCESSES (or
   JAX_PROCESS_COUNT), the job from JAX_COORDINATOR_ADDRESS.
+- Slurm (`srun`): SLURM_JOB_ID and SLURM_STEP_ID name the job step, SLURM_PROCID
+  is the rank, SLURM_NTASKS the world. After MPI, torch.distributed and JAX: under
+  `srun torchrun` or an `mpirun` in an allocation, Slurm's task is the node's
+  launcher, and the ranks it starts all inherit its SLURM_PROCID.
 - Kubernetes: LeaderWorkerSet (LWS_LEADER_ADDRESS, LWS_WORKER_INDEX,
   LWS_GROUP_SIZE); JobSet (JOBSET_NAME, JOB_GLOBAL_INDEX, or JOB_INDEX within
   REPLICATED_JOB_NAME); an Indexed Job (JOB_COMPLETION_INDEX): the job is the
@@ -61,10 +63,6 @@ def _int(v: str | None) -> int | None:
 def rank_from_environ(env: dict[str, str]) -> Rank | None:
     """The process's rank in its job, or None when no launcher says."""
     g = env.get
-    slurm = g("SLURM_JOB_ID") or g("SLURM_JOBID")
-    step = g("SLURM_STEP_ID") or g("SLURM_STEPID")
-    if slurm and _int(g("SLURM_PROCID")) is not None and step is not None:
-        return Rank("slurm", f"slurm:{slurm}.{step}", _int(g("SLURM_PROCID")), _int(g("SLURM_NTASKS")))
     if _int(g("OMPI_COMM_WORLD_RANK")) is not None:
         job = g("OMPI_MCA_ess_base_jobid") or g("PMIX_NAMESPACE") or g("OMPI_MCA_orte_hnp_uri")
         if job:
@@ -81,6 +79,12 @@ def rank_from_environ(env: dict[str, str]) -> Rank | None:
     if jax_id is not None and g("JAX_COORDINATOR_ADDRESS"):
         return Rank("jax", f"jax:{g('JAX_COORDINATOR_ADDRESS')}", jax_id,
                     _int(g("JAX_NUM_PROCESSES")) or _int(g("JAX_PROCESS_COUNT")))
+    # Slurm after MPI, torch.distributed and JAX: `srun torchrun` and `mpirun` inside an allocation start one
+    # Slurm task per node, and every rank that task starts inherits its SLURM_PROCID (the node's index)
+    slurm = g("SLURM_JOB_ID") or g("SLURM_JOBID")
+    step = g("SLURM_STEP_ID") or g("SLURM_STEPID")
+    if slurm and _int(g("SLURM_PROCID")) is not None and step is not None:
+        return Rank("slurm", f"slurm:{slurm}.{step}", _int(g("SLURM_PROCID")), _int(g("SLURM_NTASKS")))
     if _int(g("LWS_WORKER_INDEX")) is not None and g("LWS_LEADER_ADDRESS"):
         return Rank("lws", f"lws:{g('LWS_LEADER_ADDRESS')}", _int(g("LWS_WORKER_INDEX")), _int(g("LWS_GROUP_SIZE")))
     if g("JOBSET_NAME"):

@@ -3,13 +3,14 @@ analyzer groups their ranks across hosts (collectors/ranks.py), what their
 GPUs do now, and the rank the others wait for (docs/jobs.md)."""
 from __future__ import annotations
 
+import sys
 import time
 from datetime import datetime, timezone
 
 from gpuscope.collectors.human import percent, value as human_value
 
 from . import clients
-from .cliutil import positive_duration, print_json
+from .cliutil import UsageError, positive_duration, print_json
 from .security_flags import client_security
 
 
@@ -51,6 +52,8 @@ def cmd_fleet_jobs(ns) -> int:
 
 
 def cmd_job(ns) -> int:
+    if not ns.job.strip():       # the analyzer reads an empty job as every job
+        raise UsageError("JOB: empty (`gpuscope jobs --fleet` lists the jobs seen)")
     rows = clients.dist_jobs(ns.server, time.time() - ns.since, ns.job, security=client_security(ns))
     if ns.json:
         print_json({"jobs": rows})
@@ -89,6 +92,14 @@ def cmd_capture_job(ns) -> int:
         for r in asked["ranks"]:
             if not r["sent"]:
                 print(f"  rank {r['rank']} on {r['host']}: its agent is not connected to the analyzer, not asked")
+    if not sent:
+        hosts = sorted({r["host"] for r in asked["ranks"]})
+        if ns.json:
+            print_json(dict(asked=asked, captures=[], collectives=0))
+        print(f"gpuscope capture: none of the {len(asked['ranks'])} ranks of {ns.job} was asked: the agents of "
+              f"{', '.join(hosts)} have no command stream open to this analyzer (an agent opens one when it runs "
+              "with --analyzer pointing here); nothing was traced", file=sys.stderr)
+        return 1
     deadline = asked["start_at"] + ns.duration_ms / 1e3 + (ns.timeout or 60.0)
     result = clients.job_skew(ns.server, asked["group"], security=client_security(ns))
     while len(result.get("captures", [])) < len(sent) and time.time() < deadline:

@@ -328,7 +328,11 @@ def cmd_capture(ns) -> int:
 
     if ns.duration_ms <= 0:
         raise UsageError(f"--duration-ms: must be > 0, got {ns.duration_ms}")
-    if ns.job:
+    for flag, value in (("--job", ns.job), ("--jax", ns.jax), ("--serving", ns.serving)):
+        if value is not None and not value.strip():
+            raise UsageError(f"{flag}: empty (`gpuscope jobs{' --fleet' if flag == '--job' else ''}` lists "
+                             f"{'the distributed jobs' if flag == '--job' else 'the jobs an agent can trace'})")
+    if ns.job is not None:
         from .cmd_dist_jobs import cmd_capture_job
         return cmd_capture_job(ns)
     if ns.timeout is not None and ns.timeout < ns.duration_ms / 1e3 + 10:

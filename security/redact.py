@@ -68,10 +68,17 @@ _PATTERNS = (_KEYED, _ASSIGNED, _SPACED, _USERINFO, _BEARER)
 _CLUES = ("token", "key", "secret", "passw", "credential", "auth", "private", "://", "bearer")
 
 
+# A distributed job as its launcher names it (collectors/ranks.py), alone or as a straggler's
+# "<job> rank <n>": the launcher's own words, which readers see in each rank's attribution anyway
+DIST_JOB_PREFIXES = ("slurm:", "mpi:", "torch:", "jax:", "lws:", "jobset:", "k8s:")
+
+
 def command_label(job: str) -> str:
     """What a reader (not an operator) is shown of a job: its pid and
     executable, `pid:123 /usr/bin/python3 train.py --lr 3e-4` -> `pid:123 python3`."""
     if job.startswith(POD_JOB_PREFIX):  # a GPU its source names the pod of: no command line in it
+        return job
+    if job.startswith(DIST_JOB_PREFIXES):  # no command line in it either
         return job
     head, _, rest = job.partition(" ")
     if not head.startswith("pid:"):

@@ -111,8 +111,13 @@ def test_the_rank_the_others_wait_for_is_named_with_its_job(tmp_path, job):
         ranks = [line for line in lines if line.split()[:1] and line.split()[0].isdigit()]
         assert [r.split()[0] for r in ranks] == ["0", "1", "2", "3"]
         assert ranks[SLOW].endswith("STRAGGLER") and not ranks[0].endswith("STRAGGLER")
-        advice = clients.report(srv.target, f["id"])["what_to_try"]
+        report = clients.report(srv.target, f["id"])
+        advice = report["what_to_try"]
         assert advice[0].startswith("the rank's host starves its GPU")
+        # found in a trial: the advice asked for a capture per pid, and the report showed no decision though
+        # the finding had its job traced (here no agent is connected: the decision says so)
+        assert f"`gpuscope capture --job {name}`" in advice[1]
+        assert [(d["action"], d["status"]) for d in report["decisions"]] == [("capture-job", "failed")]
     finally:
         srv.stop()
 

@@ -47,3 +47,26 @@ def test_ranks_of_other_jobs_and_processes_of_no_job_are_apart():
     lone = pg.new_run("h9", 1, "python notebook.py", 0.0, {})
     found = find_stragglers(a_runs + b_runs + [lone], {**a_int, **b_int, lone["id"]: dict(verdicts={"idle": 9})})
     assert [f["job"] for f in found] == ["torch:run-a rank 7"]
+
+
+def test_a_restarted_rank_is_its_newest_process_not_another_rank():
+    """Found in a trial: a 4-rank job whose rank 3 restarted read "5 ranks
+    seen", its old process counted as a waiting rank; a 3-rank job with a
+    rank restarted twice was judged as if it had 5."""
+    def restarted(runs, interval, rank, host, gpu, times, verdict="communication-bound"):
+        for k, start in enumerate(times):
+            o = pg.new_run(host, 900 + 10 * rank + k, "python train.py", start,
+                           dict(runs[0]["attribution"], rank=str(rank)))
+            o["gpus"] = [gpu]
+            runs.append(o)
+            interval[o["id"]] = dict(verdicts={verdict: 10}, gpm_sm_util_ratio=0.2, sm_clock_hertz=1.98e9)
+    runs, interval = _ranks(["communication-bound"] * 3 + ["compute-bound"])
+    for r in runs:
+        r["start"] = r["end"] = 50.0
+    restarted(runs, interval, 3, "h1", 1, [0.0])                 # rank 3's process before its restart
+    (f,) = find_stragglers(runs, interval)
+    assert "(4 ranks seen on 2 hosts)" in f["summary"] and "3 of 4 ranks wait" in f["summary"]
+    assert f["evidence"]["ranks_seen"] == 4.0
+    runs, interval = _ranks(["communication-bound"] * 2 + ["compute-bound"])
+    restarted(runs, interval, 0, "h0", 0, [-20.0, -10.0])
+    assert find_stragglers(runs, interval) == []                 # 3 ranks: under min_ranks

@@ -127,6 +127,30 @@ def test_rates_from_the_counters_and_a_reset_gives_none(tmp_path):
     assert "nic_tx_bytes_per_second" not in by_gpu[0] and "nic_link_util_ratio" not in by_gpu[0]
 
 
+def test_one_port_s_odd_files_leave_the_other_ports_read(tmp_path):
+    """Found in a trial: a `rate` of "1.2.3 Gb/sec" or ". Gb/sec", a file of
+    bytes that are not UTF-8, or a numa_node of "--1" raised out of
+    discover(), so no port of the host was read at any interval after."""
+    files = fake_sys(tmp_path)
+    _write(files["p0"] / "rate", "1.2.3 Gb/sec (4X NDR)")
+    (files["p1"] / "state").write_bytes(b"\xff\xfe 4: ACTIVE")
+    _write(tmp_path / "devices" / ETH / "numa_node", "--1")
+    _write(files["eth"] / "statistics" / "tx_bytes", "--5")
+    ports = {p.name: p for p in discover(tmp_path)}
+    assert sorted(ports) == ["eno1", "mlx5_0/1", "mlx5_1/1"]
+    assert ports["mlx5_0/1"].line_rate_bytes_per_s is None and ports["mlx5_0/1"].active
+    assert not ports["mlx5_1/1"].active                   # a state that cannot be read: not known to be up
+    assert ports["eno1"].numa_node is None
+    _write(files["p0"] / "rate", ". Gb/sec")
+    assert {p.name: p.line_rate_bytes_per_s for p in discover(tmp_path)}["mlx5_0/1"] is None
+    clock = [100.0]
+    s = NetworkSampler(lambda: [(0, "00000000:3D:00.0")], tmp_path, clock=lambda: clock[0])
+    s.scrape()
+    clock[0] = 101.0
+    (sample,) = s.scrape()
+    assert sample.values["nic_tx_bytes_per_second"] == 0.0 and "nic_link_util_ratio" not in sample.values
+
+
 # -- NVLink per link (collectors/nvlink.py), through the NVML collector --------------------------
 def _links(up=18, tx=0, rx=0, errors=(0, 0, 0, 0)):
     return {k: {"up": k < up, "tx_kib": tx, "rx_kib": rx, "errors": list(errors)} for k in range(18)}

@@ -84,3 +84,40 @@ def test_real_processes_of_one_jax_job_are_ranks_of_it_through_proc():
         for p in procs:
             p.kill()
             p.wait()
+
+
+@pytest.mark.parametrize("env, want", [
+    # srun --ntasks-per-node=1 torchrun --nproc-per-node 8 on 4 nodes: worker 5 of node 2 is rank 21 of 32,
+    # though it inherits the Slurm task's SLURM_PROCID (2, the node) and SLURM_NTASKS (4, the nodes)
+    ({"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "2", "SLURM_NTASKS": "4", "RANK": "21",
+      "LOCAL_RANK": "5", "WORLD_SIZE": "32", "TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "n1",
+      "MASTER_PORT": "29500"}, Rank("torch", "torch:n1:29500", 21, 32)),
+    # mpirun in an sbatch script: Open MPI starts its daemons with srun, one task per node
+    ({"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "1", "SLURM_PROCID": "1", "SLURM_NTASKS": "2",
+      "OMPI_COMM_WORLD_RANK": "13", "OMPI_COMM_WORLD_SIZE": "16", "OMPI_MCA_ess_base_jobid": "123"},
+     Rank("mpi", "mpi:123", 13, 16)),
+])
+def test_a_launcher_started_by_a_slurm_task_names_the_rank(env, want):
+    assert rank_from_environ(env) == want
+
+
+def test_real_workers_of_srun_torchrun_are_distinct_ranks_through_proc():
+    """Eight workers one torchrun started under one Slurm task: each is its own rank."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI", "JAX_"))
+            and k not in ("RANK", "WORLD_SIZE")}
+    procs = []
+    try:
+        for local in range(8):
+            env = dict(base, SLURM_JOB_ID="4242", SLURM_STEP_ID="0", SLURM_PROCID="2", SLURM_NTASKS="4",
+                       SLURM_LOCALID="0", RANK=str(16 + local), LOCAL_RANK=str(local), WORLD_SIZE="32",
+                       TORCHELASTIC_RUN_ID="4242", MASTER_ADDR="n1", MASTER_PORT="29500")
+            procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env))
+        time.sleep(0.2)
+        at = Attributor("/proc")
+        got = [at.of(p.pid, None, "GPU-x", local) for local, p in enumerate(procs)]
+        assert {(a.dist_job, a.world_size, a.slurm_job) for a in got} == {("torch:4242", "32", "4242")}
+        assert [a.rank for a in got] == [str(16 + i) for i in range(8)]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -88,6 +88,20 @@ def test_readers_see_the_process_and_its_executable():
     # a GPU its source names the pod of (dcgm-exporter): shown whole (found in a trial: readers saw "pod")
     assert command_label("pod ml/trainer-0 container main") == "pod ml/trainer-0 container main"
     assert command_label("pid:9") == "pid:9"
+    # a distributed job and a straggler's job (found in a trial: readers were listed `train` for
+    # k8s:ml/train, which `gpuscope job train` does not know, and lost the straggler's rank)
+    for job in ("k8s:ml/train", "jobset:ml/pretrain rank 1", "mpi:weird job/x:1", "torch:/runs/a rank 5",
+                "jax:10.0.0.1:1234 rank 2", "slurm:4242.0 rank 3"):
+        assert command_label(job) == job
+
+
+def test_readers_see_distributed_jobs_as_named():
+    from gpuscope.analyzers.service import _hide_commands
+    listed = [dict(job="k8s:ml/train", ranks=4, rank_list=[dict(rank="0", job="pid:7 /usr/bin/python3 t.py --x")]),
+              dict(job="k8s:ml/train rank 2", summary="rank 2 of 4")]
+    seen = _hide_commands(listed)
+    assert [j["job"] for j in seen] == ["k8s:ml/train", "k8s:ml/train rank 2"]
+    assert seen[0]["rank_list"][0]["job"] == "pid:7 python3"
 
 
 def test_secrets_never_leave_the_agent():
