@@ -115,8 +115,19 @@ def _words(flag: str) -> set[str]:
     return set(re.split(r"[-_.]", flag.lower()))
 
 
+# Words that name what a program computes: with one of them, a flag of a weak volatile word is configuration
+# (--model_name_or_path, --tokenizer-name, --local-batch-size, --output-layer-size), not a run's own value.
+_WEAK_VOLATILE = {"name", "id", "local", "output", "out", "time", "tag"}
+_CONFIG_WORDS = {"model", "tokenizer", "dataset", "config", "batch", "size", "layer", "layers", "dim", "len",
+                 "length", "dtype", "precision", "vocab", "hidden", "heads", "experts"}
+
+
 def _volatile(flag: str) -> bool:
-    return bool(_words(flag) & _VOLATILE_WORDS)
+    words = _words(flag)
+    hits = words & _VOLATILE_WORDS
+    if hits and hits <= _WEAK_VOLATILE and words & _CONFIG_WORDS:
+        return False
+    return bool(hits)
 
 
 def _base(path: str) -> str:

@@ -100,3 +100,15 @@ def test_a_console_script_is_its_own_program_not_the_interpreter_s():
     assert shown.kind == SERVING and shown.name == "vllm meta-llama/Llama-3.1-8B"
     assert command_fingerprint("/usr/bin/python3 -u /usr/local/bin/torchrun --nproc_per_node 8 train.py") == \
         command_fingerprint("torchrun --nproc_per_node 8 train.py")
+
+
+def test_a_flag_that_names_the_model_or_the_batch_is_configuration_not_a_run_s_own_value():
+    # Hugging Face's scripts: one script fine-tunes any model, named by --model_name_or_path
+    small = command_fingerprint("python3 run_clm.py --model_name_or_path meta-llama/Llama-3.1-8B --output_dir /o/1 "
+                                "--run_name a")
+    big = command_fingerprint("python3 run_clm.py --model_name_or_path meta-llama/Llama-3.1-70B --output_dir /o/2 "
+                              "--run_name b")
+    assert small != big
+    assert command_fingerprint("python3 t.py --model-name 8b") != command_fingerprint("python3 t.py --model-name 70b")
+    assert canonical_command("python3 t.py --local-batch-size 32 --local_rank 3 --run-name x --served-model-name y") \
+        == ["python", "t.py", "--local-batch-size=32"]
