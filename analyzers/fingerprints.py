@@ -100,6 +100,10 @@ _FLAG = re.compile(r"^--?([A-Za-z][\w.-]*)(?:=(.*))?$")
 _IS_VALUE = re.compile(r"^(?!-[A-Za-z-])")
 _ENV = re.compile(r"^[A-Z_][A-Z0-9_]*=")
 _INTERPRETER = re.compile(r"^(python|pypy|torchrun|accelerate|deepspeed|mpirun|srun|uv|conda)")
+_PYTHON = re.compile(r"^(python|pypy)[\d.]*$")
+# Python's own options before its script: -u -B -O... take no value; -W and -X take one; -m names the
+# module to run, -c the code (python --help). torchrun starts every worker as `python -u SCRIPT`.
+_PY_OPTION = re.compile(r"^-([bBdEiIOPqsSuvx]*)([cmWX]?)(.*)$")
 _SERVING = (  # (engine, how its command starts, which argument names the model)
     ("vllm", re.compile(r"^vllm serve\b|vllm\.entrypoints\."), ("model",)),
     ("sglang", re.compile(r"sglang\.launch_server|^sglang serve\b"), ("model-path", "model_path", "model")),
@@ -111,8 +115,19 @@ def _words(flag: str) -> set[str]:
     return set(re.split(r"[-_.]", flag.lower()))
 
 
+# Words that name what a program computes: with one of them, a flag of a weak volatile word is configuration
+# (--model_name_or_path, --tokenizer-name, --local-batch-size, --output-layer-size), not a run's own value.
+_WEAK_VOLATILE = {"name", "id", "local", "output", "out", "time", "tag"}
+_CONFIG_WORDS = {"model", "tokenizer", "dataset", "config", "batch", "size", "layer", "layers", "dim", "len",
+                 "length", "dtype", "precision", "vocab", "hidden", "heads", "experts"}
+
+
 def _volatile(flag: str) -> bool:
-    return bool(_words(flag) & _VOLATILE_WORDS)
+    words = _words(flag)
+    hits = words & _VOLATILE_WORDS
+    if hits and hits <= _WEAK_VOLATILE and words & _CONFIG_WORDS:
+        return False
+    return bool(hits)
 
 
 def _base(path: str) -> str:
@@ -128,7 +143,8 @@ def canonical_command(command: str) -> list[str]:
         words = words[1:]
     while words and _ENV.match(words[0]):
         words = words[1:]
-    out: list[str] = []
+    head, words = _without_interpreter_options(words)
+    out: list[str] = [_base(w) if n == 0 else w for n, w in enumerate(head)]
     i = 0
     while i < len(words):
         w = words[i]
@@ -149,6 +165,34 @@ def canonical_command(command: str) -> list[str]:
         out[0] = re.sub(r"(\d+(\.\d+)*)$", "", out[0]) or out[0]      # python3.11 and python3 are one
     # flags in any order are one command; positional words keep theirs
     return [w for w in out if not w.startswith("--")] + sorted(w for w in out if w.startswith("--"))
+
+
+def _without_interpreter_options(words: list[str]) -> tuple[list[str], list[str]]:
+    """A Python interpreter's command without its own options (`python -u
+    train.py` is `python train.py`; `-m pkg.mod` stays, as the program), and
+    without the interpreter when it runs a console script by its shebang
+    (/proc shows `/usr/bin/python3 /usr/local/bin/vllm serve M` for `vllm
+    serve M`). Returns the words to keep as they are (the interpreter,
+    `-m MODULE` or `-c`) and the rest, to read as arguments."""
+    if not words or not _PYTHON.match(_base(words[0])):
+        return [], words
+    out, i = [words[0]], 1
+    while i < len(words):
+        m = _PY_OPTION.match(words[i])
+        if not m or words[i] == "-" or words[i].startswith("--"):
+            break
+        letter, value = m.group(2), m.group(3)
+        if letter == "c":
+            return out + ["-c"], ([value] if value else []) + words[i + 1:]
+        if letter and not value and i + 1 < len(words):
+            value, i = words[i + 1], i + 1
+        i += 1
+        if letter == "m":
+            return out + ["-m", value], words[i:]
+    script = words[i] if i < len(words) else ""
+    if "/bin/" in script and not script.endswith(".py"):
+        return [], words[i:]        # a console script: the program is the script
+    return out, words[i:]
 
 
 def command_fingerprint(command: str) -> Fingerprint | None:

@@ -3,6 +3,7 @@ baseline, or one program's runs, each against that baseline."""
 from __future__ import annotations
 
 from . import programs as pg
+from .fingerprints import COMMAND, command_fingerprint
 from .store import Store
 
 
@@ -25,11 +26,11 @@ def list_programs(store: Store, since: float, host: str = "", fingerprint: str =
         if not runs:
             return []
         rows = [p for p in store.programs(since, host) if p["fingerprint"] == (runs[0]["hlo_fp"] or fingerprint)]
-        program = rows[0] if rows else dict(fingerprint=fingerprint, runs=len(runs))
+        program = _with_kind(rows[0]) if rows else dict(fingerprint=fingerprint, runs=len(runs))
         program.update(_baseline(runs, regressed, config), runs_shown=[_run_view(r, regressed) for r in runs])
         return [program]
     out = []
-    for p in store.programs(since, host, limit):
+    for p in map(_with_kind, store.programs(since, host, limit)):
         runs = [pg.run_from_row(r) for r in store.program_runs(since=since, host=host,
                                                                 fingerprints=[p["fingerprint"]], limit=200)]
         runs = [r for r in runs if (r["hlo_fp"] or r["command_fp"]) == p["fingerprint"]]
@@ -37,6 +38,16 @@ def list_programs(store: Store, since: float, host: str = "", fingerprint: str =
         p["open_regressions"] = sum(len(regressed.get(r["id"], ())) for r in runs)
         out.append(p)
     return out
+
+
+def _with_kind(p: dict) -> dict:
+    """The store knows a program as HLO or command line; a command line's
+    fingerprint says whether it is a serving engine's (fingerprints.py)."""
+    if p.get("kind") == COMMAND:
+        fp = command_fingerprint(p.get("command") or "")
+        if fp is not None and fp.value == p.get("fingerprint"):
+            p["kind"] = fp.kind
+    return p
 
 
 def _baseline(runs: list[dict], regressed: dict[str, list[str]], config: pg.ProgramsConfig) -> dict:

@@ -266,8 +266,9 @@ def _conditions_lines(r: dict) -> str:
     rows = r.get("conditions") or []
     if not rows:
         return ""
+    kinds = " ".join(f"--kind {k}" for k in sorted({f["kind"] for f in rows}))
     lines = ["", f"open now, not bottlenecks ({human.many(len(rows), 'finding')}; "
-                 "`gpuscope findings --kind KIND --open` lists all of a kind):"]
+                 f"`gpuscope findings {kinds} --open` lists all):"]
     for f in rows:
         lines.append(f"  {f['host']}/gpu{f['gpu']:<3} {f['kind']:<10} {', '.join(f['flags']):<8} "
                      f"{f['id'][:8]}  {f['summary']}")

@@ -73,3 +73,42 @@ def test_a_serving_engine_is_its_model_and_configuration():
                                "--max-num-batched-tokens 8192") != a
     s = command_fingerprint("python3 -m sglang.launch_server --model-path Qwen/Qwen2-7B --port 30000 --tp 2")
     assert s.kind == SERVING and s.name == "sglang Qwen/Qwen2-7B"
+
+
+def test_python_s_own_options_are_not_the_program_s_arguments():
+    # torchrun starts each worker as `python -u SCRIPT ...`, with the script as the launcher was given it
+    a = command_fingerprint("/usr/bin/python3 -u /home/a/run-17/train.py --lr 3e-4 --seed 7")
+    b = command_fingerprint("/opt/venv/bin/python3.11 -u /home/a/run-18/train.py --lr 3e-4 --seed 8")
+    assert a == b == command_fingerprint("python3 train.py --lr 3e-4")
+    assert a.name == "python train.py"
+    # a module is the program: `python -m pkg.train` is named after it, and another module is another program
+    m = command_fingerprint("python3 -u -m pkg.train --lr 3e-4 --seed 1")
+    assert m.name == "python pkg.train" and m.canonical == "python -m pkg.train --lr=3e-4"
+    assert command_fingerprint("python -W ignore -mpkg.train --lr 3e-4") == m
+    assert command_fingerprint("python3 -m pkg.eval --lr 3e-4") != m
+    assert canonical_command("python3 -c import jax; jax.devices()") == ["python", "-c", "import", "jax;",
+                                                                          "jax.devices()"]
+    # after the script, -u is the script's own flag
+    assert canonical_command("python3 train.py -u 3") == ["python", "train.py", "--u=3"]
+
+
+def test_a_console_script_is_its_own_program_not_the_interpreter_s():
+    # /proc shows the shebang's interpreter first: this is `vllm serve ...` as the engine runs it
+    shown = command_fingerprint("/usr/bin/python3 /usr/local/bin/vllm serve meta-llama/Llama-3.1-8B "
+                                "--tensor-parallel-size 2 --port 8000")
+    assert shown == command_fingerprint("vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 2 --port 9000")
+    assert shown.kind == SERVING and shown.name == "vllm meta-llama/Llama-3.1-8B"
+    assert command_fingerprint("/usr/bin/python3 -u /usr/local/bin/torchrun --nproc_per_node 8 train.py") == \
+        command_fingerprint("torchrun --nproc_per_node 8 train.py")
+
+
+def test_a_flag_that_names_the_model_or_the_batch_is_configuration_not_a_run_s_own_value():
+    # Hugging Face's scripts: one script fine-tunes any model, named by --model_name_or_path
+    small = command_fingerprint("python3 run_clm.py --model_name_or_path meta-llama/Llama-3.1-8B --output_dir /o/1 "
+                                "--run_name a")
+    big = command_fingerprint("python3 run_clm.py --model_name_or_path meta-llama/Llama-3.1-70B --output_dir /o/2 "
+                              "--run_name b")
+    assert small != big
+    assert command_fingerprint("python3 t.py --model-name 8b") != command_fingerprint("python3 t.py --model-name 70b")
+    assert canonical_command("python3 t.py --local-batch-size 32 --local_rank 3 --run-name x --served-model-name y") \
+        == ["python", "t.py", "--local-batch-size=32"]

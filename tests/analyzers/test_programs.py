@@ -189,3 +189,16 @@ def test_the_ranks_of_one_launch_are_not_each_other_s_baseline(store):
     # the allocation's ranks are the baseline of a later run of the same job
     put_run(store, "h8", 400, other.format(n=9), 3000.0, dram=0.3)
     assert [f["host"] for f in check(store, 3100.0)[1]] == ["h8"]
+
+
+def test_a_serving_engine_s_program_is_listed_as_serving(store):
+    from gpuscope.analyzers.program_list import list_programs
+    serve = "/usr/bin/python3 /usr/local/bin/vllm serve meta-llama/Llama-3.1-8B --port {n}"
+    for n in range(2):
+        put_run(store, f"h{n}", 10 + n, serve.format(n=8000 + n), 1000.0 + n * 70)
+    put_run(store, "h5", 20, CMD.format(n=5), 1000.0)
+    check(store, 1300.0)
+    kinds = {p["name"]: p["kind"] for p in list_programs(store, 0.0)}
+    assert kinds == {"vllm meta-llama/Llama-3.1-8B": "serving", "python train.py": "command"}
+    (one,) = list_programs(store, 0.0, fingerprint=pg.command_fingerprint(serve.format(n=1)).value)
+    assert one["kind"] == "serving" and one["runs"] == 2
