@@ -28,14 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from gpuscope.analyzers.programs import ProgramsConfig  # noqa: E402
-from gpuscope.collectors.jobs import JobDiscovery  # noqa: E402
-from gpuscope.collectors.xla_profiler import XlaProfilerClient  # noqa: E402
 from gpuscope.daemon import clients  # noqa: E402
-from gpuscope.daemon.captures import CaptureConfig, CaptureRunner  # noqa: E402
-from gpuscope.daemon.commands import CommandListener  # noqa: E402
-from gpuscope.daemon.convert import capture_pb  # noqa: E402
-from tests.fakes.nvml import FakeNvml, h200  # noqa: E402
-from tests.helpers import AnalyzerServer, fake_agent, wait_for  # noqa: E402
+from tests.helpers import AnalyzerServer, capturing_agent, wait_for  # noqa: E402
 
 
 def free_port() -> int:
@@ -68,14 +62,7 @@ def main() -> None:
             assert p.stdout.readline().strip() == "ready"
         for a in range(0, args.ranks, 4):
             host = f"node-{a // 4:02d}"
-            fake = FakeNvml([h200(processes=[(p.pid, 1 << 30)], util_gpu=50) for p in procs[a:a + 4]])
-            agent = fake_agent(fake, srv.target, host=host, proc_root="/proc")
-            agent.captures = CaptureRunner(CaptureConfig(tmp / host), host)
-            agent.discovery = JobDiscovery(lambda addr: XlaProfilerClient(addr).probe())
-            agent.capture_reporter = lambda rec, data: clients.report_capture(srv.target, capture_pb(rec), data)
-            listener = CommandListener(srv.target, host, agent.boot_id, agent.run_command)
-            listener.start()
-            agents.append((agent, listener))
+            agents.append(capturing_agent([p.pid for p in procs[a:a + 4]], srv.target, host, tmp / host))
         wait_for(lambda: len(srv.analyzer.commands.hosts) == len(agents), timeout=60)
         wait_for(lambda: srv.analyzer.store.count("processes") >= 2 * args.ranks, timeout=60)
         time.sleep(1.0)

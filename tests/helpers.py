@@ -160,3 +160,24 @@ def generic_servers(handler, credentials: dict, workers: int = 2):
         started.append(s)
         out[name] = f"127.0.0.1:{port}"
     return out, lambda: [s.stop(0) for s in started]
+
+
+def capturing_agent(pids: list[int], target: str, host: str, capture_dir):
+    """A real agent of `host` whose fake GPUs each hold one of `pids` (real
+    processes, read through /proc), that takes the analyzer's capture
+    commands and reports its captures: (agent, listener), both started."""
+    from gpuscope.collectors.jobs import JobDiscovery
+    from gpuscope.collectors.xla_profiler import XlaProfilerClient
+    from gpuscope.daemon import clients
+    from gpuscope.daemon.captures import CaptureConfig, CaptureRunner
+    from gpuscope.daemon.commands import CommandListener
+    from gpuscope.daemon.convert import capture_pb
+    from tests.fakes.nvml import FakeNvml, h200
+    fake = FakeNvml([h200(processes=[(pid, 1 << 30)], util_gpu=50) for pid in pids])
+    agent = fake_agent(fake, target, host=host, proc_root="/proc")
+    agent.captures = CaptureRunner(CaptureConfig(capture_dir), host)
+    agent.discovery = JobDiscovery(lambda a: XlaProfilerClient(a).probe())
+    agent.capture_reporter = lambda rec, data: clients.report_capture(target, capture_pb(rec), data)
+    listener = CommandListener(target, host, agent.boot_id, agent.run_command)
+    listener.start()
+    return agent, listener

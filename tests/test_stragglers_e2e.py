@@ -126,14 +126,8 @@ def test_a_coordinated_capture_of_every_rank_shows_who_arrives_last(tmp_path):
     """Two agents (two ranks each, their real processes on fake GPUs) and
     the analyzer; `gpuscope capture --job` asks every rank's agent to trace
     the same window with JAX's profiler, and the traces name the slow rank."""
-    from gpuscope.collectors.jobs import JobDiscovery
-    from gpuscope.collectors.xla_profiler import XlaProfilerClient
-    from gpuscope.daemon.captures import CaptureConfig, CaptureRunner
-    from gpuscope.daemon.commands import CommandListener
-    from gpuscope.daemon.convert import capture_pb
     from gpuscope.analyzers.programs import ProgramsConfig
-    from tests.fakes.nvml import FakeNvml, h200
-    from tests.helpers import fake_agent, wait_for
+    from tests.helpers import capturing_agent, wait_for
 
     port = _free_port()
     script = Path(__file__).parent / "jobs" / "jax_ranks.py"
@@ -151,14 +145,7 @@ def test_a_coordinated_capture_of_every_rank_shows_who_arrives_last(tmp_path):
             assert p.stdout.readline().strip() == "ready"
         for host in sorted(set(HOSTS)):
             pids = [procs[r].pid for r in range(RANKS) if HOSTS[r] == host]
-            fake = FakeNvml([h200(processes=[(pid, 1 << 30)], util_gpu=50) for pid in pids])
-            agent = fake_agent(fake, srv.target, host=host, proc_root="/proc")
-            agent.captures = CaptureRunner(CaptureConfig(tmp_path / host), host)
-            agent.discovery = JobDiscovery(lambda a: XlaProfilerClient(a).probe())
-            agent.capture_reporter = lambda rec, data: clients.report_capture(srv.target, capture_pb(rec), data)
-            listener = CommandListener(srv.target, host, agent.boot_id, agent.run_command)
-            listener.start()
-            agents.append((agent, listener))
+            agents.append(capturing_agent(pids, srv.target, host, tmp_path / host))
         wait_for(lambda: all(srv.analyzer.commands.connected(h) for h in set(HOSTS)), timeout=20)
         wait_for(lambda: srv.analyzer.store.count("processes") >= 8, timeout=20)
         time.sleep(1.0)
