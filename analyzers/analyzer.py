@@ -46,6 +46,7 @@ from .degraded import DegradedConfig, condition as degraded_condition, find_degr
 from .detector import Anomaly, Detector, DetectorConfig
 from .events import EventBus
 from .findings import FindingsTracker
+from .findings_mirror import MAX_CLOSED as MIRROR_CLOSED
 from .fleet_findings import ConditionFindings
 from .ingest import DecodedBatch, clean_command, decode
 from .links import pcie_link
@@ -145,7 +146,9 @@ class Analyzer:
         self._source_down: dict[tuple[str, int], str] = {}
         self._dirty: set[tuple[str, int]] = set()      # GPUs whose state changed since the last snapshot
         self._status_dirty: set[tuple[str, int]] = set()   # ... since the last _publish_status
-        self.on_status: Callable[[list[GpuRow], dict], None] | None = None
+        # (GPU rows, totals, findings rows written since, a new mirror's start): StatusMirror, FindingsMirror
+        self.on_status: Callable[[list[GpuRow], dict, list[tuple], tuple | None], None] | None = None
+        self._findings_written: list[tuple] = []    # committed since the last publication (only with on_status)
         self._hosts_heard_at, self._hosts_heard_n = -math.inf, 0
         self._snapshot_at = -math.inf
         last_windows = self._restore_gpus()
@@ -403,6 +406,7 @@ class Analyzer:
                 self._judged_end[host] = max(self._judged_end.get(host, end), end)
         self._log_findings(turned)
         store = self.store
+        written = len(self._findings_written)
         store.begin()
         try:
             store.insert_windows(windows)
@@ -410,6 +414,7 @@ class Analyzer:
             store.commit()
         except Exception:
             store.rollback()
+            del self._findings_written[written:]        # a mirror shows only what is stored
             raise
         if anomalies:
             self._act_on(anomalies)
@@ -423,7 +428,12 @@ class Analyzer:
                 self._findings_stored[f["id"]] = _stored(f)
             else:
                 self._findings_stored.pop(f["id"], None)
-        self.store.upsert_findings([finding_row(f) for f in findings])
+        self._write_findings([finding_row(f) for f in findings])
+
+    def _write_findings(self, rows: list[tuple]) -> None:
+        self.store.upsert_findings(rows)
+        if self.on_status is not None:
+            self._findings_written.extend(rows)
 
     def _log_findings(self, changed: list[dict]) -> None:
         """A line per finding opened or closed; a fleet turning over at once
@@ -647,7 +657,7 @@ class Analyzer:
         for kind, conditions in found.items():
             r = self.conditions[kind].reconcile(conditions, now)
             if r.changed:
-                self.store.upsert_findings([finding_row(f) for f in r.changed])
+                self._write_findings([finding_row(f) for f in r.changed])
             turned = r.opened + r.closed
             self._log_findings(turned)
             if kind == "straggler":
@@ -720,19 +730,25 @@ class Analyzer:
         return summarize_status(((k, st.last_arrival) for k, st in items), self._row, self._totals(),
                                 self._clock(), host, gpu_limit)
 
-    def publish_status(self) -> Future:
-        """Publishes every GPU touched so far (a new mirror's first rows)."""
-        return self.writer.call(lambda _store: self._publish_status())
+    def publish_status(self, max_closed: int = MIRROR_CLOSED) -> Future:
+        """Publishes every GPU touched so far and the open and recent
+        findings (a new mirror's start)."""
+        def first(store: Store) -> None:
+            self._findings_written = []
+            self._publish_status(store.recent_findings(max_closed))
+        return self.writer.call(first)
 
-    def _publish_status(self) -> None:
+    def _publish_status(self, findings_start: tuple | None = None) -> None:
         """Writer thread, after each commit group's analysis and each sweep:
-        the rows of the GPUs touched since, and the totals, to whoever keeps
-        a StatusMirror (the engine's parent process)."""
+        the rows of the GPUs touched since, the totals and the findings rows
+        committed since, to whoever keeps the mirrors (the engine's parent
+        process: StatusMirror, FindingsMirror)."""
         if self.on_status is None:
             return
         keys, self._status_dirty = self._status_dirty, set()
+        written, self._findings_written = self._findings_written, []
         try:
-            self.on_status([self._row(k) for k in keys if k in self.gpus], self._totals())
+            self.on_status([self._row(k) for k in keys if k in self.gpus], self._totals(), written, findings_start)
         except Exception:  # the mirror is a view: its failure must not stop analysis
             log.exception("status not published")
 
@@ -797,6 +813,11 @@ class Analyzer:
     def list_findings(self, **query) -> list[dict]:
         """Store.findings(**query), open findings as they are now."""
         return merge_live(*self.findings_payload(**query))
+
+    def findings_messages(self, convert: Callable[[dict], object], variant: str, **query) -> list:
+        """`list_findings`' rows as `convert` makes them (the engine keeps
+        them per `variant`; here nothing is kept)."""
+        return [convert(r) for r in self.list_findings(**query)]
 
     def finding(self, finding_id: str) -> dict | None:
         row = self.store.finding(finding_id)

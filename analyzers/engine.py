@@ -40,6 +40,7 @@ from gpuscope.v1 import analyzer_pb2 as apb, samples_pb2 as pb
 
 from .commands import CommandHub
 from .events import EventBus, Watch
+from .findings_mirror import FindingsMirror
 from .flow import ByteBudget, take_queued
 from .ingest import decode
 from .status import StatusMirror
@@ -175,7 +176,7 @@ class _Child:
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="engine-call")
         self._forwards: dict[str, Callable] = {}
         self._watch: int | None = None
-        analyzer.on_status = lambda rows, totals: self.send(("status", rows, totals))
+        analyzer.on_status = lambda *published: self.send(("status", *published))
         analyzer.publish_status()
 
     def serve(self) -> None:
@@ -342,6 +343,7 @@ class EngineClient:
         self.writer = _Writer()
         self.store = _Store(self)
         self.mirror = StatusMirror()
+        self.findings_mirror = FindingsMirror()
         # the child publishes after every commit group and every sweep (one a window)
         self.mirror_max_age_s = 3 * config.window_s + 5.0
 
@@ -407,7 +409,11 @@ class EngineClient:
     def _handle(self, msg: tuple) -> None:
         kind = msg[0]
         if kind == "status":
-            self.mirror.apply(msg[1], msg[2])
+            _, rows, totals, findings, findings_start = msg
+            if findings_start is not None:
+                self.findings_mirror.reset(*findings_start)
+            self.findings_mirror.apply(findings)
+            self.mirror.apply(rows, totals)
         elif kind == "event":
             self.events.publish(msg[1])
         elif kind == "command":
@@ -512,10 +518,25 @@ class EngineClient:
         return self.mirror.status(time.time(), host, gpu_limit, agents_connected=len(self.commands.hosts))
 
     def list_findings(self, **query) -> list[dict]:
-        """The child finds the rows (DuckDB, without its GIL) and the live
-        numbers of open ones; the rows are built here, where the writer's
-        thread does not compete for the GIL."""
+        """Answered here from the mirror of the findings the child wrote
+        when it can answer exactly (analyzers/findings_mirror.py); otherwise
+        the child finds the rows (DuckDB, without its GIL) and the live
+        numbers of open ones, and the rows are built here."""
+        if self.mirror.age() <= self.mirror_max_age_s:
+            rows = self.findings_mirror.answer(**query)
+            if rows is not None:
+                return rows
         return merge_live(*self.call("findings_payload", **query))
+
+    def findings_messages(self, convert: Callable[[dict], Any], variant: str, **query) -> list:
+        """`list_findings`' rows as `convert` makes them (the reply's
+        messages); from the mirror, what it made of a row is kept until the
+        row is written again."""
+        if self.mirror.age() <= self.mirror_max_age_s:
+            made = self.findings_mirror.messages(convert, variant, **query)
+            if made is not None:
+                return made
+        return [convert(r) for r in merge_live(*self.call("findings_payload", **query))]
 
     def finding(self, finding_id: str) -> dict | None:
         return self.call("finding", finding_id)

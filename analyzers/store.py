@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import threading
 from dataclasses import dataclass
@@ -510,9 +511,21 @@ class Store:
             where.append("contains(flags, ?)")
             args.append(json.dumps(flag))
         sql = "SELECT * FROM findings" + (" WHERE " + " AND ".join(where) if where else "")
-        sql += " ORDER BY start DESC LIMIT ?"
+        sql += " ORDER BY start DESC, id DESC LIMIT ?"      # ties by id: the mirror orders the same way
         args.append(limit)
         return self._arrow(sql, args)
+
+    def recent_findings(self, max_closed: int) -> tuple[list[tuple], float]:
+        """Every open finding and the `max_closed` that ended last, as
+        stored (FINDING_COLUMNS); and the end after which every closed
+        finding is among them (-inf: all are). A FindingsMirror's start."""
+        cols = ", ".join(f'"{c}"' for c in FINDING_COLUMNS)
+        cur = self.reader()
+        rows = cur.execute(f'SELECT {cols} FROM findings WHERE "end" IS NULL').fetchall()
+        closed = cur.execute(f'SELECT {cols} FROM findings WHERE "end" IS NOT NULL ORDER BY "end" DESC LIMIT ?',
+                             [max_closed]).fetchall()
+        end = FINDING_COLUMNS.index("end")
+        return rows + closed, closed[-1][end] if len(closed) == max_closed else -math.inf
 
     def _arrow(self, sql: str, params) -> pa.Table:
         """A query's result as Arrow, on a cursor of its own: a relation refuses a cursor whose
@@ -1215,12 +1228,12 @@ _EMPTY_JSON = ("[]", "{}")
 
 
 def _findings(cur: Any) -> list[dict]:
-    return _finding_fields(_dicts(cur))
+    return finding_fields(_dicts(cur))
 
 
 def finding_dicts(table: pa.Table) -> list[dict]:
     """Rows of a `findings_table`, as `findings()` returns them."""
-    return _finding_fields(table.to_pylist())
+    return finding_fields(table.to_pylist())
 
 
 def merge_live(table: pa.Table, overlay: dict[str, dict]) -> list[dict]:
@@ -1232,7 +1245,8 @@ def merge_live(table: pa.Table, overlay: dict[str, dict]) -> list[dict]:
     return rows
 
 
-def _finding_fields(rows: list[dict]) -> list[dict]:
+def finding_fields(rows: list[dict]) -> list[dict]:
+    """Stored findings rows (JSON fields as text) as the queries return them."""
     for r in rows:
         for k in _JSON_FIELDS:
             v = r.get(k)
