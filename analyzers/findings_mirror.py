@@ -32,8 +32,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 from .store import FINDING_COLUMNS, finding_fields
 
-MAX_CLOSED = 10_000          # ~1 KB a row: ~10 MB, and a fleet-wide list of the last 1,000 several times over
-MAX_MADE = 5_000             # rows whose converted form is kept (~2 KB each as a Finding message)
+MAX_CLOSED = 4_000           # ~1 KB a row: ~4 MB; a fleet-wide list of the last 1,000 four times over
+MAX_MADE = 3_000             # rows whose reply entry is kept (~0.8 KB each)
 
 _ID, _HOST, _GPU, _VERDICT, _START, _END, _FLAGS, _ATTRIBUTION, _KIND = (
     FINDING_COLUMNS.index(c) for c in ("id", "host", "gpu", "verdict", "start", "end", "flags", "attribution", "kind"))
