@@ -15,7 +15,9 @@ Findings are written when they open, close or change verdict; a finding
 that only absorbs another window (its count and running means) is written
 with the next snapshot, at most SNAPSHOT_EVERY_S later, and at shutdown:
 a fleet extends thousands of findings at every window boundary. Queries
-read open findings as they are in memory, never the lagging row; a kill -9
+read open findings as they are in memory, never the lagging row, except a
+list the engine's gRPC process answers from its mirror (rows as written,
+`absorbed_until` saying which window they hold); a kill -9
 costs at most SNAPSHOT_EVERY_S of an open finding's running means (its
 windows are stored with every commit).
 """

@@ -12,8 +12,11 @@ The parent's EngineClient stands in for Analyzer where the servicer uses it:
 - `submit` decodes (a refusal is raised at once, naming the field) and sends
   the decoded batch; its future resolves with the child's commit outcome.
   The byte budget stays in the parent, so flow control is unchanged.
-- queries (`status`, `list_findings`, `finding`, `report`, `report_capture`,
-  `store.*`) are calls answered by the child's own pool of threads.
+- `status` and most `list_findings` are answered here, from mirrors the
+  child keeps current (analyzers/status.py, analyzers/findings_mirror.py);
+  other queries (`finding`, `report`, `report_capture`, `store.*`, a list the
+  mirror cannot answer exactly) are calls answered by the child's own pool
+  of threads.
 - the agents' command streams and the on-call watchers live in the parent:
   the child learns which hosts are connected and sends their commands up;
   it forwards events only while someone watches.
