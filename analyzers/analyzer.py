@@ -45,9 +45,10 @@ from .calibrations import parse_calibration
 from .classify import Classification
 from .commands import CommandHub
 from .degraded import DegradedConfig, condition as degraded_condition, find_degraded
-from .detector import Anomaly, Detector, DetectorConfig
+from .detector import Anomaly, Detector, DetectorConfig, family
 from .events import EventBus
 from .findings import FindingsTracker
+from .rules.transitional import TRANSITIONAL
 from .findings_mirror import MAX_CLOSED as MIRROR_CLOSED
 from .fleet_findings import ConditionFindings
 from .ingest import DecodedBatch, clean_command, decode
@@ -235,10 +236,20 @@ class Analyzer:
     def _recounted(self, findings: list[dict]) -> list[dict]:
         """Open findings with the windows stored after their row was last
         written counted in (their confidence too; the evidence means stay as
-        written): a kill -9 loses no window from an episode's count."""
+        written): a kill -9 loses no window from an episode's count. Only
+        the windows the episode absorbed count, as FindingsTracker.observe
+        takes them: transitional ones are skipped, and one of another
+        bottleneck family ended it (found in a trial: the windows after a
+        replay's end dragged a 1.00 finding to 0.43)."""
         extra = self.store.windows_after(findings)
         for f in findings:
-            n, conf = extra.get(f["id"], (0, 0.0))
+            n, conf = 0, 0.0
+            for verdict, flags, confidence in extra.get(f["id"], ()):
+                if TRANSITIONAL in json.loads(flags):
+                    continue
+                if family(verdict) != family(f.get("counters_verdict") or f["verdict"]):
+                    break
+                n, conf = n + 1, conf + confidence
             if n:
                 f["confidence"] = round((f["confidence"] * f["windows"] + conf) / (f["windows"] + n), 3)
                 f["windows"] += n

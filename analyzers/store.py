@@ -427,11 +427,11 @@ class Store:
     def open_findings(self, kind: str = "bottleneck") -> list[dict]:
         return _findings(self._con.execute(f'SELECT * FROM findings WHERE "end" IS NULL AND {_KIND}', [kind]))
 
-    def windows_after(self, findings: list[dict]) -> dict[str, tuple[int, float]]:
+    def windows_after(self, findings: list[dict]) -> dict[str, list[tuple[str, str, float]]]:
         """For open findings written before their latest windows (an extended
         finding is written every 30 s, a kill -9 comes at any time): the
         windows of each one's GPU that started at or after `absorbed_until`,
-        as (count, sum of confidences), by finding id."""
+        oldest first, as (verdict, flags JSON, confidence), by finding id."""
         marks = [(f["id"], f["host"], f["gpu"], f["absorbed_until"]) for f in findings
                  if f.get("absorbed_until") is not None]
         if not marks:
@@ -440,12 +440,15 @@ class Store:
         try:
             rows = self._con.execute(
                 # the constant lower bound lets DuckDB skip the older row groups of windows
-                "SELECT m.id, count(*), sum(w.confidence) FROM windows w JOIN _marks m "
+                "SELECT m.id, w.verdict, w.flags, w.confidence FROM windows w JOIN _marks m "
                 "ON w.host = m.host AND w.gpu = m.gpu AND w.start >= m.absorbed_until "
-                "WHERE w.start >= ? GROUP BY m.id", [min(m[3] for m in marks)]).fetchall()
+                "WHERE w.start >= ? ORDER BY m.id, w.start", [min(m[3] for m in marks)]).fetchall()
         finally:
             self._con.unregister("_marks")
-        return {r[0]: (int(r[1]), float(r[2] or 0.0)) for r in rows}
+        out: dict[str, list[tuple[str, str, float]]] = {}
+        for fid, verdict, flags, confidence in rows:
+            out.setdefault(fid, []).append((verdict, flags or "[]", float(confidence or 0.0)))
+        return out
 
     def devices(self) -> list[dict]:
         return _dicts(self._con.execute("SELECT * FROM devices"))

@@ -406,3 +406,25 @@ def test_a_finding_whose_source_stopped_says_so_not_that_the_agent_went_silent(t
         assert "went silent" not in f["summary"]
     finally:
         a.close()
+
+
+def test_a_resumed_finding_counts_only_the_windows_its_episode_absorbed(tmp_path):
+    """Found in a trial: after a restart, every window stored after the row
+    was counted in, whatever it said, and a replay's last windows took a 1.00
+    finding to 0.43. Transitional windows are skipped, and one of another
+    bottleneck family ended the episode."""
+    from types import SimpleNamespace
+
+    from gpuscope.analyzers.analyzer import Analyzer
+    from gpuscope.analyzers.store import Store, StoreConfig
+    store = Store(StoreConfig(str(tmp_path / "r.duckdb")))
+    try:
+        store.insert_windows([("h", 0, 100.0 + 5 * i, 105.0 + 5 * i, v, c, flags, "") for i, (v, c, flags) in enumerate([
+            ("memory-bound", 1.0, "[]"), ("compute-bound", 0.2, '["transitional"]'), ("memory-bound", 0.8, "[]"),
+            ("compute-bound", 0.9, "[]"), ("memory-bound", 1.0, "[]")])])
+        f = dict(id="f1", host="h", gpu=0, verdict="memory-bound", counters_verdict="memory-bound", windows=4,
+                 confidence=1.0, absorbed_until=100.0)
+        [resumed] = Analyzer._recounted(SimpleNamespace(store=store), [f])
+        assert resumed["windows"] == 6 and resumed["confidence"] == round((4 + 1.0 + 0.8) / 6, 3)
+    finally:
+        store.close()
