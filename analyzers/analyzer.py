@@ -244,10 +244,11 @@ class Analyzer:
         extra = self.store.windows_after(findings)
         for f in findings:
             n, conf = 0, 0.0
+            episode = family(f.get("counters_verdict") or f["verdict"])
             for verdict, flags, confidence in extra.get(f["id"], ()):
                 if TRANSITIONAL in json.loads(flags):
                     continue
-                if family(verdict) != family(f.get("counters_verdict") or f["verdict"]):
+                if family(verdict) != episode:
                     break
                 n, conf = n + 1, conf + confidence
             if n:

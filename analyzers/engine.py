@@ -516,7 +516,7 @@ class EngineClient:
     def status(self, host: str = "", gpu_limit: int | None = None) -> dict:
         """Answered here, from the mirror of the child's state as of its last
         commit group or sweep: the child's GIL belongs to its writer."""
-        if self.mirror.age() > self.mirror_max_age_s:     # none yet, or the child is stuck: ask it
+        if not self._mirrored():                          # none yet, or the child is stuck: ask it
             return self.call("status", host, gpu_limit)
         return self.mirror.status(time.time(), host, gpu_limit, agents_connected=len(self.commands.hosts))
 
@@ -525,21 +525,20 @@ class EngineClient:
         when it can answer exactly (analyzers/findings_mirror.py); otherwise
         the child finds the rows (DuckDB, without its GIL) and the live
         numbers of open ones, and the rows are built here."""
-        if self.mirror.age() <= self.mirror_max_age_s:
-            rows = self.findings_mirror.answer(**query)
-            if rows is not None:
-                return rows
-        return merge_live(*self.call("findings_payload", **query))
+        rows = self.findings_mirror.answer(**query) if self._mirrored() else None
+        return rows if rows is not None else merge_live(*self.call("findings_payload", **query))
 
     def findings_messages(self, convert: Callable[[dict], Any], variant: str, **query) -> list:
         """`list_findings`' rows as `convert` makes them (the reply's
         messages); from the mirror, what it made of a row is kept until the
         row is written again."""
-        if self.mirror.age() <= self.mirror_max_age_s:
-            made = self.findings_mirror.messages(convert, variant, **query)
-            if made is not None:
-                return made
-        return [convert(r) for r in merge_live(*self.call("findings_payload", **query))]
+        made = self.findings_mirror.messages(convert, variant, **query) if self._mirrored() else None
+        return made if made is not None else [convert(r) for r in self.list_findings(**query)]
+
+    def _mirrored(self) -> bool:
+        """Whether the child published lately: a stuck or restarting one's
+        mirrors are not answered from."""
+        return self.mirror.age() <= self.mirror_max_age_s
 
     def finding(self, finding_id: str) -> dict | None:
         return self.call("finding", finding_id)

@@ -108,7 +108,7 @@ class FindingsMirror:
         exactly."""
         with self._lock:
             rows = self._select(**query)
-        return None if rows is None else finding_fields([dict(zip(FINDING_COLUMNS, r)) for r in rows])
+        return None if rows is None else _dicts(rows)
 
     def messages(self, convert: Callable[[dict], Any], variant: str, **query) -> list | None:
         """`answer`'s rows, each as `convert` makes it; what it made of a row
@@ -121,7 +121,7 @@ class FindingsMirror:
             made = self._made
             out = [made.get(r[_ID], {}).get(variant) for r in rows]
         todo = [r for r, m in zip(rows, out) if m is None]
-        new = {r[_ID]: convert(d) for r, d in zip(todo, finding_fields([dict(zip(FINDING_COLUMNS, r)) for r in todo]))}
+        new = {r[_ID]: convert(d) for r, d in zip(todo, _dicts(todo))}
         with self._lock:
             if len(made) + len(todo) > MAX_MADE:      # many lists of many rows: start again
                 made.clear()
@@ -155,6 +155,10 @@ class FindingsMirror:
             if not by_range and after < limit:
                 return None
         return heapq.nlargest(limit, found, key=lambda r: (r[_START], r[_ID]))
+
+
+def _dicts(rows: list[tuple]) -> list[dict]:
+    return finding_fields([dict(zip(FINDING_COLUMNS, r)) for r in rows])
 
 
 def _minute(row: tuple) -> int:

@@ -9,7 +9,6 @@ import contextvars
 import functools
 import importlib.metadata
 import json
-import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +19,7 @@ import structlog
 
 from gpuscope.collectors import catalogue as cat
 from gpuscope.collectors.records import ATTRIBUTION_FIELDS, MAX_ATTRIBUTION_BYTES
-from gpuscope.v1 import ACCEPTED_KEY, REJECTED_SEQ_KEY, analyzer_pb2 as apb, analyzer_pb2_grpc, samples_pb2 as pb
+from gpuscope.v1 import ACCEPTED_KEY, analyzer_pb2 as apb, analyzer_pb2_grpc, samples_pb2 as pb
 
 from gpuscope.security.context import current_caller
 from gpuscope.security.redact import command_label
@@ -358,9 +357,8 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                                 f"kinds: {unknown[0][:40]!r} is not a kind of finding ({', '.join(FINDING_KINDS)})")
 
         def build() -> apb.FindingsResponse:
-            caller = current_caller()
             made = self.analyzer.findings_messages(
-                lambda r: _findings_entry(finding_pb(_for_caller(r))), caller.role if caller is not None else "operator",
+                lambda r: _findings_entry(finding_pb(_for_caller(r))), "full" if _sees_commands() else "hidden",
                 host=request.host, gpu=request.gpu if request.HasField("gpu") else None,
                 verdicts=list(request.verdicts), start=start, end=end, open_only=request.open_only,
                 limit=_limit(request.limit, 1000), flags=list(request.flags), pod=request.pod,
@@ -624,10 +622,12 @@ def _limit(value: int, default: int) -> int:
 def _for_caller(obj):
     """Job command lines (already stored with secrets redacted) are shown in
     full to operators only; others see the process and its executable."""
+    return obj if _sees_commands() else _hide_commands(obj)
+
+
+def _sees_commands() -> bool:
     caller = current_caller()
-    if caller is None or caller.role == "operator":
-        return obj
-    return _hide_commands(obj)
+    return caller is None or caller.role == "operator"
 
 
 def _hide_commands(obj):
