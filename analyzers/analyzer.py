@@ -13,8 +13,9 @@ start close at their last window's end.
 
 Findings are written when they open, close or change verdict; a finding
 that only absorbs another window (its count and running means) is written
-with the next snapshot, at most SNAPSHOT_EVERY_S later, and at shutdown:
-a fleet extends thousands of findings at every window boundary. Queries
+at most SNAPSHOT_EVERY_S later, a share of such findings with each commit
+group (analyzers/trickle.py), and at shutdown: a fleet extends thousands of
+findings at every window boundary. Each GPU's state row follows the same rule. Queries
 read open findings as they are in memory, never the lagging row, except a
 list the engine's gRPC process answers from its mirror (rows as written,
 `absorbed_until` saying which window they hold); a kill -9
@@ -70,6 +71,7 @@ from .trace_analysis import summarize
 from .trace_program import trace_program
 from .trigger import Decision, TriggerConfig, TriggerPolicy
 from .windows import DEFAULT_WINDOW_S, check_window
+from .trickle import Trickle
 from .writer import Writer
 
 log = structlog.get_logger("gpuscope.analyzer")
@@ -147,13 +149,12 @@ class Analyzer:
         # GPUs whose agent said their source stopped (DCGM's host engine, dcgm-exporter down), and what it
         # said: a finding closed for lack of samples then says why, not "agent went silent"
         self._source_down: dict[tuple[str, int], str] = {}
-        self._dirty: set[tuple[str, int]] = set()      # GPUs whose state changed since the last snapshot
+        self._dirty: Trickle[tuple[str, int]] = Trickle(SNAPSHOT_EVERY_S)   # GPUs whose state row is owed
         self._status_dirty: set[tuple[str, int]] = set()   # ... since the last _publish_status
         # (GPU rows, totals, findings rows written since, a new mirror's start): StatusMirror, FindingsMirror
         self.on_status: Callable[[list[GpuRow], dict, list[tuple], tuple | None], None] | None = None
         self._findings_written: list[tuple] = []    # committed since the last publication (only with on_status)
         self._hosts_heard_at, self._hosts_heard_n = -math.inf, 0
-        self._snapshot_at = -math.inf
         last_windows = self._restore_gpus()
         self._host_arrival: dict[str, float] = {}      # host -> when a batch of it last arrived
         for (host, _), st in self.gpus.items():
@@ -163,8 +164,10 @@ class Analyzer:
         written = {f["id"]: f["windows"] for f in stored}
         self.findings.load(self._recounted(stored), last_windows)
         # open findings extended since they were written (recounted ones too: their rows lag)
-        self._findings_dirty: dict[str, dict] = {f["id"]: f for f in self.findings.open.values()
-                                                 if f["windows"] != written.get(f["id"])}
+        self._findings_dirty: Trickle[dict] = Trickle(SNAPSHOT_EVERY_S)
+        for f in self.findings.open.values():
+            if f["windows"] != written.get(f["id"]):
+                self._findings_dirty.add(f["id"], f, clock())
         # what the store holds of each open finding: a change of these is written at once
         self._findings_stored = {f["id"]: _stored(f) for f in self.findings.open.values()}
         self.conditions = {"degraded": ConditionFindings("degraded", self.store.open_findings("degraded"),
@@ -204,7 +207,8 @@ class Analyzer:
         newest window end."""
         snapshot = {(r["host"], int(r["gpu"])): r for r in self.store.gpu_states()}
         since = max((r["written"] for r in snapshot.values()), default=None)
-        since = None if since is None else since - SNAPSHOT_MARGIN_S
+        # a GPU's row is owed for up to SNAPSHOT_EVERY_S: rows written before the newest one may lag it that long
+        since = None if since is None else since - SNAPSHOT_EVERY_S - SNAPSHOT_MARGIN_S
         windows = {(w["host"], int(w["gpu"])): w for w in self.store.latest_windows(since)}
         last_sample = self.store.last_samples(since)
         host_seen = self.store.hosts_last_seen()
@@ -256,25 +260,25 @@ class Analyzer:
                 f["windows"] += n
         return findings
 
-    def _snapshot(self, now: float, force: bool = False) -> None:
-        """Writes the state of the GPUs that changed (writer thread), at most
-        every SNAPSHOT_EVERY_S: what a restart reads instead of scanning."""
-        if not force and now - self._snapshot_at < SNAPSHOT_EVERY_S:
-            return
-        if self._findings_dirty:
-            self._persist_findings(list(self._findings_dirty.values()))
-        if not self._dirty:
-            self._snapshot_at = now
-            return
+    def _write_owed(self, now: float, everything: bool = False) -> tuple[list[dict], list[tuple[str, int]]]:
+        """Writes (writer thread) the open findings' running numbers and the
+        GPUs' state rows that are owed: what is due and this call's share of
+        the rest, or everything (shutdown). The state rows are what a
+        restart reads instead of scanning. Returns what it took, for a
+        caller whose transaction fails to owe again."""
+        findings = self._findings_dirty.take_all() if everything else self._findings_dirty.take(now)
+        keys = self._dirty.take_all() if everything else self._dirty.take(now)
+        if findings:
+            self._persist_findings(findings)
         rows = []
-        for key in self._dirty:
+        for key in keys:
             st = self.gpus.get(key)
             if st is not None:
                 rows.append((st.host, st.gpu, st.verdict, st.confidence, json.dumps(list(st.flags)),
                              st.last_window_end, st.last_sample or None, st.last_arrival or None, now))
-        self._dirty = set()
-        self._snapshot_at = now
-        self.store.upsert_gpu_state(rows)
+        if rows:
+            self.store.upsert_gpu_state(rows)
+        return findings, keys
 
     def start(self) -> None:
         self.writer.start()
@@ -391,6 +395,7 @@ class Analyzer:
     def _record(self, results: list[tuple[str, Classification, str, dict[str, str]]]) -> None:
         if not results:
             return
+        now = self._clock()
         windows, changed, anomalies = [], {}, []       # changed: findings to write now
         turned: list[dict] = []       # findings opened or closed by these windows
         judged: dict[str, float] = {}
@@ -404,7 +409,7 @@ class Analyzer:
                             json.dumps(c.flags) if c.flags else "[]", c.summary))
             for f in self.findings.observe(host, c, job, owner, self._sources.get((host, c.gpu), "")):
                 if f["end"] is None and self._findings_stored.get(f["id"]) == _stored(f):
-                    self._findings_dirty[f["id"]] = f          # only extended: written with the snapshot
+                    self._findings_dirty.add(f["id"], f, now)      # only extended: owed, written within 30 s
                     continue
                 changed[f["id"]] = f
                 if f["end"] is not None or f["windows"] == 1:
@@ -421,14 +426,19 @@ class Analyzer:
         self._log_findings(turned)
         store = self.store
         written = len(self._findings_written)
+        owed: tuple[list[dict], list[tuple[str, int]]] = ([], [])
         store.begin()
         try:
             store.insert_windows(windows)
             self._persist_findings(list(changed.values()))
+            owed = self._write_owed(now)
             store.commit()
         except Exception:
             store.rollback()
             del self._findings_written[written:]        # a mirror shows only what is stored
+            # not stored: owed again (a closed finding too), written by a later group or the shutdown
+            self._findings_dirty.put_back({f["id"]: f for f in [*changed.values(), *owed[0]]}, now)
+            self._dirty.put_back({k: k for k in owed[1]}, now)
             raise
         if anomalies:
             self._act_on(anomalies)
@@ -436,7 +446,7 @@ class Analyzer:
     def _persist_findings(self, findings: list[dict]) -> None:
         """Writer thread: upserts the findings as they are now."""
         for f in findings:
-            self._findings_dirty.pop(f["id"], None)
+            self._findings_dirty.discard(f["id"])
             self.findings.current(f)
             if f["end"] is None:
                 self._findings_stored[f["id"]] = _stored(f)
@@ -612,7 +622,7 @@ class Analyzer:
             expired = self.policy.expire()
             if expired:
                 self._decided(expired)
-            self._snapshot(now)
+            self._write_owed(now)
             self._publish_status()
         return self.writer.call(run)
 
@@ -767,7 +777,7 @@ class Analyzer:
             log.exception("status not published")
 
     def _touch(self, key: tuple[str, int]) -> None:
-        self._dirty.add(key)
+        self._dirty.add(key, key, self._clock())
         self._status_dirty.add(key)
 
     def _row(self, key: tuple[str, int]) -> GpuRow:
@@ -927,7 +937,7 @@ class Analyzer:
             self._scheduler.shutdown(wait=False)
         except Exception:  # not started
             pass
-        self.writer.call(lambda _store: self._snapshot(self._clock(), force=True))
+        self.writer.call(lambda _store: self._write_owed(self._clock(), everything=True))
         self.writer.stop(timeout_s)
 
     def close(self) -> None:
