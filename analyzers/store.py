@@ -102,6 +102,11 @@ class StoreConfig:
     path: str
     memory_limit: str = "1GB"        # DuckDB's own cap; the process adds Python and gRPC
     threads: int = 2
+    # WAL size that makes DuckDB checkpoint at a commit. Its default (16 MB) is reached every ~5 s at 1,500
+    # agents, and each checkpoint re-reads and re-compresses the samples table's unfinished row group:
+    # appends alone took 19.0 s against 15.5 s at 64 MB, with peaks of +170 MB against +70 MB
+    # (docs/benchmarks.md). A kill -9 replays at most this much WAL at the next start.
+    checkpoint_threshold: str = "64MB"
 
 
 def _ddl() -> list[str]:
@@ -190,6 +195,9 @@ class Store:
             raise ValueError(f"memory limit: {self.config.memory_limit!r}, expected a size like 1GB or 512MiB")
         con.execute(f"SET memory_limit='{self.config.memory_limit}'")
         con.execute(f"SET threads={int(self.config.threads)}")
+        if not _MEMORY_LIMIT.fullmatch(self.config.checkpoint_threshold):
+            raise ValueError(f"checkpoint threshold: {self.config.checkpoint_threshold!r}, expected a size like 64MB")
+        con.execute(f"SET checkpoint_threshold='{self.config.checkpoint_threshold}'")
         return con
 
     def reopen(self) -> None:

@@ -1,4 +1,5 @@
 import duckdb
+import pytest
 
 from gpuscope.analyzers.store import Store, StoreConfig
 from tests.helpers import AnalyzerServer
@@ -9,6 +10,19 @@ def test_memory_cap_is_applied(tmp_path):
     limit = s.reader().execute("SELECT current_setting('memory_limit')").fetchone()[0]
     assert limit.replace(" ", "").upper().startswith(("286.1MIB", "300.0MB", "300MB", "286MIB"))
     s.close()
+
+
+def test_checkpoints_wait_for_64mb_of_wal_after_a_reopen_too(tmp_path):
+    """DuckDB's 16 MB default checkpoints every few seconds under a fleet,
+    each re-reading the unfinished row group of samples."""
+    s = Store(StoreConfig(str(tmp_path / "c.duckdb")))
+    q = "SELECT current_setting('checkpoint_threshold')"
+    assert s.reader().execute(q).fetchone()[0].replace(" ", "") == "61.0MiB"
+    s.reopen()
+    assert s.reader().execute(q).fetchone()[0].replace(" ", "") == "61.0MiB"
+    s.close()
+    with pytest.raises(ValueError, match="checkpoint threshold: '64 apples'"):
+        Store(StoreConfig(str(tmp_path / "d.duckdb"), checkpoint_threshold="64 apples"))
 
 
 def test_metrics_added_to_the_catalogue_become_columns(tmp_path):
