@@ -71,6 +71,7 @@ from .trace_analysis import summarize
 from .trace_program import trace_program
 from .trigger import Decision, TriggerConfig, TriggerPolicy
 from .windows import DEFAULT_WINDOW_S, check_window
+from .throttle import Throttle
 from .trickle import Trickle
 from .writer import Writer
 
@@ -78,6 +79,7 @@ log = structlog.get_logger("gpuscope.analyzer")
 
 STALE_AFTER_WINDOWS = 3      # silent this many windows (analyzer's clock): stale, finding closed
 SNAPSHOT_EVERY_S = 30.0      # the gpu_state table, and open findings' running means, are this fresh
+STORM_LOG_EVERY_S = 10.0     # at most one "anomaly storm" line this often; the rest are counted into it
 SNAPSHOT_MARGIN_S = 600.0    # a restart scans windows and samples from this long before it (clock skew)
 
 
@@ -190,8 +192,8 @@ class Analyzer:
         self.events = EventBus()
         self.commands = CommandHub()
         self.rejected = 0
-        self._last_reject_log = float("-inf")
-        self._rejects_unlogged = 0
+        self._reject_log = Throttle(1.0)
+        self._storm_log = Throttle(STORM_LOG_EVERY_S)
         self.anomalies_total = 0
         self.decisions_total: dict[str, int] = {}
         self.started = clock()
@@ -330,19 +332,13 @@ class Analyzer:
     def count_rejected(self, batch: pb.SampleBatch | None, error: str) -> None:
         """Counts every refused batch; logs at most one line a second, cut
         short, so a flood of bad batches cannot flood the log."""
-        now = time.monotonic()
         with self._lock:
             self.rejected += 1
-            quiet = now - self._last_reject_log < 1.0
-            if not quiet:
-                self._last_reject_log = now
-                since, self._rejects_unlogged = self._rejects_unlogged, 0
-            else:
-                self._rejects_unlogged += 1
-        if not quiet:
+        said = self._reject_log.hit(refused=1)
+        if said is not None:
             log.warning("batch refused", host=(batch.host[:80] if batch is not None else None),
                         seq=(batch.seq if batch is not None else None), error=error[:300],
-                        refused_since_last_line=since)
+                        refused_since_last_line=said["refused"] - 1)
 
     # -- writer thread ------------------------------------------------------------------
     def _analyse(self, batches: list[DecodedBatch]) -> None:
@@ -499,7 +495,12 @@ class Analyzer:
             for a in anomalies:
                 log.info("anomaly", host=a.host, gpu=a.gpu, kinds=a.kinds, reason=a.reason)
         else:
-            log.warning("anomaly storm", anomalies=len(anomalies), hosts=len({a.host for a in anomalies}))
+            # a fleet changing phase raises a storm per commit group: one line per STORM_LOG_EVERY_S
+            said = self._storm_log.hit(storms=1, anomalies=len(anomalies))
+            if said is not None:
+                log.warning("anomaly storm", anomalies=len(anomalies), hosts=len({a.host for a in anomalies}),
+                            storms_since_last_line=said["storms"] - 1,
+                            anomalies_since_last_line=said["anomalies"] - len(anomalies))
         self.store.insert_anomalies(rows)
         self._decided(decisions)
 
