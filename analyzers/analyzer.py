@@ -237,6 +237,11 @@ class Analyzer:
             st.last_sample = max(last_sample.get(key, 0.0), (snap or {}).get("last_sample") or 0.0)
             st.last_arrival = (host_seen.get(key[0]) or (d or {}).get("last_seen")
                                or (snap or {}).get("last_arrival") or 0.0)
+            if snap is None or (snap["verdict"], snap["last_window_end"], snap["last_sample"] or 0.0) != (
+                    st.verdict, st.last_window_end, st.last_sample):
+                # the row lags what the scan found (a kill -9 left it owed): a GPU that stays silent
+                # would never be written again, and a later restart, scanning less, would believe the row
+                self._dirty.add(key, key, self._clock())
         return ends
 
     def _recounted(self, findings: list[dict]) -> list[dict]:
@@ -270,17 +275,27 @@ class Analyzer:
         caller whose transaction fails to owe again."""
         findings = self._findings_dirty.take_all() if everything else self._findings_dirty.take(now)
         keys = self._dirty.take_all() if everything else self._dirty.take(now)
-        if findings:
-            self._persist_findings(findings)
-        rows = []
-        for key in keys:
-            st = self.gpus.get(key)
-            if st is not None:
-                rows.append((st.host, st.gpu, st.verdict, st.confidence, json.dumps(list(st.flags)),
-                             st.last_window_end, st.last_sample or None, st.last_arrival or None, now))
-        if rows:
-            self.store.upsert_gpu_state(rows)
+        try:
+            if findings:
+                self._persist_findings(findings)
+            rows = []
+            for key in keys:
+                st = self.gpus.get(key)
+                if st is not None:
+                    rows.append((st.host, st.gpu, st.verdict, st.confidence, json.dumps(list(st.flags)),
+                                 st.last_window_end, st.last_sample or None, st.last_arrival or None, now))
+            if rows:
+                self.store.upsert_gpu_state(rows)
+        except Exception:
+            self._owe_again(findings, keys, now)
+            raise
         return findings, keys
+
+    def _owe_again(self, findings: list[dict], keys: list[tuple[str, int]], now: float) -> None:
+        """Rows whose write failed (or whose transaction rolled back): owed
+        again and due at once, a closed finding's too."""
+        self._findings_dirty.put_back({f["id"]: f for f in findings}, now)
+        self._dirty.put_back({k: k for k in keys}, now)
 
     def start(self) -> None:
         self.writer.start()
@@ -432,9 +447,8 @@ class Analyzer:
         except Exception:
             store.rollback()
             del self._findings_written[written:]        # a mirror shows only what is stored
-            # not stored: owed again (a closed finding too), written by a later group or the shutdown
-            self._findings_dirty.put_back({f["id"]: f for f in [*changed.values(), *owed[0]]}, now)
-            self._dirty.put_back({k: k for k in owed[1]}, now)
+            # not stored: owed again, written by a later group or the shutdown
+            self._owe_again([*changed.values(), *owed[0]], owed[1], now)
             raise
         if anomalies:
             self._act_on(anomalies)

@@ -5,6 +5,7 @@ objects on real DuckDB files, an injected clock instead of sleeping."""
 import math
 import time
 
+import duckdb
 import numpy as np
 import pytest
 
@@ -12,6 +13,7 @@ from gpuscope.analyzers.analyzer import STALE_AFTER_WINDOWS, Analyzer, AnalyzerC
 from gpuscope.analyzers.classify import Classification
 from gpuscope.analyzers.findings import FindingsTracker
 from gpuscope.analyzers.ingest import decode
+from gpuscope.analyzers.store import Store, StoreConfig
 from gpuscope.collectors.records import DeviceInfo, GpuSample
 from gpuscope.daemon.convert import encode_batch
 
@@ -171,6 +173,53 @@ def test_a_restart_reads_the_gpu_state_snapshot_and_what_came_after_it(tmp_path)
         assert b.findings.open[("host-a", 0)]["last_window_end"] == T0 + 905.0
     finally:
         b.close()
+
+
+def test_a_state_row_a_kill_left_behind_is_owed_and_rewritten(tmp_path):
+    """A kill -9 can leave a GPU's state row up to 30 s behind its windows.
+    The restart's scan finds the newer windows; the row must then be written
+    again, or a GPU that stays silent keeps the stale row, and a later
+    restart, whose scan no longer reaches those windows, believes it (found
+    in a trial)."""
+    path = tmp_path / "k.duckdb"
+    clock = Clock(T0)
+    a = _analyzer(path, clock)
+    _feed(a, clock, "h", {0: MEMORY}, T0, 6)
+    a.close()
+    con = duckdb.connect(str(path))          # what a kill -9 before the row's turn leaves
+    right = con.execute("SELECT verdict, last_window_end FROM gpu_state").fetchone()
+    con.execute("UPDATE gpu_state SET verdict = 'compute-bound', last_window_end = ? WHERE host = 'h'", [T0 + 2])
+    con.close()
+    b = _analyzer(path, Clock(T0 + 100))
+    try:
+        assert _gpu(b.status(), "h", 0)["verdict"] == "memory-bound"       # the scan found the windows
+        assert ("h", 0) in b._dirty
+    finally:
+        b.close()
+    row = Store(StoreConfig(str(path))).gpu_states()[0]
+    assert (row["verdict"], row["last_window_end"]) == right == ("memory-bound", T0 + 5)
+
+
+def test_owed_rows_whose_write_fails_are_owed_again(tmp_path, monkeypatch):
+    clock = Clock(T0)
+    a = _analyzer(tmp_path / "w.duckdb", clock)
+    try:
+        _feed(a, clock, "h", {0: MEMORY, 1: COMPUTE}, T0, 4)
+        owed = len(a._dirty)
+        assert owed == 2
+
+        def full(_rows):
+            raise duckdb.IOException("No space left on device")
+        monkeypatch.setattr(a.store, "upsert_gpu_state", full)
+        with pytest.raises(duckdb.IOException):
+            a.writer.call(lambda _s: a._write_owed(clock(), everything=True)).result(timeout=10)
+        assert len(a._dirty) == owed
+        monkeypatch.undo()
+        clock.t += 1
+        a.writer.call(lambda _s: a._write_owed(clock())).result(timeout=10)    # due at once: all written
+        assert len(a._dirty) == 0 and len(a.store.gpu_states()) == 2
+    finally:
+        a.close()
 
 
 def test_up_restarted_later_does_not_stretch_the_old_finding_over_the_gap(tmp_path):
