@@ -85,6 +85,8 @@ def finding_pb(f: dict) -> apb.Finding:
                                           captures=f.get("captures") or [], source=f.get("source") or ""))
     if f["end"] is not None:
         m.end = f["end"]
+    if f.get("absorbed_until") is not None:
+        m.absorbed_until = f["absorbed_until"]
     return m
 
 

@@ -135,6 +135,7 @@ def finding_dict(f: apb.Finding) -> dict:
     return dict(id=f.id, host=f.host, gpu=f.gpu, job=f.job, attribution=attribution_dict(f.attribution),
                 verdict=f.verdict, start=f.start,
                 end=f.end if f.HasField("end") else None, confidence=round(f.confidence, 3),
+                absorbed_until=f.absorbed_until if f.HasField("absorbed_until") else None,
                 windows=f.windows, evidence=dict(sorted(f.evidence.numbers.items())),
                 flags=list(f.evidence.flags), summary=f.evidence.summary,
                 alternatives=list(f.evidence.alternatives), decided_by=f.evidence.decided_by,

@@ -6,6 +6,7 @@ import random
 import time
 
 from gpuscope.analyzers.findings_mirror import FindingsMirror
+from gpuscope.daemon import clients
 from gpuscope.analyzers.store import FINDING_COLUMNS, Store, StoreConfig
 from tests.analyzers.test_lifecycle import COMPUTE, MEMORY, _batch
 from tests.helpers import AnalyzerServer, wait_for
@@ -121,6 +122,10 @@ def test_the_engine_answers_findings_from_the_mirror(tmp_path):
         wait_for(same, timeout=15)
         assert engine.list_findings(**query)[0]["id"] == engine.call("list_findings", **query)[0]["id"]
         assert any(r["end"] is not None for r in engine.list_findings(**query))
+        # what `gpuscope findings --json` shows: which window each one's numbers hold
+        listed = clients.findings(srv.target, start=t0 - 10)
+        assert listed and all(f["start"] < f["absorbed_until"] <= t0 + 12 for f in listed)
+        assert all(f["absorbed_until"] == f["end"] for f in listed if f["end"] is not None)
     finally:
         srv.stop()
 

@@ -351,7 +351,7 @@ class Evidence(_message.Message):
     def __init__(self, numbers: _Optional[_Mapping[str, float]] = ..., flags: _Optional[_Iterable[str]] = ..., summary: _Optional[str] = ..., alternatives: _Optional[_Iterable[str]] = ..., decided_by: _Optional[str] = ..., counters_verdict: _Optional[str] = ..., trace_verdict: _Optional[str] = ..., captures: _Optional[_Iterable[str]] = ..., source: _Optional[str] = ...) -> None: ...
 
 class Finding(_message.Message):
-    __slots__ = ("id", "host", "gpu", "job", "verdict", "start", "end", "confidence", "evidence", "windows", "attribution", "kind")
+    __slots__ = ("id", "host", "gpu", "job", "verdict", "start", "end", "confidence", "evidence", "windows", "attribution", "kind", "absorbed_until")
     ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
@@ -364,6 +364,7 @@ class Finding(_message.Message):
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    ABSORBED_UNTIL_FIELD_NUMBER: _ClassVar[int]
     id: str
     host: str
     gpu: int
@@ -376,7 +377,8 @@ class Finding(_message.Message):
     windows: int
     attribution: _samples_pb2.Attribution
     kind: str
-    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., gpu: _Optional[int] = ..., job: _Optional[str] = ..., verdict: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., confidence: _Optional[float] = ..., evidence: _Optional[_Union[Evidence, _Mapping]] = ..., windows: _Optional[int] = ..., attribution: _Optional[_Union[_samples_pb2.Attribution, _Mapping]] = ..., kind: _Optional[str] = ...) -> None: ...
+    absorbed_until: float
+    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., gpu: _Optional[int] = ..., job: _Optional[str] = ..., verdict: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., confidence: _Optional[float] = ..., evidence: _Optional[_Union[Evidence, _Mapping]] = ..., windows: _Optional[int] = ..., attribution: _Optional[_Union[_samples_pb2.Attribution, _Mapping]] = ..., kind: _Optional[str] = ..., absorbed_until: _Optional[float] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ("host", "gpu_limit")
