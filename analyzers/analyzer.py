@@ -70,9 +70,9 @@ from .store import FINDING_COLUMNS, Store, StoreConfig, finding_group, finding_r
 from .trace_analysis import summarize
 from .trace_program import trace_program
 from .trigger import Decision, TriggerConfig, TriggerPolicy
-from .windows import DEFAULT_WINDOW_S, check_window
 from .throttle import Throttle
 from .trickle import Trickle
+from .windows import DEFAULT_WINDOW_S, check_window
 from .writer import Writer
 
 log = structlog.get_logger("gpuscope.analyzer")
@@ -215,7 +215,7 @@ class Analyzer:
         last_sample = self.store.last_samples(since)
         host_seen = self.store.hosts_last_seen()
         devices = {(d["host"], int(d["gpu"])): d for d in self.store.devices()}
-        ends = {}
+        ends, now = {}, self._clock()
         for key in sorted(set(devices) | set(snapshot) | set(windows)):
             d = devices.get(key)
             if d is not None:
@@ -241,7 +241,7 @@ class Analyzer:
                     st.verdict, st.last_window_end, st.last_sample):
                 # the row lags what the scan found (a kill -9 left it owed): a GPU that stays silent
                 # would never be written again, and a later restart, scanning less, would believe the row
-                self._dirty.add(key, key, self._clock())
+                self._dirty.add(key, key, now)
         return ends
 
     def _recounted(self, findings: list[dict]) -> list[dict]:
@@ -376,7 +376,7 @@ class Analyzer:
                 st = self._state(b.host, g)
                 st.last_sample = max(st.last_sample, newest)
                 st.last_arrival = now
-                self._touch((b.host, g))
+                self._touch((b.host, g), now)
             if b.count:
                 ws = math.floor(float(b.t.max()) / self.window_s) * self.window_s
                 with self._lock:
@@ -414,7 +414,7 @@ class Analyzer:
             st = self._state(host, c.gpu)
             st.verdict, st.confidence, st.flags = c.verdict, c.confidence, tuple(c.flags)
             st.last_window_end = max(st.last_window_end or c.end, c.end)
-            self._touch((host, c.gpu))
+            self._touch((host, c.gpu), now)
             judged[host] = max(judged.get(host, c.end), c.end)
             windows.append((host, c.gpu, c.start, c.end, c.verdict, c.confidence,
                             json.dumps(c.flags) if c.flags else "[]", c.summary))
@@ -791,8 +791,8 @@ class Analyzer:
         except Exception:  # the mirror is a view: its failure must not stop analysis
             log.exception("status not published")
 
-    def _touch(self, key: tuple[str, int]) -> None:
-        self._dirty.add(key, key, self._clock())
+    def _touch(self, key: tuple[str, int], now: float) -> None:
+        self._dirty.add(key, key, now)
         self._status_dirty.add(key)
 
     def _row(self, key: tuple[str, int]) -> GpuRow:
