@@ -3,7 +3,8 @@ the query service reports. Transport-free: the gRPC servicer calls this.
 
 Staleness: a GPU is `stale` when no sample of it has arrived for
 STALE_AFTER_WINDOWS (3) classification windows on the analyzer's clock (15 s
-with the default 5 s windows): the live view and status say so with the age,
+with the default 5 s windows), judged at when the writer last had nothing
+waiting (Writer.behind_since: a backlog is not silence): the live view and status say so with the age,
 its last partial window is judged, and its open finding closes at the end of
 the last window it absorbed, saying "agent went silent". A host is stale when
 all its GPUs are. After a restart the analyzer knows every GPU the store
@@ -619,14 +620,15 @@ class Analyzer:
         the end of the last window each absorbed."""
         def run(_store: Store) -> None:
             now = self._clock()
-            self._record(self.live.sweep(now))
+            at = self._silence_clock(now)
+            self._record(self.live.sweep(at))
             closed = []
             for key in list(self.findings.open):
                 st = self.gpus.get(key)
                 # A finding resumed after a restart waits as long for its agent.
                 heard = max(st.last_arrival if st is not None else 0.0, self.started)
-                if heard < now - self.stale_after_s:
-                    closed.append(self.findings.close(key, reason=self._silence(key, st, now)))
+                if heard < at - self.stale_after_s:
+                    closed.append(self.findings.close(key, reason=self._silence(key, st, at)))
                     self._status_dirty.add(key)
             if closed:
                 self._persist_findings(closed)
@@ -640,6 +642,13 @@ class Analyzer:
             self._write_owed(now)
             self._publish_status()
         return self.writer.call(run)
+
+    def _silence_clock(self, now: float) -> float:
+        """When silence is judged: now, unless batches wait for the writer
+        (Writer.behind_since): a GPU is silent only if nothing of it arrived
+        while the analyzer kept up."""
+        behind = self.writer.behind_since()
+        return now if behind is None else min(now, behind)
 
     def _silence(self, key: tuple[str, int], st: GpuState | None, now: float) -> str:
         if key in self._lost:
@@ -658,7 +667,7 @@ class Analyzer:
         detector has history."""
         now = self._clock()
         if not now - 1.0 < self._hosts_heard_at <= now:
-            horizon = now - self.stale_after_s
+            horizon = self._silence_clock(now) - self.stale_after_s
             self._hosts_heard_n = sum(1 for t in list(self._host_arrival.values()) if t >= horizon)
             self._hosts_heard_at = now
         return self._hosts_heard_n
@@ -808,6 +817,7 @@ class Analyzer:
                     batches_rejected=self.rejected, samples_committed=w.samples,
                     samples_stored=self._samples_at_start + w.samples - self.retention.samples_deleted,
                     stale_after_seconds=self.stale_after_s, analysis_lag_seconds=self.analysis_lag(),
+                    ingest_behind_since=self.writer.behind_since(),
                     findings_open=len(self.findings.open),
                     db_path=self.config.db_path, window_seconds=self.window_s, anomalies=self.anomalies_total,
                     decisions=dict(self.decisions_total), captures_in_flight=self.policy.in_flight,
@@ -900,6 +910,7 @@ class Analyzer:
         finding, as it is in memory) and, by GPU, whether it is stale
         (status' rule)."""
         now = self._clock()
+        silence_at = self._silence_clock(now)
         rows = self.store.top_bottlenecked(start, end, limit, now=now, host=host, by=by)
         open_now: dict = {}                 # the tracker's open findings, as they are now: no store read
         for (h, g), f in list(self.findings.open.items()):
@@ -912,7 +923,7 @@ class Analyzer:
             st = self.gpus.get((r["host"], r["gpu"])) if by == "gpu" else None
             heard = st.last_arrival if st is not None else 0.0
             r["last_seen_age_s"] = now - heard if heard else None
-            r["stale"] = by == "gpu" and (not heard or now - heard > self.stale_after_s)
+            r["stale"] = by == "gpu" and (not heard or silence_at - heard > self.stale_after_s)
             r["conditions"] = ([f"{f['kind']}: {', '.join(f['flags'])}" for f in self.open_conditions((r["host"], r["gpu"]))]
                                if by == "gpu" else [])
         return rows

@@ -42,7 +42,10 @@ def summarize(arrivals: Iterable[tuple[Key, float]], row_of: Callable[[Key], Gpu
     index, at most `gpu_limit` (None: all) — a fleet's full list is
     thousands of entries."""
     stale_after_s = totals["stale_after_seconds"]
-    horizon = now - stale_after_s
+    # an analyzer behind its agents judges silence at when it last kept up (Writer.behind_since)
+    behind = totals.get("ingest_behind_since")
+    silence_at = now if behind is None else min(now, behind)
+    horizon = silence_at - stale_after_s
     host_fresh: dict[str, bool] = {}
     stale_n = total = 0
     keys = []
@@ -63,7 +66,7 @@ def summarize(arrivals: Iterable[tuple[Key, float]], row_of: Callable[[Key], Gpu
         age = now - r.last_arrival if r.last_arrival else None
         gpus.append(dict(host=r.host, gpu=r.gpu, name=r.name, verdict=r.verdict, confidence=r.confidence,
                          flags=list(r.flags), last_sample=r.last_sample, open_finding=r.open_finding, lost=r.lost,
-                         stale=age is None or age > stale_after_s, last_seen_age_s=age, source=r.source,
+                         stale=not r.last_arrival or r.last_arrival < horizon, last_seen_age_s=age, source=r.source,
                          uuid=r.uuid, namespace=r.owner[0], pod=r.owner[1]))
     return dict(totals, hosts=len(host_fresh), hosts_stale=sum(1 for fresh in host_fresh.values() if not fresh),
                 gpus=gpus, gpus_total=total, gpus_matching=matching, gpus_stale=stale_n)

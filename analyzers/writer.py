@@ -81,6 +81,7 @@ class Writer:
         self._devices_written: dict[tuple[str, int], tuple] = {}
         self._thread = threading.Thread(target=self._run, name="db-writer", daemon=True)
         self._stopping = False
+        self._caught_up_at = clock()     # the latest take that left nothing queued
         self.batches = self.duplicates = self.samples = self.failed_groups = self.rejected = 0
         self.last_error = ""
 
@@ -102,6 +103,17 @@ class Writer:
         fut: Future = Future()
         self._q.put((fn, fut))
         return fut
+
+    def behind_since(self) -> float | None:
+        """None when nothing waits for this thread; otherwise when it last
+        took everything queued. Every batch that had arrived by then is
+        committed and analysed, or is in the group being handled now; later
+        ones may be waiting here, or in their agents while the byte budget
+        holds the streams back. Staleness is judged at this time, so an
+        analyzer that falls behind never takes its own backlog for silent
+        agents (closing their windows and findings, to reopen them at once,
+        is more work, and the falling behind would feed itself)."""
+        return None if self._q.empty() else self._caught_up_at
 
     def reload_seqs(self) -> None:
         """Writer thread only: the committed seqs as stored, after retention
@@ -130,6 +142,8 @@ class Writer:
             if item is None:
                 return
             group, stopping = take_queued(self._q, item, self._max_group)
+            if self._q.empty():
+                self._caught_up_at = self._clock()
             if stopping:
                 self._q.put(None)            # this group first, then stop
             batches = [(b, f) for b, f in group if isinstance(b, DecodedBatch)]

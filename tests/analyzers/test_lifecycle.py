@@ -3,6 +3,7 @@ becomes stale and its finding closes at the end of the last window it
 absorbed; after a restart status shows what the store holds. Real Analyzer
 objects on real DuckDB files, an injected clock instead of sleeping."""
 import math
+import threading
 import time
 
 import duckdb
@@ -88,6 +89,46 @@ def test_a_silent_gpu_goes_stale_and_its_finding_closes_at_its_last_window(tmp_p
         st = a.status()
         assert (st["gpus_stale"], st["hosts_stale"], st["findings_open"]) == (2, 1, 0)
         assert _gpu(st, "host-a", 0)["last_seen_age_s"] == pytest.approx(10.0)
+    finally:
+        a.close()
+
+
+def test_an_analyzer_behind_its_agents_does_not_take_its_backlog_for_silence(tmp_path):
+    """Batches waiting for the writer are not silence: the sweep and status
+    judge it at when the writer last took everything queued. Before, a
+    fleet's backlog closed findings "agent went silent", to reopen them at
+    once, which made the backlog longer."""
+    clock = Clock(T0)
+    a = _analyzer(tmp_path / "b.duckdb", clock)
+    try:
+        for host in ("host-a", "host-b"):
+            _feed(a, clock, host, {0: MEMORY}, T0, 6)
+        release, taken = threading.Event(), threading.Event()
+        a.writer.call(lambda _s: taken.set() or release.wait(10))
+        assert taken.wait(10)          # taken alone: the writer had caught up at T0 + 6
+        a.writer._max_group = 1        # a backlog longer than a group: each take leaves the rest queued
+        clock.t = T0 + 40.0
+        late_a = a.submit(_batch("host-a", "boot-1", 7, T0 + 6, {0: MEMORY}))
+        swept = a.sweep()
+        seen = a.writer.call(lambda _s: a.status())
+        late_b = a.submit(_batch("host-b", "boot-1", 7, T0 + 6, {0: MEMORY}))
+        release.set()
+        assert late_a.result(timeout=10) == late_b.result(timeout=10) == "committed"
+        swept.result(timeout=10)
+        st = seen.result(timeout=10)
+        assert st["ingest_behind_since"] == T0 + 6
+        assert not _gpu(st, "host-b", 0)["stale"] and _gpu(st, "host-b", 0)["last_seen_age_s"] == 34.0
+        for host in ("host-a", "host-b"):
+            [f] = _findings(a, host, 0)
+            assert f["end"] is None and f["windows"] >= 6, (host, f["summary"])
+        assert a.writer.behind_since() is None and a.status()["ingest_behind_since"] is None
+
+        clock.t = T0 + 50.0            # caught up, and silent for 10 s: now they are
+        a.sweep().result(timeout=10)
+        for host in ("host-a", "host-b"):
+            [f] = _findings(a, host, 0)
+            assert f["end"] == T0 + 7.0 and "agent went silent (no samples for 10 s)" in f["summary"]
+        assert a.status()["gpus_stale"] == 2
     finally:
         a.close()
 

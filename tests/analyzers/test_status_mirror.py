@@ -61,3 +61,14 @@ def test_rows_are_replaced_and_staleness_is_judged_when_asked():
     later = m.status(now + 30)                         # nothing new published: ages grow all the same
     assert later["gpus_stale"] == 2 and later["gpus"][0]["last_seen_age_s"] == pytest.approx(30)
     assert m.age() < 5
+
+
+def test_an_analyzer_behind_its_agents_judges_silence_at_when_it_last_kept_up():
+    m, now = StatusMirror(), time.time()
+    totals = dict(stale_after_seconds=15.0, ingest_behind_since=now - 50)
+    m.apply([_row("h1", 0, arrival=now - 70), _row("h2", 0, arrival=now - 40)], totals)
+    s = m.status(now)
+    # h2's batches may be waiting behind the backlog: not stale; h1 was silent while the analyzer kept up
+    assert [(g["host"], g["stale"], round(g["last_seen_age_s"])) for g in s["gpus"]] == [
+        ("h1", True, 70), ("h2", False, 40)]
+    assert (s["gpus_stale"], s["hosts_stale"]) == (1, 1)
