@@ -165,7 +165,7 @@ class Analyzer:
         self.findings = FindingsTracker(self.window_s, max_gap_s=self.stale_after_s)
         stored = self.store.open_findings()
         written = {f["id"]: f["windows"] for f in stored}
-        self.findings.load(self._recounted(stored), last_windows)
+        self.findings.load(stored, last_windows, self._unwritten(stored))
         # open findings extended since they were written (recounted ones too: their rows lag)
         self._findings_dirty: Trickle[dict] = Trickle(SNAPSHOT_EVERY_S)
         for f in self.findings.open.values():
@@ -245,28 +245,25 @@ class Analyzer:
                 self._dirty.add(key, key, now)
         return ends
 
-    def _recounted(self, findings: list[dict]) -> list[dict]:
-        """Open findings with the windows stored after their row was last
-        written counted in (their confidence too; the evidence means stay as
-        written): a kill -9 loses no window from an episode's count. Only
-        the windows the episode absorbed count, as FindingsTracker.observe
-        takes them: transitional ones are skipped, and one of another
-        bottleneck family ended it (found in a trial: the windows after a
-        replay's end dragged a 1.00 finding to 0.43)."""
-        extra = self.store.windows_after(findings)
+    def _unwritten(self, findings: list[dict]) -> dict[str, list[tuple[str, float]]]:
+        """The windows each open finding absorbed after its row was last
+        written, (verdict, confidence) for FindingsTracker.load: a kill -9
+        loses no window from an episode's count. Only the windows the episode
+        absorbed count, as FindingsTracker.observe takes them: transitional
+        ones are skipped, and one of another bottleneck family ended it
+        (found in a trial: the windows after a replay's end dragged a 1.00
+        finding to 0.43)."""
+        extra, out = self.store.windows_after(findings), {}
         for f in findings:
-            n, conf = 0, 0.0
             episode = family(f.get("counters_verdict") or f["verdict"])
+            taken = out[f["id"]] = []
             for verdict, flags, confidence in extra.get(f["id"], ()):
                 if TRANSITIONAL in json.loads(flags):
                     continue
                 if family(verdict) != episode:
                     break
-                n, conf = n + 1, conf + confidence
-            if n:
-                f["confidence"] = round((f["confidence"] * f["windows"] + conf) / (f["windows"] + n), 3)
-                f["windows"] += n
-        return findings
+                taken.append((verdict, confidence))
+        return out
 
     def _write_owed(self, now: float, everything: bool = False) -> tuple[list[dict], list[tuple[str, int]]]:
         """Writes (writer thread) the open findings' running numbers and the

@@ -50,11 +50,22 @@ class FindingsTracker:
         self._serving: dict[str, str] = {}            # the newest window's serving words (analyzers/serving.py)
         self._serving_missed: dict[str, int] = {}     # windows since, that had none
 
-    def load(self, rows: list[dict], last_window_ends: dict[tuple[str, int], float] | None = None) -> None:
+    def load(self, rows: list[dict], last_window_ends: dict[tuple[str, int], float] | None = None,
+             unwritten: dict[str, list[tuple[str, float]]] | None = None) -> None:
         """Resume the findings left open by a previous run of the analyzer.
         `last_window_ends`: the newest stored window end of each GPU, which
         is the last window such a finding absorbed (windows and findings are
-        written in one transaction)."""
+        written in one transaction). `unwritten`: by finding id, the
+        (verdict, confidence) of windows it absorbed after its row was last
+        written (a kill -9 cost the row, not the windows): counted in, their
+        votes and confidence; the evidence means stay as written.
+
+        A row keeps its windows' votes as the majority's share
+        (evidence["verdict_share"]) and its alternatives, and its confidence
+        as their mean confidence times that share: both are taken apart
+        again here, so that an episode split between launch- and host-bound
+        resumes with the votes it had (before, every window was counted for
+        the majority, and a 0.75 finding came back 0.875)."""
         ends = last_window_ends or {}
         for f in rows:
             key = (f["host"], f["gpu"])
@@ -63,10 +74,22 @@ class FindingsTracker:
                 end = f["start"] + (f["windows"] * self.window_s if self.window_s else 0.0)
             f["last_window_end"] = end
             self.open[key] = f
-            self._sums[f["id"]] = {k: v * f["windows"] for k, v in f["evidence"].items()}
-            self._votes[f["id"]] = collections.Counter({f["counters_verdict"]: f["windows"]})
-            self._confidence[f["id"]] = f["confidence"] * f["windows"]
-            self._first_summary[f["id"]], serving = _split_serving(f["summary"] or "")
+            evidence = {k: v for k, v in f["evidence"].items() if k != "verdict_share"}
+            votes, summed = _votes_of(f)
+            for verdict, confidence in (unwritten or {}).get(f["id"], ()):
+                votes[verdict] += 1
+                summed += confidence
+            n = f["windows"] = sum(votes.values())
+            majority = max(votes, key=votes.__getitem__)
+            f["confidence"] = round(summed / n * votes[majority] / n, 3)
+            f["counters_verdict"] = majority
+            if f["decided_by"] == "counters":
+                f["verdict"] = majority
+            self._sums[f["id"]] = {k: v * n for k, v in evidence.items()}
+            self._votes[f["id"]] = votes
+            self._confidence[f["id"]] = summed
+            first, serving = _split_serving(f["summary"] or "")
+            self._first_summary[f["id"]] = first.rpartition(SPLIT_WORDS_END)[2]    # observe() puts them back
             if serving:
                 self._serving[f["id"]] = serving
 
@@ -222,6 +245,21 @@ class FindingsTracker:
         return None
 
 
+def _votes_of(f: dict) -> tuple[collections.Counter, float]:
+    """A stored finding's window votes and summed confidence, from its
+    windows, majority share and alternatives (FindingsTracker.load)."""
+    n = max(int(f["windows"]), 1)
+    share = f["evidence"].get("verdict_share")
+    share = 1.0 if not isinstance(share, (int, float)) or not 0.0 < share <= 1.0 else float(share)
+    k = min(max(round(share * n), 1), n)
+    votes = collections.Counter({f["counters_verdict"]: k})
+    if k < n:        # the minority: within one bottleneck family there is one other verdict
+        others = [a for a in f.get("alternatives") or () if a != f["counters_verdict"]]
+        votes[others[0] if others else f["counters_verdict"]] += n - k
+    return votes, f["confidence"] / (k / n) * n
+
+
+SPLIT_WORDS_END = ", a capture decides; "
 SPLIT_SHARE = 0.3      # a minority this large within the starved family: counters cannot tell which
 
 
@@ -236,7 +274,7 @@ def _split_words(votes: collections.Counter, n: int) -> str:
         return ""
     names = " or ".join(v.replace("-bound", "") for v, _ in ranked[:2])
     counts = ", ".join(f"{v} in {k} of {n} windows" for v, k in ranked)
-    return f"{names}-bound ({counts}): counters cannot tell them apart, a capture decides; "
+    return f"{names}-bound ({counts}): counters cannot tell them apart{SPLIT_WORDS_END}"
 
 
 def _split_serving(summary: str) -> tuple[str, str]:

@@ -520,9 +520,47 @@ def test_a_resumed_finding_counts_only_the_windows_its_episode_absorbed(tmp_path
         store.insert_windows([("h", 0, 100.0 + 5 * i, 105.0 + 5 * i, v, c, flags, "") for i, (v, c, flags) in enumerate([
             ("memory-bound", 1.0, "[]"), ("compute-bound", 0.2, '["transitional"]'), ("memory-bound", 0.8, "[]"),
             ("compute-bound", 0.9, "[]"), ("memory-bound", 1.0, "[]")])])
-        f = dict(id="f1", host="h", gpu=0, verdict="memory-bound", counters_verdict="memory-bound", windows=4,
-                 confidence=1.0, absorbed_until=100.0)
-        [resumed] = Analyzer._recounted(SimpleNamespace(store=store), [f])
-        assert resumed["windows"] == 6 and resumed["confidence"] == round((4 + 1.0 + 0.8) / 6, 3)
+        f = dict(id="f1", host="h", gpu=0, start=80.0, verdict="memory-bound", counters_verdict="memory-bound",
+                 windows=4, confidence=1.0, absorbed_until=100.0, evidence={"x": 1.0}, summary="",
+                 decided_by="counters", alternatives=[])
+        unwritten = Analyzer._unwritten(SimpleNamespace(store=store), [f])
+        assert unwritten == {"f1": [("memory-bound", 1.0), ("memory-bound", 0.8)]}
+        FindingsTracker(window_s=5.0).load([f], {}, unwritten)
+        assert f["windows"] == 6 and f["confidence"] == round((4 + 1.0 + 0.8) / 6, 3)
     finally:
         store.close()
+
+
+def test_a_split_episode_resumes_with_the_votes_it_had():
+    """Found in a trial: after a kill -9 an episode split between launch-
+    and host-bound came back with every window counted for the majority,
+    0.75 sure instead of 0.375 (mean 0.6 x share 0.625), and kept it. The
+    row's verdict share and alternatives give the votes back, and windows
+    absorbed after the row was written add theirs."""
+    import copy
+    w = lambda i, verdict, conf=0.6: Classification(gpu=0, start=100.0 + 5 * i, end=105.0 + 5 * i,  # noqa: E731
+                                                    verdict=verdict, confidence=conf, summary="GPU starved",
+                                                    evidence={"x": float(i)})
+    live = FindingsTracker(window_s=5.0, max_gap_s=15.0)
+    verdicts = ["host-bound", "launch-bound", "launch-bound", "host-bound", "launch-bound", "launch-bound",
+                "launch-bound", "host-bound"]
+    for i, v in enumerate(verdicts):
+        [f] = live.observe("h", w(i, v), "")
+    row = copy.deepcopy(live.current(f))           # what the store holds
+    assert (row["confidence"], row["evidence"]["verdict_share"]) == (0.375, 0.625)
+    after = [w(8, "host-bound", 0.9), w(9, "host-bound", 0.7), w(10, "host-bound", 0.8)]   # row not written again
+    for c in after:
+        live.observe("h", c, "")
+
+    resumed = FindingsTracker(window_s=5.0, max_gap_s=15.0)
+    resumed.load([row], {("h", 0): 150.0}, {row["id"]: [(c.verdict, c.confidence) for c in after]})
+    want = live.current(live.open[("h", 0)])
+    got = resumed.current(resumed.open[("h", 0)])
+    for key in ("windows", "confidence", "verdict", "counters_verdict"):
+        assert got[key] == want[key], key
+    assert got["verdict"] == "host-bound" and got["evidence"]["verdict_share"] == want["evidence"]["verdict_share"]
+    assert got["evidence"]["x"] == row["evidence"]["x"]        # the means stay as written
+    for i, v in enumerate(["host-bound", "launch-bound"], start=11):   # and both go on alike
+        [a] = live.observe("h", w(i, v), "")
+        [b] = resumed.observe("h", w(i, v), "")
+        assert (a["verdict"], a["confidence"], a["summary"]) == (b["verdict"], b["confidence"], b["summary"])
