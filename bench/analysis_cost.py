@@ -1,6 +1,6 @@
 """What one batch costs the analyzer's Python, stage by stage, in process.
 
-    python bench/analysis_cost.py [--agents 500] [--seconds 60] [--flush 5]
+    python bench/analysis_cost.py [--agents 500] [--seconds 60] [--flush 5] [--slow 1]
 
 The same batches as bench/fleet_grpc.py (8 GPUs of the bundled H200
 recording, each agent at its own offset, `--flush` seconds of 1 Hz samples a
@@ -62,6 +62,8 @@ def main() -> None:
     ap.add_argument("--agents", type=int, default=500)
     ap.add_argument("--seconds", type=int, default=60)
     ap.add_argument("--flush", type=int, default=5)
+    ap.add_argument("--slow", type=int, default=1, help="as bench/fleet_grpc.py --slow: phases last N times longer")
+    ap.add_argument("--profile", metavar="FILE", help="cProfile the writer's path into FILE")
     ns = ap.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     parts: collections.Counter = collections.Counter()
@@ -71,7 +73,7 @@ def main() -> None:
     from gpuscope.analyzers.ingest import decode
     from gpuscope.v1 import samples_pb2 as pb
 
-    bodies = fleet_grpc.build_bodies(ns.flush)
+    bodies = fleet_grpc.build_bodies(ns.flush, ns.slow)
     a = Analyzer(AnalyzerConfig(os.path.join(tempfile.mkdtemp(), "cost.duckdb")))
     random.seed(1)
     t0 = np.floor(time.time() / 5) * 5 - ns.seconds - 20
@@ -97,13 +99,22 @@ def main() -> None:
         commit_analysis(batches)
         analysis[0] += time.process_time() - c0
     a.writer._after_commit = analyse
+    prof = None
+    if ns.profile:
+        import cProfile
+        prof = cProfile.Profile()
+        prof.enable()
     c = time.process_time()
     for i in range(0, len(decoded), 256):
         a.writer._commit([(b, Future()) for b in decoded[i:i + 256]])
     writer_s = time.process_time() - c
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(ns.profile)
     windows = a.store.count("windows")
     n = len(decoded)
-    out = dict(date=time.strftime("%Y-%m-%d"), agents=ns.agents, seconds=ns.seconds, flush_s=ns.flush, batches=n,
+    out = dict(date=time.strftime("%Y-%m-%d"), agents=ns.agents, seconds=ns.seconds, flush_s=ns.flush, slow=ns.slow,
+               batches=n,
                gpu_windows=windows, decode_us_per_batch=round(decode_s / n * 1e6),
                store_us_per_batch=round((writer_s - analysis[0]) / n * 1e6),
                analysis_us_per_batch=round(analysis[0] / n * 1e6),
