@@ -70,9 +70,12 @@ def stack_columns(parts: Sequence[tuple[tuple[str, ...], np.ndarray]],
     if names is None:
         if len(parts) == 1:             # most live windows: one batch's rows (no union to take)
             return Columns(parts[0][0], parts[0][1])
-        names = tuple(dict.fromkeys(n for part_names, _ in parts for n in part_names))
+        first = parts[0][0]
+        # a fleet's parts mostly carry one metric set: no union to take (it cost ~10% of live analysis)
+        names = first if all(n == first for n, _ in parts) else tuple(
+            dict.fromkeys(n for part_names, _ in parts for n in part_names))
     if all(part_names == names for part_names, _ in parts):
-        return Columns(names, parts[0][1] if len(parts) == 1 else np.vstack([m for _, m in parts]))
+        return Columns(names, parts[0][1] if len(parts) == 1 else np.concatenate([m for _, m in parts]))
     pos = {n: i for i, n in enumerate(names)}
     out = np.full((sum(len(m) for _, m in parts), len(names)), np.nan)
     r = 0
@@ -335,21 +338,30 @@ def _nan(x: float | None) -> float:
     return np.nan if x is None else float(x)
 
 
-def stack(windows: Sequence[tuple[int, float, float, np.ndarray, Columns, dict]]) -> Stack:
+def stack(windows: Sequence[tuple[int, float, float, np.ndarray | list[np.ndarray],
+                                  Columns | list[tuple[tuple[str, ...], np.ndarray]], dict]]) -> Stack:
     """Stacks (gpu, start, end, t, columns, device facts) of many windows;
     windows whose metric sets differ get NaN for the metrics they lack, and
     a window whose samples arrived out of order (a resent batch after a
-    newer one) is put in time order."""
-    ts = [w[3] for w in windows]
-    offsets = np.concatenate(([0], np.cumsum([len(x) for x in ts])[:-1])) if ts else np.empty(0, np.int64)
-    if windows:
-        both = stack_columns([(w[4].names, w[4].matrix) for w in windows])
+    newer one) is put in time order. A window's samples may also come as
+    the parts they arrived in: t as a list of arrays, the columns as a list
+    of (metric names, matrix) of the same rows, stacked once with all the
+    others instead of per window first."""
+    ts, rows, lengths = [], [], []
+    for w in windows:
+        t_parts = w[3] if isinstance(w[3], list) else [w[3]]
+        ts.extend(t_parts)
+        lengths.append(sum(len(x) for x in t_parts))
+        rows.extend(w[4] if isinstance(w[4], list) else [(w[4].names, w[4].matrix)])
+    offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])) if lengths else np.empty(0, np.int64)
+    if rows:
+        both = stack_columns(rows)
         names, matrix = both.names, both.matrix
     else:
         names, matrix = (), np.empty((0, 0))
     dev = [w[5] for w in windows]
     t = np.concatenate(ts) if ts else np.empty(0)
-    seg = np.repeat(np.arange(len(windows)), [len(x) for x in ts])
+    seg = np.repeat(np.arange(len(windows)), lengths)
     if len(t) > 1 and np.any((np.diff(t) < 0) & (seg[1:] == seg[:-1])):   # a window's samples out of order
         o = np.lexsort((t, seg))
         t, matrix = t[o], matrix[o]

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from .classify import Classification, classify_many
-from .features import compute_windows, feature_matrix, stack, stack_columns
+from .features import compute_windows, feature_matrix, stack
 from .ingest import DecodedBatch
 from .roofline import datasheet_peaks
 
@@ -93,10 +93,9 @@ class LiveWindows:
             return []
         parts = []
         for (host, g), acc in closing:
-            t = np.concatenate(acc.t) if len(acc.t) > 1 else acc.t[0]
             dev = self.devices.get((host, g), {})
             measured = self.hbm_measured.get(dev.get("uuid") or "")
-            parts.append((g, acc.start, acc.start + self.window_s, t, stack_columns(acc.rows),
+            parts.append((g, acc.start, acc.start + self.window_s, acc.t, acc.rows,
                           {**dev, "hbm_measured_bytes_per_s": measured} if measured else dev))
         s = stack(parts)
         matrix = feature_matrix(s)

@@ -48,6 +48,31 @@ def test_stacked_windows_equal_windows_alone(seed):
 
 
 @pytest.mark.parametrize("seed", range(10))
+def test_windows_given_as_the_parts_they_arrived_in_equal_windows_given_whole(seed):
+    """The live path hands each window's batches as they came (their own
+    metric sets, sometimes out of time order): stacked once, they give what
+    the window given whole does."""
+    from gpuscope.analyzers.features import stack_columns
+    rng = np.random.default_rng(200 + seed)
+    whole, split = [], []
+    for g in range(int(rng.integers(1, 30))):
+        pieces = [_random_window(rng, g) for _ in range(int(rng.integers(1, 4)))]
+        if rng.random() < 0.3:
+            pieces = pieces[::-1]                 # a resent batch after a newer one
+        ts = [p[3] for p in pieces]
+        rows = [(p[4].names, p[4].matrix) for p in pieces]
+        whole.append((g, pieces[0][1], pieces[0][2], np.concatenate(ts), stack_columns(rows), pieces[0][5]))
+        split.append((g, pieces[0][1], pieces[0][2], ts, rows, pieces[0][5]))
+    a, b = stack(whole), stack(split)
+    assert a.names == b.names
+    np.testing.assert_array_equal(a.t, b.t)
+    np.testing.assert_array_equal(a.offsets, b.offsets)
+    np.testing.assert_array_equal(a.matrix[:, [a.names.index(n) for n in b.names]], b.matrix)
+    for x, y in zip(compute_windows(a), compute_windows(b)):
+        assert (x is None) == (y is None) and (x is None or x.features == y.features)
+
+
+@pytest.mark.parametrize("seed", range(10))
 def test_counter_rates_follow_the_counter_rule(seed):
     """The stacked rate is collectors.counters.rate, window by window."""
     rng = np.random.default_rng(100 + seed)
