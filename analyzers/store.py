@@ -6,6 +6,7 @@ appended as Arrow tables, never row by row.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -183,8 +184,31 @@ class Store:
         self.config = config
         self._generation = 0
         self._local = threading.local()
+        self._siblings: list[Store] = []
+        self._owner: Store | None = None
         self._con = self._connect()
         self._migrate()
+
+    def sibling(self) -> "Store":
+        """A second writer on this database: its own connection, so its own
+        transactions, run at the same time as this one's (the writer's
+        commit thread stores samples while the analysis writes windows and
+        findings here; they never write the same tables). It follows
+        reopen() and close(), which only its owner calls, while the
+        sibling is idle."""
+        sib = copy.copy(self)
+        sib._owner, sib._siblings, sib._local = self, [], threading.local()
+        sib._con = self._con.cursor()
+        self._siblings.append(sib)
+        return sib
+
+    def _close_siblings(self) -> None:
+        # a sibling's connection keeps the database (and its file lock) open after this one closes
+        for sib in self._siblings:
+            try:
+                sib._con.close()
+            except duckdb.Error:
+                pass
 
     def _connect(self) -> duckdb.DuckDBPyConnection:
         try:
@@ -203,6 +227,7 @@ class Store:
     def reopen(self) -> None:
         """After a fatal error (e.g. the disk filled mid-commit) DuckDB
         invalidates the connection; a new one replays the WAL."""
+        self._close_siblings()
         try:
             self._con.close()
         except duckdb.Error:
@@ -241,6 +266,9 @@ class Store:
 
     # -- writes (writer thread only) -------------------------------------------------
     def begin(self) -> None:
+        if self._owner is not None and self._generation != self._owner._generation:   # its owner reopened
+            self._con = self._owner._con.cursor()
+            self._generation = self._owner._generation
         self._con.execute("BEGIN TRANSACTION")
 
     def commit(self) -> None:
@@ -782,6 +810,7 @@ class Store:
         return int(self.reader().execute(f"SELECT count(*) FROM {table}").fetchone()[0])
 
     def close(self) -> None:
+        self._close_siblings()
         try:
             self._con.close()
         except duckdb.Error:

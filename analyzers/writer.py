@@ -1,10 +1,12 @@
 """The single writer: group commit of decoded batches into the store.
 
 Ingest decodes and hands batches here; one thread drains whatever is
-queued, drops those already stored (exactly, by the committed seqs of each
-(host, boot_id), never by a high-water mark), appends the rest in one
-transaction, and only then resolves each batch's future. An acknowledgement
-therefore always means stored.
+queued and hands each group to a commit thread, which drops those already
+stored (exactly, by the committed seqs of each (host, boot_id), never by a
+high-water mark), appends the rest in one transaction on its own DuckDB
+connection, and only then resolves each batch's future. An
+acknowledgement therefore always means stored. The live analysis of what
+committed runs on the first thread, overlapping the next group's commit.
 
 A failed group is retried in halves, so a batch that can never be stored
 fails alone (BatchRejected, the agent drops it) and the others commit. A
@@ -16,7 +18,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 import duckdb
@@ -72,6 +74,10 @@ class Writer:
                  max_group: int = 256, clock: Callable[[], float] = time.time,
                  queue_bytes: int = DEFAULT_QUEUE_BYTES):
         self._store = store
+        # the commit thread's own connection: group N+1 commits while group N is analysed here
+        self._sink = store.sibling()
+        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="db-commit")
+        self._reopen: Exception | None = None     # a commit's error that needs the store opened again
         self._after_commit = after_commit
         self._max_group = max_group
         self._clock = clock
@@ -128,6 +134,7 @@ class Writer:
         self._q.put(None)
         if self._thread.is_alive():
             self._thread.join(timeout=timeout_s)
+        self._committer.shutdown(wait=False)
         while True:
             try:
                 item = self._q.get_nowait()
@@ -137,9 +144,23 @@ class Writer:
                 item[1].set_exception(StoreUnavailable("the analyzer is shutting down"))
 
     def _run(self) -> None:
+        """Group N+1 is stored on the commit thread while group N's live
+        analysis runs here: DuckDB gives the GIL up while it appends and
+        commits, so its part of each group (a sixth of the core at 2,000
+        agents) no longer waits for the Python analysis, nor that for it.
+        At most one group waits for analysis, so memory stays bounded by
+        the byte budget plus one group. A task runs after the analysis of
+        every batch queued before it, with the commit thread idle."""
+        owed: list[DecodedBatch] = []      # committed; analysed while the next group commits
         while True:
-            item = self._q.get()
+            try:
+                item = self._q.get(block=not owed)
+            except queue.Empty:            # nothing more to commit now: analyse at once
+                self._analyse(owed)
+                owed = []
+                continue
             if item is None:
+                self._analyse(owed)
                 return
             group, stopping = take_queued(self._q, item, self._max_group)
             if self._q.empty():
@@ -148,14 +169,13 @@ class Writer:
                 self._q.put(None)            # this group first, then stop
             batches = [(b, f) for b, f in group if isinstance(b, DecodedBatch)]
             tasks = [(b, f) for b, f in group if not isinstance(b, DecodedBatch)]
-            if batches:
-                try:
-                    self._commit(batches)
-                except Exception as exc:  # the writer must outlive any bug; nothing is acked
-                    log.exception("commit path failed")
-                    for _, fut in batches:
-                        if not fut.done():
-                            fut.set_exception(StoreUnavailable(str(exc)))
+            storing = self._committer.submit(self._store_safely, batches) if batches else None
+            self._analyse(owed)
+            owed = storing.result() if storing is not None else []
+            self._recover()
+            if tasks:
+                self._analyse(owed)
+                owed = []
             for fn, fut in tasks:
                 try:
                     fut.set_result(fn(self._store))
@@ -163,7 +183,32 @@ class Writer:
                     log.exception("writer task failed")
                     fut.set_exception(exc)
 
+    def _analyse(self, committed: list[DecodedBatch]) -> None:
+        if committed:
+            try:
+                self._after_commit(committed)
+            except Exception:  # analysis must never lose committed data or stop ingest
+                log.exception("live analysis failed")
+
     def _commit(self, group: list[tuple[DecodedBatch, Future]]) -> None:
+        """Stores a group and analyses what committed, on the calling thread
+        (a benchmark's or a test's; the writer's loop overlaps the two)."""
+        committed = self._store_safely(group)
+        self._recover()
+        self._analyse(committed)
+
+    def _store_safely(self, group: list[tuple[DecodedBatch, Future]]) -> list[DecodedBatch]:
+        try:
+            return self._store_batches(group)
+        except Exception as exc:  # the writer must outlive any bug; nothing is acked
+            log.exception("commit path failed")
+            for _, fut in group:
+                if not fut.done():
+                    fut.set_exception(StoreUnavailable(str(exc)))
+            return []
+
+    def _store_batches(self, group: list[tuple[DecodedBatch, Future]]) -> list[DecodedBatch]:
+        """Stores the batches not stored before; returns those committed."""
         fresh, dup, again = [], [], []
         first: dict[tuple[str, str, int], Future] = {}
         for b, fut in group:
@@ -188,19 +233,16 @@ class Writer:
                 fut.set_result(DUPLICATE)
             else:
                 fut.set_exception(exc)
-        if committed:
-            try:
-                self._after_commit(committed)
-            except Exception:  # analysis must never lose committed data or stop ingest
-                log.exception("live analysis failed")
+        return committed
 
     def _store_group(self, group: list[tuple[DecodedBatch, Future]], committed: list[DecodedBatch]) -> None:
         try:
             seqs, devices, now = self._write(group)
         except Exception as exc:
-            self._store.rollback()
-            self._recover(exc)
-            if isinstance(exc, _ENVIRONMENT) or not isinstance(exc, _PERMANENT) and len(group) == 1:
+            self._sink.rollback()
+            if _fatal(exc):           # opened again by the writer thread, once the analysis is done with it
+                self._reopen = exc
+            if isinstance(exc, _ENVIRONMENT) or _fatal(exc) or not isinstance(exc, _PERMANENT) and len(group) == 1:
                 self.failed_groups += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 log.error("commit failed; agents will resend", batches=len(group), error=self.last_error)
@@ -248,7 +290,7 @@ class Writer:
                             host=b.host, boot_id=b.boot_id, merged=merged)
             if key not in latest or b.seq > latest[key].seq:
                 latest[key] = b
-        store = self._store
+        store = self._sink
         store.begin()
         sampled = [b for b, _ in group if b.count]
         if sampled:
@@ -270,15 +312,19 @@ class Writer:
         store.commit()
         return seqs, devices, now
 
-    def _recover(self, exc: Exception) -> None:
+    def _recover(self) -> None:
         """After a fatal error DuckDB refuses every later statement until the
-        file is opened again."""
-        if isinstance(exc, duckdb.FatalException) or "invalidated" in str(exc):
-            try:
-                self._store.reopen()
-                log.warning("store reopened after a fatal error", error=str(exc)[:300])
-            except Exception as again:  # keep running; the next group tries again
-                log.error("store could not be reopened", error=str(again)[:300])
+        file is opened again: done here, with the commit thread idle and the
+        analysis not running (reopening closes both connections)."""
+        exc, self._reopen = self._reopen, None
+        if exc is None:
+            return
+        try:
+            self._store.reopen()
+            log.warning("store reopened after a fatal error", error=str(exc)[:300])
+        except Exception as again:  # keep running; the next group tries again
+            log.error("store could not be reopened", error=str(again)[:300])
+            self._reopen = exc
 
     def _changed_devices(self, fresh: list[tuple[DecodedBatch, Future]], now: float) -> list[tuple]:
         """Device rows that changed, or whose last_seen is over a minute old:
@@ -292,6 +338,10 @@ class Writer:
                 if last is None or last[0] != facts or now - last[1] > 60:
                     rows[key] = facts + (now,)
         return list(rows.values())   # remembered once the transaction commits
+
+
+def _fatal(exc: Exception) -> bool:
+    return isinstance(exc, duckdb.FatalException) or "invalidated" in str(exc)
 
 
 def _owner_row(b: DecodedBatch, gpu: int) -> tuple | None:

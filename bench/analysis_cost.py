@@ -10,6 +10,10 @@ the writer thread forms them under load), which stores it and runs the live
 analysis. Reported: CPU per batch for decode, for storing, and for the live
 analysis. The analysis is also given per GPU-window, broken down by its
 parts (wall time of each, nested parts included in their parents).
+
+`--loop` runs the writer's own thread instead (its commit thread storing
+group N+1 while group N is analysed), fed a steady backlog, and reports the
+wall time and batches per second: what the overlap buys on this machine.
 """
 from __future__ import annotations
 
@@ -64,6 +68,7 @@ def main() -> None:
     ap.add_argument("--flush", type=int, default=5)
     ap.add_argument("--slow", type=int, default=1, help="as bench/fleet_grpc.py --slow: phases last N times longer")
     ap.add_argument("--profile", metavar="FILE", help="cProfile the writer's path into FILE")
+    ap.add_argument("--loop", action="store_true", help="the writer's own threads, wall time (see above)")
     ns = ap.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     parts: collections.Counter = collections.Counter()
@@ -91,6 +96,9 @@ def main() -> None:
     c = time.process_time()
     decoded = [decode(m) for m in msgs]
     decode_s = time.process_time() - c
+    if ns.loop:
+        _loop(a, decoded, ns)
+        return
     analysis = [0.0]
     commit_analysis = a.writer._after_commit
 
@@ -121,6 +129,23 @@ def main() -> None:
                analysis_us_per_window=round(analysis[0] / max(windows, 1) * 1e6, 1),
                parts_us_per_window={k: round(v / max(windows, 1) * 1e6, 1) for k, v in parts.most_common()})
     print(json.dumps(out, indent=1))
+    a.close()
+
+
+def _loop(a, decoded, ns) -> None:
+    a.writer.start()
+    c, w = time.process_time(), time.perf_counter()
+    futs = []
+    for i in range(0, len(decoded), 512):       # a steady backlog of at most ~1,000 batches, as under load
+        futs += [a.writer.submit(b) for b in decoded[i:i + 512]]
+        while len(futs) > 1024 and not futs[-1024].done():
+            time.sleep(0.002)
+    a.writer.call(lambda _s: None).result(600)
+    wall = time.perf_counter() - w
+    print(json.dumps(dict(date=time.strftime("%Y-%m-%d"), agents=ns.agents, seconds=ns.seconds, flush_s=ns.flush,
+                          slow=ns.slow, batches=len(decoded), wall_s=round(wall, 2),
+                          cpu_s=round(time.process_time() - c, 2), batches_per_s=round(len(decoded) / wall),
+                          committed=a.writer.batches), indent=1))
     a.close()
 
 

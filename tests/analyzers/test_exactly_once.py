@@ -140,3 +140,67 @@ def test_full_disk_acks_nothing_and_the_resend_after_later_batches_is_stored(tmp
             a.close()
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_the_next_group_commits_while_the_last_one_is_analysed(tmp_path):
+    """The commit thread stores group 2 while group 1's analysis runs: here
+    group 2's commit waits for group 1's analysis to begin, and group 1's
+    analysis for group 2's commit. Run one after the other, they deadlock
+    (each gives up after 10 s and the test fails)."""
+    from gpuscope.analyzers.store import Store, StoreConfig
+    from gpuscope.analyzers.writer import Writer
+    store = Store(StoreConfig(str(tmp_path / "o.duckdb"), memory_limit="128MB"))
+    analysing, second_committed, overlapped = threading.Event(), threading.Event(), []
+    analysed: list[list[int]] = []
+
+    def analyse(batches):
+        analysed.append([b.seq for b in batches])
+        if len(analysed) == 1:
+            analysing.set()
+            overlapped.append(second_committed.wait(10))
+
+    w = Writer(store, analyse, max_group=1)
+    commit = w._sink.commit
+
+    def slow_commit():
+        if w.batches == 1:                    # group 2's commit, with group 1 committed
+            overlapped.append(analysing.wait(10))
+        commit()
+        if w.batches == 1:
+            second_committed.set()
+    w._sink.commit = slow_commit
+    w.start()
+    try:
+        futs = [w.submit(decode(batch(seq))) for seq in (1, 2)]
+        assert [f.result(30) for f in futs] == [COMMITTED, COMMITTED]
+        w.call(lambda _s: None).result(30)   # a task runs after the analysis of all before it
+        assert overlapped == [True, True] and analysed == [[1], [2]]
+    finally:
+        w.stop()
+        store.close()
+
+
+def test_a_fatal_error_reopens_the_store_and_both_connections_carry_on(analyzer):
+    """DuckDB refuses every statement after a fatal error until the file is
+    opened again: the group fails as UNAVAILABLE (the agents resend), the
+    writer reopens once the analysis is done with the old connection, and
+    the commit thread's connection follows."""
+    import duckdb
+    sink, calls = analyzer.writer._sink, []
+    append = sink.append
+
+    def fatal_once(table, rows, replace=False):
+        calls.append(table)
+        if len(calls) == 1:
+            raise duckdb.FatalException("FATAL Error: database has been invalidated (injected)")
+        return append(table, rows, replace)
+    sink.append = fatal_once
+    generation = analyzer.store._generation
+    with pytest.raises(StoreUnavailable, match="invalidated"):
+        analyzer.writer.submit(decode(batch(1))).result(30)
+    assert analyzer.writer.submit(decode(batch(1))).result(30) == COMMITTED     # the resend
+    assert analyzer.writer.submit(decode(batch(2))).result(30) == COMMITTED
+    analyzer.writer.call(lambda _s: None).result(30)
+    assert analyzer.store._generation == generation + 1
+    assert _rows_per_seq(analyzer) == {1: 4, 2: 4}
+    assert analyzer.store.count("windows") >= 0 and analyzer.writer.failed_groups == 1
