@@ -169,7 +169,12 @@ class Writer:
                 self._q.put(None)            # this group first, then stop
             batches = [(b, f) for b, f in group if isinstance(b, DecodedBatch)]
             tasks = [(b, f) for b, f in group if not isinstance(b, DecodedBatch)]
-            storing = self._committer.submit(self._store_safely, batches) if batches else None
+            try:
+                storing = self._committer.submit(self._store_safely, batches) if batches else None
+            except RuntimeError:          # stop() gave up waiting and shut the commit thread down
+                for _, fut in batches:
+                    fut.set_exception(StoreUnavailable("the analyzer is shutting down"))
+                storing = None
             self._analyse(owed)
             owed = storing.result() if storing is not None else []
             self._recover()
