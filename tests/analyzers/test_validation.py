@@ -152,6 +152,29 @@ def test_bad_value_is_refused_naming_the_field(field, change, says):
     assert len(str(err.value)) < 400, "an error must never echo a whole bad value"
 
 
+def test_a_device_list_seen_before_is_not_checked_again_but_its_references_are():
+    """Every batch repeats its devices; a list is checked once, and a new one
+    (a field changed, a bad value) afresh. What points into the batch's own
+    attributions is checked in every batch."""
+    first = decode(make_batch(t0=NOW - 10), now=NOW)
+    again = decode(make_batch(t0=NOW - 10, seq=2), now=NOW)
+    assert again.devices == first.devices and again.devices is not first.devices
+    changed = make_batch(t0=NOW - 10, seq=3)
+    changed.devices[0].pcie_generation = 99
+    with pytest.raises(BatchError, match=r"^devices\[0\]\.pcie_generation: 99"):
+        decode(changed, now=NOW)
+    dangling = make_batch(t0=NOW - 10, seq=4)
+    dangling.devices[0].attribution = 0
+    del dangling.attributions[:]
+    for p in dangling.processes:
+        p.ClearField("attribution")
+    with pytest.raises(BatchError, match=r"^devices\[0\]\.attribution: 0 is not one of the batch's 0"):
+        decode(dangling, now=NOW)
+    ok = make_batch(t0=NOW - 10, seq=5)
+    ok.devices[0].attribution = 0          # the same list, now pointing at an attribution that exists
+    assert decode(ok, now=NOW).devices == first.devices
+
+
 def test_a_day_old_batch_is_accepted_a_week_old_is_not():
     decode(make_batch(t0=NOW - DAY, health_t=NOW - DAY), now=NOW)      # an agent catching up after an outage
     decode(make_batch(t0=NOW + ingest.MAX_FUTURE_SKEW_S - 10), now=NOW)
