@@ -673,7 +673,10 @@ class Analyzer:
     def _fleet_checks_job(self) -> None:
         try:
             self.run_fleet_checks().result(timeout=120)
-        except Exception:  # a scheduled job: log, and try again at the next interval
+        except Exception as exc:  # a scheduled job: log, and try again at the next interval
+            if not self._scheduler.running:      # the analyzer stopped under it (the store closed): no fault
+                log.info("fleet checks stopped with the analyzer", error=str(exc)[:200])
+                return
             log.exception("fleet checks failed")
 
     def run_fleet_checks(self, now: float | None = None) -> Future:

@@ -89,9 +89,11 @@ class FindingsTracker:
             self._votes[f["id"]] = votes
             self._confidence[f["id"]] = summed
             first, serving = _split_serving(f["summary"] or "")
-            self._first_summary[f["id"]] = first.rpartition(SPLIT_WORDS_END)[2]    # observe() puts them back
+            first = self._first_summary[f["id"]] = first.rpartition(SPLIT_WORDS_END)[2]
             if serving:
                 self._serving[f["id"]] = serving
+            if f["decided_by"] == "counters":       # the split words as the votes are now (observe's rule)
+                f["summary"] = _split_words(votes, n) + first + serving
 
     def observe(self, host: str, c: Classification, job: str, owner: dict[str, str] | None = None,
                 source: str = "") -> list[dict]:

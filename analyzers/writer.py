@@ -119,6 +119,8 @@ class Writer:
         analyzer that falls behind never takes its own backlog for silent
         agents (closing their windows and findings, to reopen them at once,
         is more work, and the falling behind would feed itself)."""
+        if self._stopping:       # its queue empties because it takes nothing new, not because it caught up
+            return self._caught_up_at
         return None if self._q.empty() else self._caught_up_at
 
     def reload_seqs(self) -> None:
@@ -163,7 +165,7 @@ class Writer:
                 self._analyse(owed)
                 return
             group, stopping = take_queued(self._q, item, self._max_group)
-            if self._q.empty():
+            if self._q.empty() and not self._stopping:
                 self._caught_up_at = self._clock()
             if stopping:
                 self._q.put(None)            # this group first, then stop

@@ -204,3 +204,34 @@ def test_a_fatal_error_reopens_the_store_and_both_connections_carry_on(analyzer)
     assert analyzer.store._generation == generation + 1
     assert _rows_per_seq(analyzer) == {1: 4, 2: 4}
     assert analyzer.store.count("windows") >= 0 and analyzer.writer.failed_groups == 1
+
+
+def test_a_stopping_writer_does_not_count_as_caught_up(tmp_path):
+    """Found in a trial: stopping an analyzer that was behind closed 570
+    findings of agents that still held batches, as "went silent". A
+    stopping writer takes nothing new, so its queue empties without it
+    having caught up: silence is still judged at when it last had."""
+    from gpuscope.analyzers.store import Store, StoreConfig
+    from gpuscope.analyzers.writer import Writer
+    clock = [100.0]
+    store = Store(StoreConfig(str(tmp_path / "s.duckdb"), memory_limit="128MB"))
+    w = Writer(store, lambda batches: None, clock=lambda: clock[0])
+    w.start()
+    try:
+        gate, taken = threading.Event(), threading.Event()
+        w.call(lambda _s: taken.set() or gate.wait(10))
+        assert taken.wait(10)                          # taken alone at 100: caught up then
+        clock[0] = 200.0
+        late = w.submit(decode(batch(1)))
+        seen = w.call(lambda _s: w.behind_since())
+        assert w.behind_since() == 100.0
+        stopper = threading.Thread(target=w.stop, args=(10,))
+        stopper.start()
+        while not w._stopping:
+            time.sleep(0.01)
+        gate.set()
+        stopper.join(15)
+        assert late.result(10) == COMMITTED and seen.result(10) == 100.0
+    finally:
+        w.stop()
+        store.close()

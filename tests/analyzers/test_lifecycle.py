@@ -556,7 +556,7 @@ def test_a_split_episode_resumes_with_the_votes_it_had():
     resumed.load([row], {("h", 0): 150.0}, {row["id"]: [(c.verdict, c.confidence) for c in after]})
     want = live.current(live.open[("h", 0)])
     got = resumed.current(resumed.open[("h", 0)])
-    for key in ("windows", "confidence", "verdict", "counters_verdict"):
+    for key in ("windows", "confidence", "verdict", "counters_verdict", "summary"):
         assert got[key] == want[key], key
     assert got["verdict"] == "host-bound" and got["evidence"]["verdict_share"] == want["evidence"]["verdict_share"]
     assert got["evidence"]["x"] == row["evidence"]["x"]        # the means stay as written
