@@ -131,8 +131,11 @@ def test_buffer_is_bounded_and_drops_are_counted():
         for i in range(25):
             up.submit([GpuSample(0, 1e9 + i * 10 + k, {"power_watts": 1.0}) for k in range(10)])
             time.sleep(0.01)
-        assert up.buffered == 100
-        assert up.stats()["dropped_samples"] == 150
+            assert up.buffered <= 100
+        # the oldest whole batch goes first, so fewer than 100 may stay when flushes are slow and batches
+        # large (a busy machine: 60 left); every sample is still either buffered or counted as dropped
+        assert 0 < up.buffered <= 100
+        assert up.buffered + up.stats()["dropped_samples"] == 250
     finally:
         up.stop(drain_s=0)
 
