@@ -65,7 +65,7 @@ from .publish import PublishConfig, Publisher
 from .rank_skew import COORDINATED, collectives, skew
 from .report import build_range_report, build_report, full_id
 from .retention import PassResult, Retention, RetentionConfig
-from .status import GpuRow, summarize as summarize_status
+from .status import GpuRow, silence_time, summarize as summarize_status
 from .stragglers import StragglerConfig, find_stragglers
 from .store import FINDING_COLUMNS, Store, StoreConfig, finding_group, finding_row, merge_live
 from .trace_analysis import summarize
@@ -641,11 +641,7 @@ class Analyzer:
         return self.writer.call(run)
 
     def _silence_clock(self, now: float) -> float:
-        """When silence is judged: now, unless batches wait for the writer
-        (Writer.behind_since): a GPU is silent only if nothing of it arrived
-        while the analyzer kept up."""
-        behind = self.writer.behind_since()
-        return now if behind is None else min(now, behind)
+        return silence_time(now, self.writer.behind_since())
 
     def _silence(self, key: tuple[str, int], st: GpuState | None, now: float) -> str:
         if key in self._lost:

@@ -80,11 +80,8 @@ class FindingsTracker:
                 votes[verdict] += 1
                 summed += confidence
             n = f["windows"] = sum(votes.values())
-            majority = max(votes, key=votes.__getitem__)
-            f["confidence"] = round(summed / n * votes[majority] / n, 3)
+            majority, f["confidence"] = _tally(votes, summed, n)
             f["counters_verdict"] = majority
-            if f["decided_by"] == "counters":
-                f["verdict"] = majority
             self._sums[f["id"]] = {k: v * n for k, v in evidence.items()}
             self._votes[f["id"]] = votes
             self._confidence[f["id"]] = summed
@@ -92,7 +89,8 @@ class FindingsTracker:
             first = self._first_summary[f["id"]] = first.rpartition(SPLIT_WORDS_END)[2]
             if serving:
                 self._serving[f["id"]] = serving
-            if f["decided_by"] == "counters":       # the split words as the votes are now (observe's rule)
+            if f["decided_by"] == "counters":       # the verdict and split words as the votes are now (observe's)
+                f["verdict"] = majority
                 f["summary"] = _split_words(votes, n) + first + serving
 
     def observe(self, host: str, c: Classification, job: str, owner: dict[str, str] | None = None,
@@ -129,12 +127,10 @@ class FindingsTracker:
                 sums[k] = sums.get(k, 0.0) + v
             votes = self._votes.setdefault(cur["id"], collections.Counter())
             votes[c.verdict] += 1
-            majority = max(votes, key=votes.__getitem__)      # ties: the verdict seen first
             # evidence (the means) is worked out when the finding is read or written: evidence_of()
             summed = self._confidence[cur["id"]] = self._confidence.get(cur["id"], 0.0) + c.confidence
-            # the windows' mean confidence, times the share that voted for the verdict: an episode split
-            # between launch- and host-bound is not 1.00 sure of either (found in a trial)
-            cur.update(windows=n, confidence=round(summed / n * votes[majority] / n, 3),
+            majority, confidence = _tally(votes, summed, n)
+            cur.update(windows=n, confidence=confidence,
                        counters_verdict=majority, last_window_end=max(c.end, self.last_end(cur)),
                        source=cur.get("source") or source)
             if job:                        # a window without processes keeps the job it had
@@ -245,6 +241,15 @@ class FindingsTracker:
                     f["alternatives"] = []
             return f
         return None
+
+
+def _tally(votes: collections.Counter, summed: float, n: int) -> tuple[str, float]:
+    """The majority verdict (ties: the one seen first) and the confidence:
+    the windows' mean confidence times the share that voted for it, so an
+    episode split between launch- and host-bound is not 1.00 sure of either
+    (found in a trial)."""
+    majority = max(votes, key=votes.__getitem__)
+    return majority, round(summed / n * votes[majority] / n, 3)
 
 
 def _votes_of(f: dict) -> tuple[collections.Counter, float]:

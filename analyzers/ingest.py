@@ -338,7 +338,7 @@ def _attributions(batch: pb.SampleBatch) -> list[tuple[str | None, ...]]:
 
 
 # Every batch repeats its host's devices, which seldom change: each distinct
-# list is checked and decoded once (a third of decode's time before).
+# list is checked and decoded once (a quarter of decode's time before).
 _DEVICE_LISTS: dict[tuple[bytes, ...], tuple[frozenset[int], tuple["DeviceFacts", ...]]] = {}
 MAX_DEVICE_LISTS = 4096     # distinct lists remembered (one per host; ~3 KB each), then all forgotten at once
 

@@ -35,6 +35,13 @@ class GpuRow(NamedTuple):
     owner: tuple[str, str] = ("", "")    # (namespace, pod) of the open finding's job
 
 
+def silence_time(now: float, behind_since: float | None) -> float:
+    """When silence is judged: now, unless the analyzer is behind its
+    agents (Writer.behind_since): then when it last kept up, so that its
+    own backlog is never taken for silent agents."""
+    return now if behind_since is None else min(now, behind_since)
+
+
 def summarize(arrivals: Iterable[tuple[Key, float]], row_of: Callable[[Key], GpuRow], totals: dict,
               now: float, host: str = "", gpu_limit: int | None = None) -> dict:
     """The status: fleet counts over every GPU (`arrivals`: each GPU's last
@@ -42,10 +49,7 @@ def summarize(arrivals: Iterable[tuple[Key, float]], row_of: Callable[[Key], Gpu
     index, at most `gpu_limit` (None: all) — a fleet's full list is
     thousands of entries."""
     stale_after_s = totals["stale_after_seconds"]
-    # an analyzer behind its agents judges silence at when it last kept up (Writer.behind_since)
-    behind = totals.get("ingest_behind_since")
-    silence_at = now if behind is None else min(now, behind)
-    horizon = silence_at - stale_after_s
+    horizon = silence_time(now, totals.get("ingest_behind_since")) - stale_after_s
     host_fresh: dict[str, bool] = {}
     stale_n = total = 0
     keys = []
