@@ -28,9 +28,11 @@ resend), queries fail, and the parent starts a new child on the same file.
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import multiprocessing as mp
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -62,6 +64,28 @@ RESTART_DELAY_S = 2.0
 # time; Python's default 5 ms turned a 0.8 ms decode into 25 ms
 # (docs/benchmarks.md). Both of the analyzer's processes use this.
 SWITCH_INTERVAL_S = 0.0005
+# The live analysis keeps per-GPU state (windows, trackers, detector history)
+# as a great many small container objects, next to none of them in a cycle.
+# Python's default thresholds (700, 10, 10) had the cyclic collector rescan
+# them every few hundred allocations: 15-25 % of the analysis's CPU
+# (bench/analysis_cost.py --default-gc, docs/benchmarks.md). Reference
+# counting still frees everything at once; only cycles wait longer.
+GC_THRESHOLDS = (50_000, 50, 100)
+
+
+def tune_runtime() -> None:
+    """The thread switch interval and collector thresholds of both of the analyzer's processes."""
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
+def settle_heap() -> None:
+    """After start-up: what it built (restored state, imports) lives as long as the process,
+    so the collector stops rescanning it; reference counting still frees it."""
+    gc.collect()
+    gc.freeze()
+
+
 LOCK_WAIT_S = 20.0            # how long a new child waits for the store's lock held by a dying one
 # What the parent may call in the child, by name: nothing else crosses.
 CALLS = {"status", "list_findings", "findings_payload", "finding", "report", "range_report", "report_capture",
@@ -135,12 +159,11 @@ def _settle(items: list[tuple]) -> None:
 # -- the child ---------------------------------------------------------------------------
 def _child_main(conn, config, init: Callable | None, init_args: tuple) -> None:
     import signal
-    import sys
     # Ctrl-C reaches the whole process group, and systemd's stop the whole unit:
     # the parent drains and closes this process itself, in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    tune_runtime()
     if init is not None:
         init(*init_args)
     from .analyzer import Analyzer
@@ -164,6 +187,7 @@ def _child_main(conn, config, init: Callable | None, init_args: tuple) -> None:
                 pass
             return
     analyzer.start()
+    settle_heap()
     try:
         conn.send(("ready", None))
     except OSError:                  # the parent went away while this process started

@@ -69,17 +69,24 @@ def main() -> None:
     ap.add_argument("--slow", type=int, default=1, help="as bench/fleet_grpc.py --slow: phases last N times longer")
     ap.add_argument("--profile", metavar="FILE", help="cProfile the writer's path into FILE")
     ap.add_argument("--loop", action="store_true", help="the writer's own threads, wall time (see above)")
+    ap.add_argument("--default-gc", action="store_true",
+                    help="Python's default collector thresholds, not the analyzer's (engine.tune_runtime)")
     ns = ap.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     parts: collections.Counter = collections.Counter()
     _time_parts(parts)
     import fleet_grpc
     from gpuscope.analyzers.analyzer import Analyzer, AnalyzerConfig
+    from gpuscope.analyzers.engine import settle_heap, tune_runtime
     from gpuscope.analyzers.ingest import decode
     from gpuscope.v1 import samples_pb2 as pb
 
     bodies = fleet_grpc.build_bodies(ns.flush, ns.slow)
+    if not ns.default_gc:
+        tune_runtime()
     a = Analyzer(AnalyzerConfig(os.path.join(tempfile.mkdtemp(), "cost.duckdb")))
+    if not ns.default_gc:
+        settle_heap()
     random.seed(1)
     t0 = np.floor(time.time() / 5) * 5 - ns.seconds - 20
     agents = [dict(host=f"sim-{i:05d}", boot=os.urandom(8).hex(), seq=0, offset=random.randrange(len(bodies)),
@@ -121,7 +128,7 @@ def main() -> None:
         prof.dump_stats(ns.profile)
     windows = a.store.count("windows")
     n = len(decoded)
-    out = dict(date=time.strftime("%Y-%m-%d"), agents=ns.agents, seconds=ns.seconds, flush_s=ns.flush, slow=ns.slow,
+    out = dict(date=time.strftime("%Y-%m-%d"), gc="default" if ns.default_gc else "tuned", agents=ns.agents, seconds=ns.seconds, flush_s=ns.flush, slow=ns.slow,
                batches=n,
                gpu_windows=windows, decode_us_per_batch=round(decode_s / n * 1e6),
                store_us_per_batch=round((writer_s - analysis[0]) / n * 1e6),

@@ -581,7 +581,7 @@ def _calibration_schedule(agent: Agent, ns, source: str):
 
 def cmd_analyzer(ns) -> int:
     from gpuscope.analyzers.analyzer import Analyzer
-    from gpuscope.analyzers.engine import SWITCH_INTERVAL_S, EngineClient
+    from gpuscope.analyzers.engine import EngineClient, settle_heap, tune_runtime
     from gpuscope.analyzers.service import AnalyzerServicer
 
     stop = _install_signals()
@@ -589,7 +589,7 @@ def cmd_analyzer(ns) -> int:
     ensure_free(ns.listen)                     # before the DB is opened: fail fast, touch nothing
     alerts = _early_checks(ns)
     security = _server_security(ns, "analyzer", ns.listen)
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    tune_runtime()
     _db_directory(ns)
     config = _analyzer_config(ns, dry_run=ns.dry_run)
     if ns.engine == "process":
@@ -616,6 +616,7 @@ def cmd_analyzer(ns) -> int:
             alerter.stop(timeout_s=0)
         raise
     server.start()
+    settle_heap()
     oncall = f", on-call (tokens) on {ns.oncall_listen.rpartition(':')[0]}:{server.extra_ports[0]}" \
         if server.extra_ports else ""
     logs.say(f"analyzer: listening on {ns.listen.rpartition(':')[0]}:{port}{oncall}, db {ns.db}")

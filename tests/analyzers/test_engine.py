@@ -21,6 +21,26 @@ def test_a_store_that_cannot_open_ends_start_up_with_the_childs_error(tmp_path):
     engine.close()
 
 
+def _note_gc(path):
+    import gc
+    import sys
+    with open(path, "w") as f:
+        f.write(repr((gc.get_threshold(), sys.getswitchinterval())))
+
+
+def test_the_child_runs_with_the_analyzers_collector_thresholds_and_switch_interval(tmp_path):
+    """Python's defaults cost the live analysis 15-25 % of its CPU (docs/benchmarks.md)."""
+    from gpuscope.analyzers.engine import GC_THRESHOLDS, SWITCH_INTERVAL_S
+    note = tmp_path / "gc.txt"
+    engine = EngineClient(AnalyzerConfig(str(tmp_path / "g.duckdb"), memory_limit="256MB"),
+                          init=_note_gc, init_args=(str(note),))
+    engine.start()
+    try:
+        assert note.read_text() == repr((GC_THRESHOLDS, SWITCH_INTERVAL_S))
+    finally:
+        engine.close()
+
+
 def test_queries_while_the_child_restarts_are_unavailable_then_answered(tmp_path, monkeypatch):
     # the gap before the restart outlasts a slow call on a busy machine (2 s did not, under load)
     monkeypatch.setattr("gpuscope.analyzers.engine.RESTART_DELAY_S", 8.0)
