@@ -34,6 +34,13 @@ from .store import Store, encode_ranges
 
 COMMITTED, DUPLICATE = "committed", "duplicate"
 DEFAULT_QUEUE_BYTES = 64 << 20
+# A group is what was queued when the writer last looked, up to this. 1,024
+# cost 20 % less live analysis a batch than 256 (each group's DuckDB
+# statements, ~5-15 ms each, spread wider) and held 15 % more batches a
+# second at 2,000 agents, but the gRPC process's event loop then stalled for
+# 0.4-1.9 s every few seconds and GetStatus p95 went from 0.4-0.7 to 1.3-2.0 s
+# (docs/benchmarks.md, 2026-12-03): kept at 256 until that is understood.
+MAX_GROUP = 256
 log = structlog.get_logger("gpuscope.writer")
 
 # Errors of the data: the same batch fails again however often it is sent.
@@ -71,7 +78,7 @@ class StoreUnavailable(RuntimeError):
 
 class Writer:
     def __init__(self, store: Store, after_commit: Callable[[list[DecodedBatch]], None],
-                 max_group: int = 256, clock: Callable[[], float] = time.time,
+                 max_group: int = MAX_GROUP, clock: Callable[[], float] = time.time,
                  queue_bytes: int = DEFAULT_QUEUE_BYTES):
         self._store = store
         # the commit thread's own connection: group N+1 commits while group N is analysed here

@@ -1,13 +1,13 @@
 """What one batch costs the analyzer's Python, stage by stage, in process.
 
-    python bench/analysis_cost.py [--agents 500] [--seconds 60] [--flush 5] [--slow 1]
+    python bench/analysis_cost.py [--agents 500] [--seconds 60] [--flush 5] [--slow 1] [--group N] [--default-gc]
 
 The same batches as bench/fleet_grpc.py (8 GPUs of the bundled H200
 recording, each agent at its own offset, `--flush` seconds of 1 Hz samples a
 batch), without gRPC and on one thread. Each is decoded (`ingest.decode`),
-then committed by the writer's own path (`Writer._commit`, groups of 256, as
-the writer thread forms them under load), which stores it and runs the live
-analysis. Reported: CPU per batch for decode, for storing, and for the live
+then committed by the writer's own path (`Writer._commit`, in groups of
+`--group`, by default the writer's largest, as it forms them when behind),
+which stores it and runs the live analysis. Reported: CPU per batch for decode, for storing, and for the live
 analysis. The analysis is also given per GPU-window, broken down by its
 parts (wall time of each, nested parts included in their parents).
 
@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=60)
     ap.add_argument("--flush", type=int, default=5)
     ap.add_argument("--slow", type=int, default=1, help="as bench/fleet_grpc.py --slow: phases last N times longer")
+    ap.add_argument("--group", type=int, default=0, help="batches a group (default: the writer's MAX_GROUP)")
     ap.add_argument("--profile", metavar="FILE", help="cProfile the writer's path into FILE")
     ap.add_argument("--loop", action="store_true", help="the writer's own threads, wall time (see above)")
     ap.add_argument("--default-gc", action="store_true",
@@ -78,6 +79,7 @@ def main() -> None:
     import fleet_grpc
     from gpuscope.analyzers.analyzer import Analyzer, AnalyzerConfig
     from gpuscope.analyzers.engine import settle_heap, tune_runtime
+    from gpuscope.analyzers.writer import MAX_GROUP
     from gpuscope.analyzers.ingest import decode
     from gpuscope.v1 import samples_pb2 as pb
 
@@ -120,15 +122,16 @@ def main() -> None:
         prof = cProfile.Profile()
         prof.enable()
     c = time.process_time()
-    for i in range(0, len(decoded), 256):
-        a.writer._commit([(b, Future()) for b in decoded[i:i + 256]])
+    group = ns.group or MAX_GROUP
+    for i in range(0, len(decoded), group):
+        a.writer._commit([(b, Future()) for b in decoded[i:i + group]])
     writer_s = time.process_time() - c
     if prof is not None:
         prof.disable()
         prof.dump_stats(ns.profile)
     windows = a.store.count("windows")
     n = len(decoded)
-    out = dict(date=time.strftime("%Y-%m-%d"), gc="default" if ns.default_gc else "tuned", agents=ns.agents, seconds=ns.seconds, flush_s=ns.flush, slow=ns.slow,
+    out = dict(date=time.strftime("%Y-%m-%d"), gc="default" if ns.default_gc else "tuned", group=group, agents=ns.agents, seconds=ns.seconds, flush_s=ns.flush, slow=ns.slow,
                batches=n,
                gpu_windows=windows, decode_us_per_batch=round(decode_s / n * 1e6),
                store_us_per_batch=round((writer_s - analysis[0]) / n * 1e6),
