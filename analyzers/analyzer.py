@@ -322,11 +322,18 @@ class Analyzer:
 
     def submit(self, batch: pb.SampleBatch) -> Future:
         """Validate and queue; raises BatchError (nothing written) for invalid input."""
+        return self.submit_decoded(self.check(batch))
+
+    def check(self, batch: pb.SampleBatch) -> DecodedBatch:
+        """Validates and decodes, on any thread; raises BatchError, counted
+        and logged, for invalid input."""
         try:
-            decoded = decode(batch)
+            return decode(batch)
         except ValueError as exc:
             self.count_rejected(batch, str(exc))
             raise
+
+    def submit_decoded(self, decoded: DecodedBatch) -> Future:
         self.note_received(decoded)
         return self.writer.submit(decoded)
 

@@ -47,7 +47,7 @@ from .commands import CommandHub
 from .events import EventBus, Watch
 from .findings_mirror import FindingsMirror
 from .flow import ByteBudget, take_queued
-from .ingest import decode
+from .ingest import DecodedBatch, decode
 from .status import StatusMirror
 from .store import merge_live
 from .writer import DEFAULT_QUEUE_BYTES, StoreUnavailable
@@ -508,14 +508,22 @@ class EngineClient:
     # -- what the servicer uses
     def submit(self, batch: pb.SampleBatch) -> Future | asyncio.Future:
         """Validate, decode, and hand to the child; raises BatchError (nothing
-        sent) for invalid input. Called on an event loop, the future is one of
-        that loop: the reader thread then wakes the loop once per bundle of
-        answers, not once per batch."""
+        sent) for invalid input."""
+        return self.submit_decoded(self.check(batch))
+
+    def check(self, batch: pb.SampleBatch) -> DecodedBatch:
+        """Validates and decodes, on any thread; raises BatchError, counted
+        and logged by the child, for invalid input."""
         try:
-            decoded = decode(batch)
+            return decode(batch)
         except ValueError as exc:
             self.count_rejected(batch, str(exc))
             raise
+
+    def submit_decoded(self, decoded: DecodedBatch) -> Future | asyncio.Future:
+        """Hands a decoded batch to the child. Called on an event loop, the
+        future is one of that loop: the reader thread then wakes the loop
+        once per bundle of answers, not once per batch."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
