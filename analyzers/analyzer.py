@@ -53,7 +53,7 @@ from .findings import FindingsTracker
 from .rules.transitional import TRANSITIONAL
 from .findings_mirror import MAX_CLOSED as MIRROR_CLOSED
 from .fleet_findings import ConditionFindings
-from .ingest import DecodedBatch, clean_command, decode
+from .ingest import DecodedBatch, clean_command, decode_counted
 from .links import pcie_link
 from .live import LiveWindows
 from . import coordinated
@@ -327,11 +327,7 @@ class Analyzer:
     def check(self, batch: pb.SampleBatch) -> DecodedBatch:
         """Validates and decodes, on any thread; raises BatchError, counted
         and logged, for invalid input."""
-        try:
-            return decode(batch)
-        except ValueError as exc:
-            self.count_rejected(batch, str(exc))
-            raise
+        return decode_counted(batch, self.count_rejected)
 
     def submit_decoded(self, decoded: DecodedBatch) -> Future:
         self.note_received(decoded)

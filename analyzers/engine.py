@@ -47,7 +47,7 @@ from .commands import CommandHub
 from .events import EventBus, Watch
 from .findings_mirror import FindingsMirror
 from .flow import ByteBudget, take_queued
-from .ingest import DecodedBatch, decode
+from .ingest import DecodedBatch, decode_counted
 from .status import StatusMirror
 from .store import merge_live
 from .writer import DEFAULT_QUEUE_BYTES, StoreUnavailable
@@ -514,11 +514,7 @@ class EngineClient:
     def check(self, batch: pb.SampleBatch) -> DecodedBatch:
         """Validates and decodes, on any thread; raises BatchError, counted
         and logged by the child, for invalid input."""
-        try:
-            return decode(batch)
-        except ValueError as exc:
-            self.count_rejected(batch, str(exc))
-            raise
+        return decode_counted(batch, self.count_rejected)
 
     def submit_decoded(self, decoded: DecodedBatch) -> Future | asyncio.Future:
         """Hands a decoded batch to the child. Called on an event loop, the

@@ -254,6 +254,16 @@ def _array(name: str, data: bytes, itemsize: int, n: int, dtype: str) -> np.ndar
     return np.frombuffer(data, dtype=dtype)
 
 
+def decode_counted(batch: pb.SampleBatch, count_rejected: Callable[[pb.SampleBatch, str], None]) -> DecodedBatch:
+    """`decode`, with a refusal handed to `count_rejected` (which counts and
+    logs it) before BatchError goes on to the caller. Any thread."""
+    try:
+        return decode(batch)
+    except ValueError as exc:
+        count_rejected(batch, str(exc))
+        raise
+
+
 def decode(batch: pb.SampleBatch, now: float | None = None) -> DecodedBatch:
     """Validates every field of the batch and decodes it. `now`, the
     analyzer's clock, anchors the window sample times must lie in."""

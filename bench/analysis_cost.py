@@ -1,15 +1,18 @@
 """What one batch costs the analyzer's Python, stage by stage, in process.
 
-    python bench/analysis_cost.py [--agents 500] [--seconds 60] [--flush 5] [--slow 1] [--group N] [--default-gc]
+    python bench/analysis_cost.py [--agents 500] [--seconds 60] [--flush 5] [--slow 1]
+                                  [--group N] [--default-gc]
 
 The same batches as bench/fleet_grpc.py (8 GPUs of the bundled H200
 recording, each agent at its own offset, `--flush` seconds of 1 Hz samples a
 batch), without gRPC and on one thread. Each is decoded (`ingest.decode`),
 then committed by the writer's own path (`Writer._commit`, in groups of
 `--group`, by default the writer's largest, as it forms them when behind),
-which stores it and runs the live analysis. Reported: CPU per batch for decode, for storing, and for the live
-analysis. The analysis is also given per GPU-window, broken down by its
-parts (wall time of each, nested parts included in their parents).
+which stores it and runs the live analysis. Reported: CPU per batch for
+decode, for storing, and for the live analysis. The analysis is also given
+per GPU-window, broken down by its parts (wall time of each, nested parts
+included in their parents). The process runs with the analyzer's collector
+thresholds (`engine.tune_runtime`) unless `--default-gc`.
 
 `--loop` runs the writer's own thread instead (its commit thread storing
 group N+1 while group N is analysed), fed a steady backlog, and reports the
@@ -79,8 +82,8 @@ def main() -> None:
     import fleet_grpc
     from gpuscope.analyzers.analyzer import Analyzer, AnalyzerConfig
     from gpuscope.analyzers.engine import settle_heap, tune_runtime
-    from gpuscope.analyzers.writer import MAX_GROUP
     from gpuscope.analyzers.ingest import decode
+    from gpuscope.analyzers.writer import MAX_GROUP
     from gpuscope.v1 import samples_pb2 as pb
 
     bodies = fleet_grpc.build_bodies(ns.flush, ns.slow)
@@ -131,8 +134,8 @@ def main() -> None:
         prof.dump_stats(ns.profile)
     windows = a.store.count("windows")
     n = len(decoded)
-    out = dict(date=time.strftime("%Y-%m-%d"), gc="default" if ns.default_gc else "tuned", group=group, agents=ns.agents, seconds=ns.seconds, flush_s=ns.flush, slow=ns.slow,
-               batches=n,
+    out = dict(date=time.strftime("%Y-%m-%d"), gc="default" if ns.default_gc else "tuned", group=group,
+               agents=ns.agents, seconds=ns.seconds, flush_s=ns.flush, slow=ns.slow, batches=n,
                gpu_windows=windows, decode_us_per_batch=round(decode_s / n * 1e6),
                store_us_per_batch=round((writer_s - analysis[0]) / n * 1e6),
                analysis_us_per_batch=round(analysis[0] / n * 1e6),

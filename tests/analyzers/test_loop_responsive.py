@@ -15,13 +15,13 @@ DECODE_S = 0.5
 
 
 def test_status_is_answered_while_batches_are_being_decoded(tmp_path, monkeypatch):
-    import gpuscope.analyzers.analyzer as analyzer_module
-    real = analyzer_module.decode
+    import gpuscope.analyzers.ingest as ingest
+    real = ingest.decode
 
     def slow_decode(batch):
         time.sleep(DECODE_S)
         return real(batch)
-    monkeypatch.setattr(analyzer_module, "decode", slow_decode)
+    monkeypatch.setattr(ingest, "decode", slow_decode)
     srv = AnalyzerServer(tmp_path / "r.duckdb", fleet_check_s=0)
     try:
         t0 = time.time() - 10
