@@ -23,6 +23,13 @@ batches. It is cleaned instead (see `clean_command`). Attribution labels
 names), but the agent cuts and cleans them where it reads them
 (collectors/attribution.py): one that is too long or unprintable here is
 the agent's bug, and refused like its other strings.
+
+A batch may take on the wire at most what its counts allow with every field
+at its limit (`wire_allowance`; a process's command line is allowed what
+cleaning reads of it, 20 KiB, where the agent sends at most 256
+characters). The gRPC front end checks this before the batch takes byte
+budget or decoding time, so that one client's oversized batches cannot hold
+up the others'.
 """
 from __future__ import annotations
 
@@ -313,6 +320,49 @@ def _facts(d: pb.Device) -> "DeviceFacts":
                        opt("pcie_generation"), opt("pcie_width"), d.gpm_supported, d.lost, d.source,
                        opt("pcie_max_generation"), opt("pcie_max_width"), d.driver_version,
                        opt("pcie_busy_generation"), opt("pcie_busy_width"))
+
+
+# What one entry of a batch may take on the wire within the limits above:
+# each string at its limit in 4-byte characters where the limit counts
+# characters, each integer at 10 bytes, tags and lengths included. A
+# process's command line is allowed what cleaning reads of it (the agent
+# sends at most 256 characters).
+_WIRE_INT, _WIRE_STR = 11, 3          # a tagged varint; a string's tag and length, beyond its bytes
+_WIRE_DEVICE = 16 * _WIRE_INT + 5 * (MAX_LABEL_BYTES + _WIRE_STR)
+_WIRE_PROCESS = 6 * _WIRE_INT + 4 * _CLEANED_CHARS + _WIRE_STR
+_WIRE_HEALTH = 6 * _WIRE_INT + MAX_DETAIL_BYTES + _WIRE_STR
+_WIRE_ATTRIBUTION = _WIRE_INT + len(ATTRIBUTION_FIELDS) * (MAX_ATTRIBUTION_BYTES + _WIRE_STR)
+_WIRE_HEADER = 8 * _WIRE_INT + MAX_HOST_BYTES + MAX_TOKEN_LEN + 4 * _WIRE_STR
+_WIRE_METRIC = max(map(len, METRIC_NAMES)) + 4 * _WIRE_STR + _WIRE_INT
+# fields a newer agent may add, which this analyzer does not know and skips
+_WIRE_SLACK, _WIRE_SLACK_BYTES = 1.25, 64 << 10
+
+
+def wire_allowance(batch: pb.SampleBatch) -> int:
+    """The most bytes a batch with these counts can take on the wire when
+    every field is within its limit; O(1), for the gRPC front end to refuse an
+    oversized batch before it takes byte budget or decoding time."""
+    n = batch.count
+    exact = (_WIRE_HEADER + 12 * n + len(batch.columns) * (8 * n + (n + 7) // 8 + _WIRE_METRIC)
+             + len(batch.devices) * _WIRE_DEVICE + len(batch.processes) * _WIRE_PROCESS
+             + len(batch.health) * _WIRE_HEALTH + len(batch.attributions) * _WIRE_ATTRIBUTION)
+    return int(exact * _WIRE_SLACK) + _WIRE_SLACK_BYTES
+
+
+def check_size(batch: pb.SampleBatch, wire_bytes: int) -> None:
+    """Refuses, naming the counts, a batch larger than its counts allow (a
+    string over its limit, or fields this analyzer does not know), and one
+    whose counts are over their limits. Cheap enough for the event loop."""
+    _check_header(batch)
+    _count("columns", len(batch.columns), len(METRIC_NAMES))
+    allowed = wire_allowance(batch)
+    if wire_bytes > allowed:
+        raise BatchError(
+            f"batch: {wire_bytes} bytes on the wire, more than the {allowed} that count={batch.count}, "
+            f"{len(batch.columns)} columns, {len(batch.devices)} devices, {len(batch.processes)} processes, "
+            f"{len(batch.health)} health events and {len(batch.attributions)} attributions can take within "
+            f"their limits: a string over its limit (device labels {MAX_LABEL_BYTES} bytes, health details "
+            f"{MAX_DETAIL_BYTES}), or fields this analyzer does not know")
 
 
 def _check_header(batch: pb.SampleBatch) -> None:

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import duckdb
 import grpc
 import structlog
+from google.protobuf.message import DecodeError
 
 from gpuscope.collectors import catalogue as cat
 from gpuscope.collectors.records import ATTRIBUTION_FIELDS, MAX_ATTRIBUTION_BYTES
@@ -30,7 +31,7 @@ from .degraded import find_degraded, unjudged_groups
 from . import coordinated
 from .report import LIMITS, MIN_PREFIX, AmbiguousId
 from .events import Watch
-from .ingest import BatchError, validate_capture_record
+from .ingest import BatchError, check_size, validate_capture_record
 from .store import AGGREGATES, FINDING_GROUPS, FINDING_KINDS, PROCESS_GROUPS
 from .writer import COMMITTED, BatchRejected, StoreUnavailable
 
@@ -47,6 +48,10 @@ _ACK = {COMMITTED: pb.BatchAck.COMMITTED}
 # Arrow's pool); the byte budget charges this with margin, so that 64 MiB of
 # budget bounds what the queue really holds.
 DECODED_BATCH_BYTES = 32 << 10
+# Agents' batches reach the servicer as bytes (add_to_server), so that their
+# size is known without ByteSize(), which serializes the message again (100 ms
+# for 50 MB, on the event loop).
+RAW_REQUESTS = frozenset({"Ingest", "Push"})
 STREAM_QUEUE = 100          # commands or events waiting for one slow stream; more are dropped
 log = structlog.get_logger("gpuscope.service")
 
@@ -135,11 +140,18 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         return await asyncio.get_running_loop().run_in_executor(pool or self._oncall, _in_context(fn), *args)
 
     # -- agents -----------------------------------------------------------------------
-    async def _admit(self, req: pb.SampleBatch, context):
-        """Waits for room in the writer's budget, validates and queues one
-        batch. Returns (future, error): error is a permanent refusal."""
+    async def _admit(self, data: bytes, context, method: str):
+        """Parses and sizes one batch, waits for room in the writer's budget,
+        validates and queues it. Returns (batch, future, error): error is a
+        permanent refusal."""
+        req, error = self._parse(data)
+        if req is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"/gpuscope.v1.Analyzer/{method}: the request is not a valid message ({error})")
         await _own_host(context, req.host, "host")
-        n = req.ByteSize() + DECODED_BATCH_BYTES
+        if error is not None:
+            return req, None, error
+        n = len(data) + DECODED_BATCH_BYTES
         budget = self.analyzer.writer.budget
         await budget.acquire(n)
         try:
@@ -148,13 +160,27 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             fut = asyncio.wrap_future(self.analyzer.submit_decoded(decoded))
         except BatchError as exc:
             budget.release(n)
-            return None, str(exc)
+            return req, None, str(exc)
         except BaseException:          # the stream was cancelled while its batch was decoded: nothing queued
             budget.release(n)
             raise
         # a batch whose stream ended before its ack never has its failure awaited: retrieve it here
         fut.add_done_callback(lambda f: (budget.release(n), f.cancelled() or f.exception()))
-        return fut, None
+        return req, fut, None
+
+    def _parse(self, data: bytes) -> tuple[pb.SampleBatch | None, str | None]:
+        """The batch, and a refusal if it is larger than its counts allow:
+        before it takes byte budget, which the other agents would wait for."""
+        try:
+            req = pb.SampleBatch.FromString(data)
+        except DecodeError as exc:
+            return None, str(exc)
+        try:
+            check_size(req, len(data))
+        except BatchError as exc:
+            self.analyzer.count_rejected(req, str(exc))
+            return req, str(exc)
+        return req, None
 
     async def _ack(self, seq: int, fut) -> pb.BatchAck:
         try:
@@ -164,12 +190,12 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             return pb.BatchAck(seq=seq, status=pb.BatchAck.REJECTED, error=f"batch seq={seq}: {exc}")
         return pb.BatchAck(seq=seq, status=_ACK.get(result, pb.BatchAck.DUPLICATE))
 
-    async def Push(self, request, context):
-        fut, error = await self._admit(request, context)
+    async def Push(self, request: bytes, context):
+        req, fut, error = await self._admit(request, context, "Push")
         if error is not None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch seq={request.seq}: {error}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch seq={req.seq}: {error}")
         try:
-            ack = await self._ack(request.seq, fut)
+            ack = await self._ack(req.seq, fut)
         except (StoreUnavailable, asyncio.TimeoutError) as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"commit failed, resend later: {exc}")
         if ack.status == pb.BatchAck.REJECTED:
@@ -185,8 +211,8 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
 
         async def read() -> None:
             try:
-                async for req in request_iterator:
-                    fut, error = await self._admit(req, context)
+                async for data in request_iterator:
+                    req, fut, error = await self._admit(data, context, "Ingest")
                     await pending.put((req.seq, fut, error))
             finally:
                 await pending.put(None)
@@ -650,3 +676,39 @@ def _hide_commands(obj):
     if isinstance(obj, list):
         return [_hide_commands(v) for v in obj]
     return obj
+
+
+def add_to_server(servicer: AnalyzerServicer, server) -> None:
+    """The generated registration, except that agents' batches (RAW_REQUESTS)
+    reach the servicer as bytes, sized as they came."""
+    analyzer_pb2_grpc.add_AnalyzerServicer_to_server(servicer, _RawBatches(server))
+
+
+def _raw(handler):
+    return handler._replace(request_deserializer=None)
+
+
+class _RawBatches:
+    """The server as add_AnalyzerServicer_to_server sees it: the handlers it
+    registers for RAW_REQUESTS lose their deserializer."""
+
+    def __init__(self, server):
+        self._server = server
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        self._server.add_registered_method_handlers(
+            service, {name: _raw(h) if name in RAW_REQUESTS else h for name, h in handlers.items()})
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        self._server.add_generic_rpc_handlers(tuple(_RawGeneric(h) for h in handlers))
+
+
+class _RawGeneric(grpc.GenericRpcHandler):
+    def __init__(self, inner):
+        self._inner = inner
+
+    def service(self, details):
+        handler = self._inner.service(details)
+        if handler is not None and details.method.rpartition("/")[2] in RAW_REQUESTS:
+            return _raw(handler)
+        return handler

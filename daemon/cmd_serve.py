@@ -12,7 +12,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from gpuscope.v1 import agent_pb2_grpc, analyzer_pb2_grpc
+from gpuscope.v1 import agent_pb2_grpc
 
 from . import clients, logs
 from .agent import Agent, AgentConfig
@@ -411,7 +411,7 @@ def _loopback(listen: str, port: int) -> str:
 def cmd_up(ns) -> int:
     from gpuscope.analyzers import accuracy
     from gpuscope.analyzers.analyzer import Analyzer
-    from gpuscope.analyzers.service import AnalyzerServicer
+    from gpuscope.analyzers.service import AnalyzerServicer, add_to_server as add_analyzer_to_server
     from .view import LiveView
 
     stop = _install_signals()
@@ -440,7 +440,7 @@ def cmd_up(ns) -> int:
     _network(agent, source)
     servicer = AnalyzerServicer(analyzer)
     server, port, health = build_server(ns.listen, [
-        (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, servicer, "gpuscope.v1.Analyzer"),
+        (add_analyzer_to_server, servicer, "gpuscope.v1.Analyzer"),
         (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(agent, "in-process"), "gpuscope.v1.Agent")],
         **security)
     server.start()
@@ -582,7 +582,7 @@ def _calibration_schedule(agent: Agent, ns, source: str):
 def cmd_analyzer(ns) -> int:
     from gpuscope.analyzers.analyzer import Analyzer
     from gpuscope.analyzers.engine import EngineClient, settle_heap, tune_runtime
-    from gpuscope.analyzers.service import AnalyzerServicer
+    from gpuscope.analyzers.service import AnalyzerServicer, add_to_server as add_analyzer_to_server
 
     stop = _install_signals()
     parse_hostport(ns.listen, "--listen")
@@ -600,7 +600,7 @@ def cmd_analyzer(ns) -> int:
     servicer = AnalyzerServicer(analyzer, max_agent_streams=ns.max_streams)
     try:
         server, port, health = build_server(ns.listen, [
-            (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, servicer, "gpuscope.v1.Analyzer")], **security)
+            (add_analyzer_to_server, servicer, "gpuscope.v1.Analyzer")], **security)
     except BaseException:
         analyzer.close()
         raise

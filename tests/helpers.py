@@ -14,12 +14,11 @@ import time
 
 from gpuscope.analyzers.analyzer import Analyzer, AnalyzerConfig
 from gpuscope.analyzers.engine import EngineClient
-from gpuscope.analyzers.service import AnalyzerServicer
+from gpuscope.analyzers.service import AnalyzerServicer, add_to_server
 from gpuscope.collectors.nvml import NvmlCollector
 from gpuscope.daemon.agent import Agent, AgentConfig
 from gpuscope.daemon.serve import build_server, shutdown
 from gpuscope.daemon.uplink import Uplink, UplinkConfig
-from gpuscope.v1 import analyzer_pb2_grpc
 
 
 class AnalyzerServer:
@@ -32,7 +31,7 @@ class AnalyzerServer:
         if engine:
             self.analyzer.start()
         self.server, self.port, self.health = build_server(f"127.0.0.1:{port}", [
-            (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, AnalyzerServicer(self.analyzer),
+            (add_to_server, AnalyzerServicer(self.analyzer),
              "gpuscope.v1.Analyzer")], max_workers=64)
         if not engine:
             self.analyzer.start()

@@ -7,7 +7,7 @@ import grpc
 import pytest
 
 from gpuscope.analyzers.analyzer import Analyzer, AnalyzerConfig
-from gpuscope.analyzers.service import AnalyzerServicer
+from gpuscope.analyzers.service import AnalyzerServicer, add_to_server
 from gpuscope.collectors.records import DeviceInfo, GpuSample
 from gpuscope.daemon.convert import encode_batch
 from gpuscope.daemon.serve import build_server, shutdown
@@ -44,7 +44,7 @@ def analyzer(pki, tmp_path_factory):
     a = Analyzer(AnalyzerConfig(str(tmp_path_factory.mktemp("db") / "s.duckdb"), memory_limit="256MB"))
     servicer = AnalyzerServicer(a)
     server, port, _ = build_server("127.0.0.1:0", [
-        (analyzer_pb2_grpc.add_AnalyzerServicer_to_server, servicer, "gpuscope.v1.Analyzer")],
+        (add_to_server, servicer, "gpuscope.v1.Analyzer")],
         credentials=server_credentials(tls_files(pki / "ca", "analyzer")), authenticate=_authenticate)
     a.start()
     server.start()
