@@ -188,6 +188,7 @@ class Analyzer:
         self._analysed: dict[str, float] = {}          # host -> start of the window of its newest analysed sample
         self._judged_end: dict[str, float] = {}        # host -> end of the newest judged window
         self.writer = Writer(self.store, self._analyse, clock=clock)
+        self.writer.after_flush = self._publish_status
         self.detector = Detector(config.detector)
         self.policy = TriggerPolicy(config.trigger)
         self.events = EventBus()
@@ -265,29 +266,47 @@ class Analyzer:
                 taken.append((verdict, confidence))
         return out
 
-    def _write_owed(self, now: float, everything: bool = False) -> tuple[list[dict], list[tuple[str, int]]]:
-        """Writes (writer thread) the open findings' running numbers and the
-        GPUs' state rows that are owed: what is due and this call's share of
-        the rest, or everything (shutdown). The state rows are what a
-        restart reads instead of scanning. Returns what it took, for a
-        caller whose transaction fails to owe again."""
+    def _write_owed(self, now: float, everything: bool = False) -> None:
+        """Writes the owed rows (see _owed), all or none."""
+        findings, keys, rows, state = self._owed(now, everything)
+        if not rows and not state:
+            return
+
+        def write(st: Store) -> None:
+            st.upsert_findings(rows)
+            st.upsert_gpu_state(state)
+        self._store_later(write, rows, findings, keys, now)
+
+    def _owed(self, now: float, everything: bool = False) -> tuple[list[dict], list[tuple[str, int]], list, list]:
+        """The open findings' running numbers and the GPUs' state rows that
+        are owed: what is due and this call's share of the rest, or
+        everything (shutdown). The state rows are what a restart reads
+        instead of scanning. Returns (findings, GPU keys) taken, to owe again
+        if their write fails, and the finding and state rows to write."""
         findings = self._findings_dirty.take_all() if everything else self._findings_dirty.take(now)
         keys = self._dirty.take_all() if everything else self._dirty.take(now)
-        try:
-            if findings:
-                self._persist_findings(findings)
-            rows = []
-            for key in keys:
-                st = self.gpus.get(key)
-                if st is not None:
-                    rows.append((st.host, st.gpu, st.verdict, st.confidence, json.dumps(list(st.flags)),
-                                 st.last_window_end, st.last_sample or None, st.last_arrival or None, now))
-            if rows:
-                self.store.upsert_gpu_state(rows)
-        except Exception:
-            self._owe_again(findings, keys, now)
-            raise
-        return findings, keys
+        state = []
+        for key in keys:
+            st = self.gpus.get(key)
+            if st is not None:
+                state.append((st.host, st.gpu, st.verdict, st.confidence, json.dumps(list(st.flags)),
+                              st.last_window_end, st.last_sample or None, st.last_arrival or None, now))
+        return findings, keys, self._persisted(findings), state
+
+    def _store_later(self, write: Callable[[Store], None], finding_rows: list[tuple], findings: list[dict],
+                     keys: list[tuple[str, int]], now: float) -> None:
+        """Hands write(store) to the writer's commit thread (Writer.defer).
+        Once it has committed, the finding rows it stored go to the status
+        mirror (a mirror shows only what is stored); if it failed, the
+        findings and GPU state rows it held are owed again, and written by a
+        later group or the shutdown."""
+        def done(error: Exception | None) -> None:
+            if error is None:
+                if self.on_status is not None:
+                    self._findings_written.extend(finding_rows)
+            else:
+                self._owe_again(findings, keys, now)
+        self.writer.defer(write, done)
 
     def _owe_again(self, findings: list[dict], keys: list[tuple[str, int]], now: float) -> None:
         """Rows whose write failed (or whose transaction rolled back): owed
@@ -436,26 +455,27 @@ class Analyzer:
             for host, end in judged.items():
                 self._judged_end[host] = max(self._judged_end.get(host, end), end)
         self._log_findings(turned)
-        store = self.store
-        written = len(self._findings_written)
-        owed: tuple[list[dict], list[tuple[str, int]]] = ([], [])
-        store.begin()
-        try:
-            store.insert_windows(windows)
-            self._persist_findings(list(changed.values()))
-            owed = self._write_owed(now)
-            store.commit()
-        except Exception:
-            store.rollback()
-            del self._findings_written[written:]        # a mirror shows only what is stored
-            # not stored: owed again, written by a later group or the shutdown
-            self._owe_again([*changed.values(), *owed[0]], owed[1], now)
-            raise
+        stored = list(changed.values())
+        rows = self._persisted(stored)
+        owed, keys, owed_rows, state = self._owed(now)
+
+        def write(st: Store) -> None:
+            st.insert_windows(windows)
+            st.upsert_findings(rows)
+            st.upsert_findings(owed_rows)
+            st.upsert_gpu_state(state)
+        self._store_later(write, rows + owed_rows, [*stored, *owed], keys, now)
         if anomalies:
             self._act_on(anomalies)
 
     def _persist_findings(self, findings: list[dict]) -> None:
         """Writer thread: upserts the findings as they are now."""
+        rows = self._persisted(findings)
+        self._store_later(lambda st: st.upsert_findings(rows), rows, findings, [], self._clock())
+
+    def _persisted(self, findings: list[dict]) -> list[tuple]:
+        """The findings' rows, marked as stored as they are now: no longer
+        owed, and an open one written again only when it changes."""
         for f in findings:
             self._findings_dirty.discard(f["id"])
             self.findings.current(f)
@@ -463,12 +483,10 @@ class Analyzer:
                 self._findings_stored[f["id"]] = _stored(f)
             else:
                 self._findings_stored.pop(f["id"], None)
-        self._write_findings([finding_row(f) for f in findings])
+        return [finding_row(f) for f in findings]
 
     def _write_findings(self, rows: list[tuple]) -> None:
-        self.store.upsert_findings(rows)
-        if self.on_status is not None:
-            self._findings_written.extend(rows)
+        self._store_later(lambda st: st.upsert_findings(rows), rows, [], [], self._clock())
 
     def _log_findings(self, changed: list[dict]) -> None:
         """A line per finding opened or closed; a fleet turning over at once
@@ -516,7 +534,7 @@ class Analyzer:
                 log.warning("anomaly storm", anomalies=len(anomalies), hosts=len({a.host for a in anomalies}),
                             storms_since_last_line=said["storms"] - 1,
                             anomalies_since_last_line=said["anomalies"] - len(anomalies))
-        self.store.insert_anomalies(rows)
+        self.writer.defer(lambda st: st.insert_anomalies(rows))
         self._decided(decisions)
 
     def _decided(self, decisions: list[Decision]) -> None:
@@ -529,7 +547,7 @@ class Analyzer:
         if len(decisions) <= 10:
             for d in decisions:
                 log.info("capture decision", host=d.host, gpu=d.gpu, action=d.action, status=d.status, reason=d.reason)
-        self.store.upsert_decisions(rows)
+        self.writer.defer(lambda st: st.upsert_decisions(rows))
 
     def report_calibration(self, host: str, record: dict) -> dict:
         """A GPU's measured ceilings: checked (CalibrationInvalid names the bad
