@@ -206,10 +206,9 @@ class Writer:
             except RuntimeError:          # stop() gave up waiting and shut the commit thread down
                 for _, fut in batches:
                     fut.set_exception(StoreUnavailable("the analyzer is shutting down"))
-                self._settle(writes, None)
                 storing = None
             self._analyse(owed)
-            owed, written = storing.result() if storing is not None else ([], [])
+            owed, written = storing.result() if storing is not None else ([], None)    # None: none ran
             self._recover()
             self._settle(writes, written)
             if tasks:
