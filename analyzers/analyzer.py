@@ -74,7 +74,7 @@ from .trigger import Decision, TriggerConfig, TriggerPolicy
 from .throttle import Throttle
 from .trickle import Trickle
 from .windows import DEFAULT_WINDOW_S, check_window
-from .writer import Writer
+from .writer import StoreUnavailable, Writer
 
 log = structlog.get_logger("gpuscope.analyzer")
 
@@ -171,6 +171,9 @@ class Analyzer:
         for f in self.findings.open.values():
             if f["windows"] != written.get(f["id"]):
                 self._findings_dirty.add(f["id"], f, clock())
+        # finding id -> its deferred writes not yet committed: until then the
+        # stored row lags, and queries show the finding as it is (findings_payload)
+        self._findings_unstored: dict[str, int] = {}
         # what the store holds of each open finding: a change of these is written at once
         self._findings_stored = {f["id"]: _stored(f) for f in self.findings.open.values()}
         self.conditions = {"degraded": ConditionFindings("degraded", self.store.open_findings("degraded"),
@@ -300,7 +303,15 @@ class Analyzer:
         mirror (a mirror shows only what is stored); if it failed, the
         findings and GPU state rows it held are owed again, and written by a
         later group or the shutdown."""
+        ids = [f["id"] for f in findings]
+        for fid in ids:
+            self._findings_unstored[fid] = self._findings_unstored.get(fid, 0) + 1
+
         def done(error: Exception | None) -> None:
+            for fid in ids:
+                left = self._findings_unstored.pop(fid, 1) - 1
+                if left:
+                    self._findings_unstored[fid] = left
             if error is None:
                 if self.on_status is not None:
                     self._findings_written.extend(finding_rows)
@@ -589,7 +600,9 @@ class Analyzer:
                    trigger=record.trigger, verdict=verdict, confidence=confidence, kind=record.kind or "jax",
                    summary=json.dumps(summary, default=str) if summary else None, finding_id=None)
 
-        def store(st: Store) -> dict:
+        stored: list[Exception | None] = []
+
+        def store(_store: Store) -> None:
             f = self.findings.attach_capture(record.host, list(record.gpus), record.id, verdict, confidence,
                                              summary.get("summary", "") if summary else "",
                                              ended=record.end or record.start)
@@ -597,20 +610,29 @@ class Analyzer:
                 row["finding_id"] = f["id"]
                 self._persist_findings([f])
                 self._status_dirty.update((record.host, g) for g in record.gpus)
-            st.upsert_capture(row)
             pair = self._verdict_pair(record, verdict, confidence, f)
-            if pair is not None:
-                st.upsert_verdict_pair(pair)
+
+            def write(st: Store) -> None:
+                st.upsert_capture(row)
+                if pair is not None:
+                    st.upsert_verdict_pair(pair)
+            # deferred behind its finding's row, in the same transaction: whoever
+            # sees the capture sees the finding that names it (a CI run read the
+            # capture while the finding's row still listed none)
+            self.writer.defer(write, stored.append)
             d = self.policy.finished(record.trigger, record.id, record.status.startswith("ok"),
                                      f"{record.kind or 'capture'} {record.status}"
                                      + (f": {record.error}" if record.error else ""))
             if d is not None:
                 self._decided([d])
-            gpu = record.gpus[0] if record.gpus else 0
-            self.events.publish(dict(kind="capture", t=record.end or time.time(), host=record.host, gpu=gpu,
-                                     verdict=verdict, record={k: v for k, v in row.items() if k != "summary"}))
-            return row
-        return self.writer.call(store).result(timeout=30)
+        # a task's future resolves once what it deferred is settled
+        self.writer.call(store).result(timeout=30)
+        if not stored or stored[0] is not None:
+            raise stored[0] if stored else StoreUnavailable("the capture was not stored")
+        gpu = record.gpus[0] if record.gpus else 0
+        self.events.publish(dict(kind="capture", t=record.end or time.time(), host=record.host, gpu=gpu,
+                                 verdict=verdict, record={k: v for k, v in row.items() if k != "summary"}))
+        return row
 
     def _verdict_pair(self, record, verdict: str | None, confidence: float, finding: dict | None) -> dict | None:
         """What the counters said of the captured GPU when its trace landed,
@@ -865,12 +887,12 @@ class Analyzer:
         whose GIL the writer does not hold."""
         table = self.store.findings_table(**query)
         overlay = {}
-        dirty = self._findings_dirty
-        if dirty:
+        dirty, unstored = self._findings_dirty, self._findings_unstored
+        if dirty or unstored:
             ends = table.column("end").to_pylist()
             ids, hosts, gpus = (table.column(c).to_pylist() for c in ("id", "host", "gpu"))
             for fid, host, gpu, end in zip(ids, hosts, gpus, ends):
-                if end is None and fid in dirty:
+                if end is None and (fid in dirty or fid in unstored):
                     live = self._live_fields(fid, host, gpu)
                     if live is not None:
                         overlay[fid] = live

@@ -97,3 +97,74 @@ def test_a_store_that_cannot_write_fails_them_all_and_the_next_ones_land(writer,
     assert w.submit(_batch(2)).result(30) == COMMITTED
     w.call(lambda _s: None).result(30)
     assert _rows(store) == [(3, "c")] and rec.done[-1][:2] == ("c", None)
+
+
+def _open_finding(a, host="h1"):
+    from gpuscope.analyzers.classify import Classification
+    window = Classification(gpu=0, start=T0, end=T0 + 5, verdict="memory-bound", confidence=0.9,
+                            summary="DRAM busy", evidence={})
+    a.writer.call(lambda _s: a._record([(host, window, "pid:7 python", {})])).result(30)
+    return a.list_findings(host=host)[0]
+
+
+def test_whoever_sees_a_capture_sees_the_finding_that_names_it(tmp_path, monkeypatch):
+    """Found by CI: the capture row committed at once while its finding's
+    row (deferred) still listed no captures, so a client read one without
+    the other. They now commit in one transaction; a slow store shows it."""
+    from gpuscope.analyzers.analyzer import Analyzer, AnalyzerConfig
+    from gpuscope.v1 import samples_pb2 as pb
+    a = Analyzer(AnalyzerConfig(str(tmp_path / "c.duckdb"), memory_limit="128MB"))
+    a.start()
+    try:
+        finding = _open_finding(a)
+        upsert = a.writer._sink.upsert_findings
+
+        def slow(rows):                               # the finding's row lands late in its transaction
+            time.sleep(0.05)
+            upsert(rows)
+        monkeypatch.setattr(a.writer._sink, "upsert_findings", slow)
+        seen: list = []
+        stop = threading.Event()
+
+        def reader():
+            while not stop.is_set():
+                caps = a.store.captures("h1")
+                if caps:
+                    seen.append((caps[0]["finding_id"], a.list_findings(host="h1")[0]["captures"]))
+                    return
+        t = threading.Thread(target=reader)
+        t.start()
+        rec = pb.CaptureRecord(id="cap1", host="h1", target="x:1", gpus=[0], start=T0 + 1, end=T0 + 2, status="ok")
+        row = a.report_capture(rec, b"")
+        t.join(10)
+        stop.set()
+        assert row["finding_id"] == finding["id"]
+        assert seen == [(finding["id"], ["cap1"])]
+    finally:
+        a.close()
+
+
+def test_a_finding_whose_write_is_not_committed_yet_is_shown_as_it_is(tmp_path):
+    """Its stored row lags until the commit thread runs the write: queries
+    show the live finding meanwhile, never the older row."""
+    from gpuscope.analyzers.analyzer import Analyzer, AnalyzerConfig
+    from gpuscope.analyzers.classify import Classification
+    a = Analyzer(AnalyzerConfig(str(tmp_path / "p.duckdb"), memory_limit="128MB"))
+    a.start()
+    try:
+        _open_finding(a)
+        nxt = Classification(gpu=0, start=T0 + 5, end=T0 + 10, verdict="memory-bound", confidence=0.9,
+                             summary="DRAM busy", evidence={})
+        shown = []
+
+        def record_and_read(_s):                      # on the writer thread: deferred, not yet run
+            a._record([("h1", nxt, "pid:7 python", {})])
+            f = a.findings.open[("h1", 0)]
+            a._persist_findings([f])
+            shown.append(a.list_findings(host="h1")[0]["windows"])
+            shown.append(a.store.findings(host="h1")[0]["windows"])
+        a.writer.call(record_and_read).result(30)
+        assert shown == [2, 1]                        # live, though the stored row still says 1
+        assert a.list_findings(host="h1")[0]["windows"] == 2 and not a._findings_unstored
+    finally:
+        a.close()
