@@ -18,18 +18,16 @@ when too long or when they hold control or invisible characters: that is a
 bug of the agent, and truncating would hide it. A process's command line is
 the exception: it is whatever a user on the GPU host typed (/proc cmdline
 can be megabytes), so refusing it would let any user drop the host's
-batches. It is cleaned instead (see `clean_command`). Attribution labels
+batches. The agent cuts it at 256 characters where it reads it, and it is
+cleaned here (see `clean_command`); only one longer than cleaning reads
+(MAX_WIRE_COMMAND_CHARS), which no agent of ours sends, is refused. Attribution labels
 (pod, Slurm job, user, ...) come from users' text too (environ, cgroup
 names), but the agent cuts and cleans them where it reads them
 (collectors/attribution.py): one that is too long or unprintable here is
 the agent's bug, and refused like its other strings.
 
-A batch may take on the wire at most what its counts allow with every field
-at its limit (`wire_allowance`; a process's command line is allowed what
-cleaning reads of it, 20 KiB, where the agent sends at most 256
-characters). The gRPC front end checks this before the batch takes byte
-budget or decoding time, so that one client's oversized batches cannot hold
-up the others'.
+How many bytes a batch may take on the wire is checked before any of this,
+before it takes byte budget (analyzers/batch_size.py).
 """
 from __future__ import annotations
 
@@ -84,10 +82,14 @@ TRUNCATED = " <truncated>"
 # still recognised whole (a URL password needs its '@').
 _CLEANED_CHARS = MAX_COMMAND_BYTES + 1024
 # Distinct command-line text one batch may make us clean (characters, each
-# command counted up to _CLEANED_CHARS): redaction costs up to ~0.25 us a
+# command at most MAX_WIRE_COMMAND_CHARS): redaction costs up to ~0.25 us a
 # character, so this bounds one batch to ~0.25 s of CPU. The agent cuts
 # commands at 256 characters: 4,096 different processes fit.
 MAX_COMMAND_CHARS = 1 << 20
+# The most characters of one command line a batch may carry: what cleaning
+# reads. The agent cuts at 256 (collectors/procstat.py), so a longer one is
+# the sender's bug, refused like its other strings (analyzers/batch_size.py).
+MAX_WIRE_COMMAND_CHARS = _CLEANED_CHARS
 
 METRIC_NAMES = cat.NAMES
 _HEALTH_NAMES = {v: k.removeprefix("HEALTH_KIND_").lower() for k, v in pb.HealthKind.items()}
@@ -322,49 +324,6 @@ def _facts(d: pb.Device) -> "DeviceFacts":
                        opt("pcie_busy_generation"), opt("pcie_busy_width"))
 
 
-# What one entry of a batch may take on the wire within the limits above:
-# each string at its limit in 4-byte characters where the limit counts
-# characters, each integer at 10 bytes, tags and lengths included. A
-# process's command line is allowed what cleaning reads of it (the agent
-# sends at most 256 characters).
-_WIRE_INT, _WIRE_STR = 11, 3          # a tagged varint; a string's tag and length, beyond its bytes
-_WIRE_DEVICE = 16 * _WIRE_INT + 5 * (MAX_LABEL_BYTES + _WIRE_STR)
-_WIRE_PROCESS = 6 * _WIRE_INT + 4 * _CLEANED_CHARS + _WIRE_STR
-_WIRE_HEALTH = 6 * _WIRE_INT + MAX_DETAIL_BYTES + _WIRE_STR
-_WIRE_ATTRIBUTION = _WIRE_INT + len(ATTRIBUTION_FIELDS) * (MAX_ATTRIBUTION_BYTES + _WIRE_STR)
-_WIRE_HEADER = 8 * _WIRE_INT + MAX_HOST_BYTES + MAX_TOKEN_LEN + 4 * _WIRE_STR
-_WIRE_METRIC = max(map(len, METRIC_NAMES)) + 4 * _WIRE_STR + _WIRE_INT
-# fields a newer agent may add, which this analyzer does not know and skips
-_WIRE_SLACK, _WIRE_SLACK_BYTES = 1.25, 64 << 10
-
-
-def wire_allowance(batch: pb.SampleBatch) -> int:
-    """The most bytes a batch with these counts can take on the wire when
-    every field is within its limit; O(1), for the gRPC front end to refuse an
-    oversized batch before it takes byte budget or decoding time."""
-    n = batch.count
-    exact = (_WIRE_HEADER + 12 * n + len(batch.columns) * (8 * n + (n + 7) // 8 + _WIRE_METRIC)
-             + len(batch.devices) * _WIRE_DEVICE + len(batch.processes) * _WIRE_PROCESS
-             + len(batch.health) * _WIRE_HEALTH + len(batch.attributions) * _WIRE_ATTRIBUTION)
-    return int(exact * _WIRE_SLACK) + _WIRE_SLACK_BYTES
-
-
-def check_size(batch: pb.SampleBatch, wire_bytes: int) -> None:
-    """Refuses, naming the counts, a batch larger than its counts allow (a
-    string over its limit, or fields this analyzer does not know), and one
-    whose counts are over their limits. Cheap enough for the event loop."""
-    _check_header(batch)
-    _count("columns", len(batch.columns), len(METRIC_NAMES))
-    allowed = wire_allowance(batch)
-    if wire_bytes > allowed:
-        raise BatchError(
-            f"batch: {wire_bytes} bytes on the wire, more than the {allowed} that count={batch.count}, "
-            f"{len(batch.columns)} columns, {len(batch.devices)} devices, {len(batch.processes)} processes, "
-            f"{len(batch.health)} health events and {len(batch.attributions)} attributions can take within "
-            f"their limits: a string over its limit (device labels {MAX_LABEL_BYTES} bytes, health details "
-            f"{MAX_DETAIL_BYTES}), or fields this analyzer does not know")
-
-
 def _check_header(batch: pb.SampleBatch) -> None:
     _string("host", batch.host, MAX_HOST_BYTES, _host_problem, required=True)
     _string("boot_id", batch.boot_id, MAX_TOKEN_LEN, _token_problem, required=True)
@@ -531,7 +490,13 @@ def _column(base: str, col: pb.Column, n: int, seen: dict) -> np.ndarray:
 
 def _check_processes(batch: pb.SampleBatch, n: int) -> None:
     """Raises BatchError naming the first process field out of range."""
-    chars = sum(min(len(c), _CLEANED_CHARS) for c in {p.command for p in batch.processes})
+    distinct = {p.command for p in batch.processes}
+    longest = max(distinct, key=len, default="")
+    if len(longest) > MAX_WIRE_COMMAND_CHARS:
+        i = next(i for i, p in enumerate(batch.processes) if p.command == longest)
+        raise BatchError(f"processes[{i}].command: {len(longest)} characters, at most {MAX_WIRE_COMMAND_CHARS} "
+                         f"(the agent cuts command lines at 256)")
+    chars = sum(map(len, distinct))
     if chars > MAX_COMMAND_CHARS:
         raise BatchError(f"processes[].command: {chars} characters of distinct command lines, "
                          f"at most {MAX_COMMAND_CHARS} per batch")
@@ -600,7 +565,8 @@ def _process_columns(batch: pb.SampleBatch, n: int) -> tuple[list, ...] | None:
     if (max(cols[0]) >= n or min(cols[1]) < 1 or max(cols[1]) > MAX_PID or (mems and max(mems) > BIGINT_MAX)
             or not np.all(np.isfinite(cpus) & (cpus >= 0))
             or (owners and max(owners) >= len(batch.attributions))
-            or sum(min(len(c), _CLEANED_CHARS) for c in set(cols[4])) > MAX_COMMAND_CHARS):
+            or max(map(len, distinct := set(cols[4]))) > MAX_WIRE_COMMAND_CHARS
+            or sum(map(len, distinct)) > MAX_COMMAND_CHARS):
         _check_processes(batch, n)
     return cols
 

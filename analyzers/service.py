@@ -31,7 +31,8 @@ from .degraded import find_degraded, unjudged_groups
 from . import coordinated
 from .report import LIMITS, MIN_PREFIX, AmbiguousId
 from .events import Watch
-from .ingest import BatchError, check_size, validate_capture_record
+from .batch_size import SCREEN_ABOVE_BYTES, check_size, screen
+from .ingest import BatchError, validate_capture_record
 from .store import AGGREGATES, FINDING_GROUPS, FINDING_KINDS, PROCESS_GROUPS
 from .writer import COMMITTED, BatchRejected, StoreUnavailable
 
@@ -135,6 +136,9 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         # streams are admitted at once, and decoding them in the loop's turn
         # (~0.4 ms each) kept it from on-call requests for up to 1.9 s.
         self._decoding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
+        # large batches' strings are measured on a thread of their own, so that the
+        # other agents' batches are not decoded behind one client's padded batches
+        self._screening = ThreadPoolExecutor(max_workers=1, thread_name_prefix="screen")
 
     async def _query(self, fn, *args, pool=None):
         return await asyncio.get_running_loop().run_in_executor(pool or self._oncall, _in_context(fn), *args)
@@ -144,11 +148,14 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         """Parses and sizes one batch, waits for room in the writer's budget,
         validates and queues it. Returns (batch, future, error): error is a
         permanent refusal."""
-        req, error = self._parse(data)
-        if req is None:
+        try:
+            req = pb.SampleBatch.FromString(data)
+        except DecodeError as exc:
+            self.analyzer.count_rejected(None, str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"/gpuscope.v1.Analyzer/{method}: the request is not a valid message ({error})")
-        await _own_host(context, req.host, "host")
+                                f"/gpuscope.v1.Analyzer/{method}: the request is not a valid message ({exc})")
+        await _own_host(context, req.host, "host")      # another host's batch is refused, not counted as ours
+        error = await self._sized(req, len(data))
         if error is not None:
             return req, None, error
         n = len(data) + DECODED_BATCH_BYTES
@@ -168,19 +175,19 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         fut.add_done_callback(lambda f: (budget.release(n), f.cancelled() or f.exception()))
         return req, fut, None
 
-    def _parse(self, data: bytes) -> tuple[pb.SampleBatch | None, str | None]:
-        """The batch, and a refusal if it is larger than its counts allow:
-        before it takes byte budget, which the other agents would wait for."""
+    async def _sized(self, req: pb.SampleBatch, wire_bytes: int) -> str | None:
+        """A refusal if the batch is larger than it may be (batch_size.py),
+        before it takes byte budget, which the other agents would wait for:
+        on the loop from its counts, then, for a large batch, from its
+        strings on a thread of their own."""
         try:
-            req = pb.SampleBatch.FromString(data)
-        except DecodeError as exc:
-            return None, str(exc)
-        try:
-            check_size(req, len(data))
+            check_size(req, wire_bytes)
+            if wire_bytes > SCREEN_ABOVE_BYTES:
+                await asyncio.get_running_loop().run_in_executor(self._screening, screen, req, wire_bytes)
         except BatchError as exc:
             self.analyzer.count_rejected(req, str(exc))
-            return req, str(exc)
-        return req, None
+            return str(exc)
+        return None
 
     async def _ack(self, seq: int, fut) -> pb.BatchAck:
         try:
@@ -592,6 +599,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         self._oncall.shutdown(wait=False, cancel_futures=True)
         self._captures.shutdown(wait=False, cancel_futures=True)
         self._decoding.shutdown(wait=False, cancel_futures=True)
+        self._screening.shutdown(wait=False, cancel_futures=True)
 
 
 MAX_POINTS = 100_000

@@ -1,6 +1,6 @@
 """One bad client against good agents: does it slow their acks?
 
-    python bench/bad_neighbour.py [--agents 20] [--phase 30] [--mb 50] [--kind name|unknown|health]
+    python bench/bad_neighbour.py [--agents 20] [--phase 30] [--mb 50] [--kind name|unknown|health|padded]
 
 `gpuscope analyzer` runs in a subprocess (loopback, --insecure, its own
 DuckDB file); `--agents` simulated agents (bench/fleet_grpc.py's load
@@ -12,6 +12,8 @@ the previous one is answered, for another phase. The kinds of invalid batch:
 - name:    8 devices whose names are `--mb`/8 MB each (limit: 256 bytes)
 - health:  one health event whose detail is `--mb` MB (limit: 4,096 bytes)
 - unknown: a valid batch followed by an unknown field of `--mb` MB
+- padded:  `name`'s over-long names behind 131,072 empty processes, which
+           raise what the counts alone allow past the batch's size
 
 Reports the good agents' ack latency (sample time -> ack) p50/p99 in each
 phase and the ratio, how many bad batches were answered and how (REJECTED,
@@ -37,29 +39,45 @@ sys.path.insert(0, str(ROOT))
 from fleet_grpc import AnalyzerProcess, LoadGenProcess, Monitor, OUT_DIR, git_tree, wait_ready  # noqa: E402
 
 
+_BUILT: dict = {}
+
+
 def bad_batch(kind: str, mb: float, seq: int, boot: str) -> bytes:
+    """Built once, then only its seq changes: the client's own CPU is the
+    analyzer's machine's too."""
     from gpuscope.v1 import samples_pb2 as pb
+    if (kind, mb) not in _BUILT:
+        _BUILT[(kind, mb)] = _build(pb, kind, mb, boot)
+    b, tail = _BUILT[(kind, mb)]
+    b.seq = seq
+    return b.SerializeToString() + tail
+
+
+def _build(pb, kind: str, mb: float, boot: str):
     size = int(mb * 2**20)
     now = time.time()
-    b = pb.SampleBatch(host="bad-neighbour", boot_id=boot, seq=seq, count=1,
+    b = pb.SampleBatch(host="bad-neighbour", boot_id=boot, seq=1, count=1,
                        t_f64le=np.array([now], "<f8").tobytes(), gpu_u32le=np.array([0], "<u4").tobytes())
     b.devices.add(gpu=0, uuid="GPU-bad", name="NVIDIA H200")
-    if kind == "name":
+    if kind == "padded":
+        for k in range(131_072):
+            b.processes.add(sample=0, pid=1 + k)
+    if kind in ("name", "padded"):
         for g in range(1, 8):
             b.devices.add(gpu=g, uuid=f"GPU-bad{g}")
         for d in b.devices:
             d.name = "N" * (size // 8)
     elif kind == "health":
         b.health.add(gpu=0, t=now, kind=pb.HEALTH_KIND_XID, detail="x" * size)
-    body = b.SerializeToString()
+    tail = b""
     if kind == "unknown":       # field 99, length-delimited: protobuf keeps it as an unknown field
         n, head = size, bytearray(b"\x9a\x06")
         while n >= 0x80:
             head.append(n & 0x7F | 0x80)
             n >>= 7
         head.append(n)
-        body += bytes(head) + b"u" * size
-    return body
+        tail = bytes(head) + b"u" * size
+    return b, tail
 
 
 class BadClient:
@@ -114,7 +132,7 @@ def main():
     ap.add_argument("--agents", type=int, default=20)
     ap.add_argument("--phase", type=float, default=30.0, help="seconds of each phase (baseline, bad client)")
     ap.add_argument("--mb", type=float, default=50.0, help="size of each bad batch, MiB")
-    ap.add_argument("--kind", choices=("name", "health", "unknown"), default="name")
+    ap.add_argument("--kind", choices=("name", "health", "unknown", "padded"), default="name")
     ap.add_argument("--analyzer-args", default="")
     ns = ap.parse_args()
     res: dict = dict(date=time.strftime("%Y-%m-%d %H:%M"), machine=f"{platform.node()} {platform.machine()}",

@@ -289,7 +289,7 @@ def _edge_batch() -> pb.SampleBatch:
     host += "h" * (253 - len(host.encode()))                   # 253 bytes of UTF-8, printable, one word
     now = time.time()
     b = make_batch(host=host, boot="b" * 64, seq=BIG - 1, t0=now - DAY,
-                   command="python train.py --api-key=sk-SECRET " + "x" * 10_000,
+                   command="python train.py --api-key=sk-SECRET " + "x" * (ingest.MAX_WIRE_COMMAND_CHARS - 40),
                    device=dict(memory_total_bytes=BIG - 1, power_limit_watts=10_000.0, pcie_generation=16,
                                pcie_width=64, name="Ä" * 128, uuid="GPU-" + "f" * 252, architecture="a" * 256),
                    health_t=now + ingest.MAX_FUTURE_SKEW_S - 30)

@@ -77,6 +77,11 @@ def test_an_agent_pushes_for_its_own_host_only(pki, analyzer):
         stub = analyzer_pb2_grpc.AnalyzerStub(ch)
         assert stub.Push(_batch("h1"), timeout=10).status == pb.BatchAck.COMMITTED
         assert _code(lambda: stub.Push(_batch("h2"), timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
+        oversized = _batch("h2", 2)
+        oversized.devices[0].name = "N" * (1 << 20)
+        rejected = a.rejected
+        assert _code(lambda: stub.Push(oversized, timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
+        assert a.rejected == rejected          # not this agent's host: refused, never counted as a refusal of h2's
         commands = stub.Commands(apb.AgentHello(host="h2", boot_id="x"), timeout=5)
         assert _code(lambda: next(commands)) == grpc.StatusCode.PERMISSION_DENIED
         rec = pb.CaptureRecord(id="c1", host="h2", target="x", status="ok")
