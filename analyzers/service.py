@@ -32,6 +32,7 @@ from . import coordinated
 from .report import LIMITS, MIN_PREFIX, AmbiguousId
 from .events import Watch
 from .batch_size import SCREEN_ABOVE_BYTES, check_size, screen
+from .capture_upload import MAX_UPLOADS, TraceAssembly, UploadError
 from .ingest import BatchError, validate_capture_record
 from .store import AGGREGATES, FINDING_GROUPS, FINDING_KINDS, PROCESS_GROUPS
 from .writer import COMMITTED, BatchRejected, StoreUnavailable
@@ -139,6 +140,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         # large batches' strings are measured on a thread of their own, so that the
         # other agents' batches are not decoded behind one client's padded batches
         self._screening = ThreadPoolExecutor(max_workers=1, thread_name_prefix="screen")
+        self._uploads = asyncio.Semaphore(MAX_UPLOADS)
 
     async def _query(self, fn, *args, pool=None):
         return await asyncio.get_running_loop().run_in_executor(pool or self._oncall, _in_context(fn), *args)
@@ -251,9 +253,38 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             validate_capture_record(request.record)
         except BatchError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"record: {exc}")
+        return await self._store_capture(request.record, request.xspace, context)
+
+    async def UploadCapture(self, request_iterator, context):
+        """ReportCapture with the trace in chunks (capture_upload.py): the
+        caller's right to its host and the record are checked on the first
+        chunk, before any trace is taken, and at most MAX_UPLOADS traces are
+        held at once."""
+        chunks = request_iterator.__aiter__()
         try:
-            row = await self._query(self.analyzer.report_capture, request.record, request.xspace,
-                                    pool=self._captures)
+            first = await chunks.__anext__()
+        except StopAsyncIteration:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "UploadCapture: no chunk came")
+        await _own_host(context, first.record.host, "record.host")
+        try:
+            trace = TraceAssembly(first)
+            validate_capture_record(first.record)
+        except UploadError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"UploadCapture: {exc}")
+        except BatchError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"record: {exc}")
+        async with self._uploads:
+            try:
+                async for chunk in chunks:
+                    trace.add(chunk)
+                data = trace.trace()
+            except UploadError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"UploadCapture: {exc}")
+            return await self._store_capture(trace.record, data, context)
+
+    async def _store_capture(self, record, xspace: bytes, context) -> apb.CaptureSummary:
+        try:
+            row = await self._query(self.analyzer.report_capture, record, xspace, pool=self._captures)
         except (StoreUnavailable, TimeoutError) as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"could not store the capture, resend later: {exc}")
         return capture_summary_pb(row)

@@ -53,7 +53,7 @@ class CaptureConfig:
     min_free_bytes: int = 512 << 20    # leave the disk this much
     margin_s: float = 15.0
     keep_records: int = 500
-    max_trace_bytes: int = 256 << 20   # one trace; it travels in one gRPC message (serve.MAX_MESSAGE_BYTES)
+    max_trace_bytes: int = 256 << 20   # one trace: to the analyzer in chunks, to `capture` in one reply (serve.MAX_MESSAGE_BYTES)
 
 
 @dataclass

@@ -246,12 +246,24 @@ def range_report(server: str, start: float | None = None, end: float | None = No
                             timeout=90, security=security).json)
 
 
+# UploadCapture's chunks: at most 1 MiB of trace each (analyzer.proto), so that
+# the analyzer never takes a large message
+CAPTURE_CHUNK_BYTES = 1 << 20
+
+
 def report_capture(analyzer: str, record, xspace: bytes, *, security: ClientSecurity = INSECURE) -> None:
     """Agent -> analyzer: the capture and its trace, to store and link
     (the agent presents its own certificate: security_flags.agent_security)."""
-    req = apb.CaptureReport(record=record, xspace=xspace)
-    _call(analyzer, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).ReportCapture(req, timeout=t), timeout=60,
-          security=security)
+    _call(analyzer, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).UploadCapture(
+        capture_chunks(record, xspace), timeout=t), timeout=60, security=security)
+
+
+def capture_chunks(record, trace: bytes, size: int = CAPTURE_CHUNK_BYTES):
+    """UploadCapture's messages: the record and the trace's size first."""
+    view = memoryview(trace)
+    yield apb.CaptureChunk(record=record, trace_bytes=len(trace), data=bytes(view[:size]))
+    for start in range(size, len(trace), size):
+        yield apb.CaptureChunk(data=bytes(view[start:start + size]))
 
 
 def status(server: str, host: str = "", gpu_limit: int = 0, *, security: ClientSecurity = INSECURE) -> dict:

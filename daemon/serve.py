@@ -27,7 +27,13 @@ from grpc_health.v1.health import aio as health_aio
 from gpuscope.security.context import CALLER
 from gpuscope.security.redact import redact_command
 
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024   # a capture's XSpace travels in one message
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024   # a capture's XSpace travels in one reply (Agent.Capture)
+# The most a server takes in one message. Agents' batches are cut at 8 MiB
+# (daemon/uplink.py) and their traces come in 1 MiB chunks (UploadCapture):
+# every message a server receives is copied on its event loop before any
+# check of ours, so a larger limit is what one bad client's garbage costs
+# every other stream (docs/benchmarks.md, "One bad client").
+MAX_RECEIVE_BYTES = 32 * 1024 * 1024
 
 # authenticate(method, auth_context, metadata) -> (caller, None) or (None, (code, message))
 Authenticate = Callable[[str, dict, tuple], tuple[object, tuple[grpc.StatusCode, str] | None]]
@@ -73,7 +79,7 @@ class Server:
         interceptors = ([_AuthInterceptor(authenticate)] if authenticate is not None else []) + [_WireErrors()]
         self._server = grpc.aio.server(
             migration_thread_pool=self._pool, interceptors=interceptors,
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
                      ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                      ("grpc.so_reuseport", 0)],
             maximum_concurrent_rpcs=max_concurrent_rpcs)

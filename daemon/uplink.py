@@ -13,6 +13,7 @@ certificate for mutual TLS), or from an explicit `channel_factory` in tests.
 from __future__ import annotations
 
 import collections
+import itertools
 import queue
 import threading
 import time
@@ -31,6 +32,11 @@ from .convert import encode_batch
 
 log = structlog.get_logger("gpuscope.uplink")
 MAX_HEALTH_PER_BATCH = 1000
+# A batch is cut before it would pass either: the analyzer refuses a batch of
+# more than 131,072 processes, and takes no message over 32 MiB
+# (daemon/serve.py); 8 MiB leaves room for what the estimate leaves out.
+MAX_BATCH_PROCESSES = 131_072
+MAX_BATCH_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -144,7 +150,7 @@ class Uplink:
             with self._lock:
                 if not self._pending and not self._pending_health:
                     return
-                take = min(len(self._pending), self.config.max_batch_samples)
+                take = _batch_take(self._pending, self.config.max_batch_samples)
                 samples = [self._pending.popleft() for _ in range(take)]
                 # the analyzer takes at most 10,000 health events a batch; the rest go in the next
                 health, self._pending_health = self._pending_health[:MAX_HEALTH_PER_BATCH], \
@@ -264,3 +270,18 @@ class Uplink:
                         unacked_samples=len(self._pending) + self._unacked_samples, last_error=self.last_error,
                         # how far the analyzer's copy is behind: the oldest sample not yet acknowledged
                         send_lag_seconds=max(time.time() - oldest, 0.0) if oldest is not None else 0.0)
+
+
+def _batch_take(pending, most: int) -> int:
+    """How many of the oldest pending samples the next batch takes: at most
+    `most`, and fewer when their processes would pass MAX_BATCH_PROCESSES or
+    their estimated size MAX_BATCH_BYTES (a host with many processes on each
+    GPU, catching up). Always at least one."""
+    processes = size = 0
+    for i, smp in enumerate(itertools.islice(pending, most)):
+        processes += len(smp.processes)
+        # a sample's time, GPU and values; each process's numbers and command line
+        size += 12 + 9 * len(smp.values) + sum(40 + 4 * len(p.command) for p in smp.processes)
+        if i and (processes > MAX_BATCH_PROCESSES or size > MAX_BATCH_BYTES):
+            return i
+    return min(len(pending), most)

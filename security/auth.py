@@ -66,6 +66,7 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
     "/gpuscope.v1.Analyzer/Push": _AGENT,
     "/gpuscope.v1.Analyzer/Commands": _AGENT,
     "/gpuscope.v1.Analyzer/ReportCapture": _AGENT,
+    "/gpuscope.v1.Analyzer/UploadCapture": _AGENT,
     "/gpuscope.v1.Analyzer/ReportCalibration": _AGENT,
     # on-call reads (an agent may ask the analyzer's status)
     "/gpuscope.v1.Analyzer/GetStatus": _READ | _AGENT,

@@ -87,6 +87,9 @@ def test_an_agent_pushes_for_its_own_host_only(pki, analyzer):
         rec = pb.CaptureRecord(id="c1", host="h2", target="x", status="ok")
         assert _code(lambda: stub.ReportCapture(apb.CaptureReport(record=rec), timeout=10)) == \
             grpc.StatusCode.PERMISSION_DENIED
+        # refused on its first chunk, before any trace is taken
+        upload = iter([apb.CaptureChunk(record=rec, trace_bytes=3 << 20, data=b"x" * (1 << 20))] * 3)
+        assert _code(lambda: stub.UploadCapture(upload, timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
         # an agent is no on-call reader
         assert _code(lambda: stub.ListFindings(apb.FindingsRequest(), timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
     assert a.store.reader().execute("SELECT DISTINCT host FROM samples").fetchall() == [("h1",)]

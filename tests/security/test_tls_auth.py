@@ -215,6 +215,7 @@ OPERATOR = Caller("alice", "operator", None, "token")
     ("/gpuscope.v1.Analyzer/Push", {"agent"}),
     ("/gpuscope.v1.Analyzer/Commands", {"agent"}),
     ("/gpuscope.v1.Analyzer/ReportCapture", {"agent"}),
+    ("/gpuscope.v1.Analyzer/UploadCapture", {"agent"}),
     ("/gpuscope.v1.Analyzer/ReportCalibration", {"agent"}),
     ("/gpuscope.v1.Analyzer/ListCeilings", {"reader", "operator"}),
     ("/gpuscope.v1.Analyzer/ListPrograms", {"reader", "operator"}),

@@ -293,6 +293,16 @@ class CaptureReport(_message.Message):
     xspace: bytes
     def __init__(self, record: _Optional[_Union[_samples_pb2.CaptureRecord, _Mapping]] = ..., xspace: _Optional[bytes] = ...) -> None: ...
 
+class CaptureChunk(_message.Message):
+    __slots__ = ("record", "trace_bytes", "data")
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    TRACE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    record: _samples_pb2.CaptureRecord
+    trace_bytes: int
+    data: bytes
+    def __init__(self, record: _Optional[_Union[_samples_pb2.CaptureRecord, _Mapping]] = ..., trace_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class CaptureSummary(_message.Message):
     __slots__ = ("record", "verdict", "confidence", "summary_json", "finding_id")
     RECORD_FIELD_NUMBER: _ClassVar[int]

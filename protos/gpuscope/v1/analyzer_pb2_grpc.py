@@ -66,6 +66,11 @@ class AnalyzerStub:
                 request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.CaptureReport.SerializeToString,
                 response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.CaptureSummary.FromString,
                 _registered_method=True)
+        self.UploadCapture = channel.stream_unary(
+                '/gpuscope.v1.Analyzer/UploadCapture',
+                request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.CaptureChunk.SerializeToString,
+                response_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.CaptureSummary.FromString,
+                _registered_method=True)
         self.ListCaptures = channel.unary_unary(
                 '/gpuscope.v1.Analyzer/ListCaptures',
                 request_serializer=gpuscope_dot_v1_dot_analyzer__pb2.CapturesRequest.SerializeToString,
@@ -182,6 +187,16 @@ class AnalyzerServicer:
     def ReportCapture(self, request, context):
         """An agent reports a capture it ran (with the trace), the analyzer
         summarizes it, stores it and links it to the GPU's open finding.
+        Its trace must then fit one message (MAX_AGENT_MESSAGE_BYTES, 64 MiB);
+        agents send UploadCapture instead.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UploadCapture(self, request_iterator, context):
+        """The same, with the trace in chunks of at most 1 MiB, the record first:
+        no message an agent sends needs the analyzer to take a large one.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -323,6 +338,11 @@ def add_AnalyzerServicer_to_server(servicer, server):
             'ReportCapture': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportCapture,
                     request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.CaptureReport.FromString,
+                    response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.CaptureSummary.SerializeToString,
+            ),
+            'UploadCapture': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadCapture,
+                    request_deserializer=gpuscope_dot_v1_dot_analyzer__pb2.CaptureChunk.FromString,
                     response_serializer=gpuscope_dot_v1_dot_analyzer__pb2.CaptureSummary.SerializeToString,
             ),
             'ListCaptures': grpc.unary_unary_rpc_method_handler(
@@ -563,6 +583,33 @@ class Analyzer:
             target,
             '/gpuscope.v1.Analyzer/ReportCapture',
             gpuscope_dot_v1_dot_analyzer__pb2.CaptureReport.SerializeToString,
+            gpuscope_dot_v1_dot_analyzer__pb2.CaptureSummary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadCapture(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/gpuscope.v1.Analyzer/UploadCapture',
+            gpuscope_dot_v1_dot_analyzer__pb2.CaptureChunk.SerializeToString,
             gpuscope_dot_v1_dot_analyzer__pb2.CaptureSummary.FromString,
             options,
             channel_credentials,

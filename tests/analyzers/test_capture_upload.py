@@ -1,0 +1,93 @@
+"""Traces come in chunks (UploadCapture), so the analyzer takes no message
+over MAX_RECEIVE_BYTES: each is copied on its event loop before any check,
+and one client's 100 MB messages took two thirds of the loop's time. An
+upload that breaks its own rules is refused naming how; a good one is
+stored as ReportCapture's was."""
+import re
+import time
+
+import grpc
+import pytest
+
+from gpuscope.analyzers import capture_upload
+from gpuscope.collectors.records import DeviceInfo, GpuSample
+from gpuscope.daemon import clients
+from gpuscope.daemon.convert import encode_batch
+from gpuscope.daemon.serve import MAX_RECEIVE_BYTES
+from gpuscope.v1 import analyzer_pb2 as apb, analyzer_pb2_grpc, samples_pb2 as pb
+from tests.conftest import FIXTURE
+from tests.helpers import AnalyzerServer
+
+
+def _trace() -> bytes:
+    run = next((FIXTURE / "traces" / "launch_bound" / "plugins" / "profile").iterdir())
+    return (run / "vm.xplane.pb").read_bytes()
+
+
+def _record(cid="up1"):
+    return pb.CaptureRecord(id=cid, host="h1", target="127.0.0.1:9012", pid=461, gpus=[0], start=time.time() - 5,
+                            end=time.time() - 4, duration_ms=500, status="ok", trigger="on-call")
+
+
+@pytest.fixture
+def srv(tmp_path):
+    s = AnalyzerServer(tmp_path / "u.duckdb")
+    yield s
+    s.stop()
+
+
+def _upload(srv, chunks):
+    with grpc.insecure_channel(srv.target, options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
+        return analyzer_pb2_grpc.AnalyzerStub(ch).UploadCapture(iter(chunks), timeout=30)
+
+
+def test_a_trace_in_chunks_is_summarized_and_stored_like_a_report(fixture_dir, srv):
+    trace = _trace()
+    assert len(trace) > 3 * 64 << 10
+    chunks = list(clients.capture_chunks(_record(), trace, size=64 << 10))
+    assert len(chunks) > 3 and chunks[0].trace_bytes == len(trace)
+    summary = _upload(srv, chunks)
+    assert summary.verdict == "launch-bound" and summary.record.id == "up1"
+    stored = srv.analyzer.store.captures("h1")
+    assert [(c["id"], c["verdict"]) for c in stored] == [("up1", "launch-bound")]
+    # the agent's own client sends the same way, in 1 MiB chunks
+    clients.report_capture(srv.target, _record("up2"), trace)
+    assert {c["id"] for c in srv.analyzer.store.captures("h1")} == {"up1", "up2"}
+
+
+@pytest.mark.parametrize("chunks,message", [
+    ([], "no chunk came"),
+    ([apb.CaptureChunk(data=b"x")], "the first chunk must carry the capture's record"),
+    ([apb.CaptureChunk(record=_record(), trace_bytes=capture_upload.MAX_TRACE_BYTES + 1)],
+     r"trace_bytes: 268435457, at most 268435456"),
+    ([apb.CaptureChunk(record=_record(), trace_bytes=4, data=b"ab"), apb.CaptureChunk(data=b"cde")],
+     "chunk 1: the trace runs past the 4 bytes its first chunk announced"),
+    ([apb.CaptureChunk(record=_record(), trace_bytes=4, data=b"ab")],
+     "the upload ended after 2 of the 4 bytes"),
+    ([apb.CaptureChunk(record=_record(), trace_bytes=4, data=b"ab"), apb.CaptureChunk(record=_record(), data=b"cd")],
+     "chunk 1: only the first chunk carries the record"),
+    ([apb.CaptureChunk(record=_record(), trace_bytes=2 << 20, data=b"x" * ((1 << 20) + 1))],
+     "chunk 0: 1048577 bytes of data, at most 1048576"),
+    ([apb.CaptureChunk(record=pb.CaptureRecord(id="bad id!", host="h1", target="x", status="ok"))],
+     r"record: record\.id"),
+])
+def test_an_upload_that_breaks_its_rules_is_refused_naming_how(srv, chunks, message):
+    with pytest.raises(grpc.RpcError) as err:
+        _upload(srv, chunks)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert re.search(message, err.value.details()), err.value.details()
+    assert srv.analyzer.store.captures("h1") == []
+
+
+def test_a_message_over_the_servers_limit_is_refused_by_grpc_and_the_others_go_on(srv):
+    """A 40 MiB message is refused before our code sees it; the agents' own
+    are cut at 8 MiB (daemon/uplink.py)."""
+    good = encode_batch("h1", "0123456789abcdef", 1, [GpuSample(0, time.time() - 5, {"power_watts": 1.0})],
+                        [DeviceInfo(gpu=0, name="NVIDIA H200")])
+    with grpc.insecure_channel(srv.target, options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
+        stub = analyzer_pb2_grpc.AnalyzerStub(ch)
+        big = apb.CaptureReport(record=_record("big"), xspace=b"x" * (MAX_RECEIVE_BYTES + (8 << 20)))
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ReportCapture(big, timeout=30)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert stub.Push(good, timeout=30).status == pb.BatchAck.COMMITTED
