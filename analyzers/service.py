@@ -32,7 +32,7 @@ from . import coordinated
 from .report import LIMITS, MIN_PREFIX, AmbiguousId
 from .events import Watch
 from .batch_size import SCREEN_ABOVE_BYTES, check_size, screen
-from .capture_upload import MAX_UPLOADS, TraceAssembly, UploadError
+from .capture_upload import MAX_UPLOADS, UPLOAD_RECEIVE_S, UPLOAD_WAIT_S, TraceAssembly, UploadError
 from .ingest import BatchError, validate_capture_record
 from .store import AGGREGATES, FINDING_GROUPS, FINDING_KINDS, PROCESS_GROUPS
 from .writer import COMMITTED, BatchRejected, StoreUnavailable
@@ -273,14 +273,28 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"UploadCapture: {exc}")
         except BatchError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"record: {exc}")
-        async with self._uploads:
-            try:
-                async for chunk in chunks:
-                    trace.add(chunk)
-                data = trace.trace()
-            except UploadError as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"UploadCapture: {exc}")
-            return await self._store_capture(trace.record, data, context)
+        try:
+            await asyncio.wait_for(self._uploads.acquire(), UPLOAD_WAIT_S)
+        except asyncio.TimeoutError:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"UploadCapture: {MAX_UPLOADS} traces are being "
+                                f"received; resend later")
+        try:
+            # a slot held by a stalled client would hold every agent's captures up
+            data = await asyncio.wait_for(self._receive(chunks, trace), UPLOAD_RECEIVE_S)
+        except UploadError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"UploadCapture: {exc}")
+        except asyncio.TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"UploadCapture: the trace did not arrive "
+                                f"within {UPLOAD_RECEIVE_S:.0f} s; resend it")
+        finally:
+            self._uploads.release()
+        return await self._store_capture(trace.record, data, context)
+
+    @staticmethod
+    async def _receive(chunks, trace: TraceAssembly) -> bytes:
+        async for chunk in chunks:
+            trace.add(chunk)
+        return trace.trace()
 
     async def _store_capture(self, record, xspace: bytes, context) -> apb.CaptureSummary:
         try:

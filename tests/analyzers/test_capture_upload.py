@@ -91,3 +91,38 @@ def test_a_message_over_the_servers_limit_is_refused_by_grpc_and_the_others_go_o
             stub.ReportCapture(big, timeout=30)
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert stub.Push(good, timeout=30).status == pb.BatchAck.COMMITTED
+
+
+def test_stalled_uploads_cannot_hold_every_agents_captures_up(fixture_dir, srv, monkeypatch):
+    """Two clients that announce a trace and stall hold both slots only until
+    UPLOAD_RECEIVE_S; an upload that finds no slot within UPLOAD_WAIT_S is
+    told to resend later. Then a real upload goes through."""
+    import threading
+    from gpuscope.analyzers import service
+    monkeypatch.setattr(service, "UPLOAD_RECEIVE_S", 1.5)
+    monkeypatch.setattr(service, "UPLOAD_WAIT_S", 0.3)
+    release = threading.Event()
+
+    def stalled(cid):
+        yield apb.CaptureChunk(record=_record(cid), trace_bytes=10, data=b"x")
+        release.wait(10)
+
+    codes = []
+
+    def call(cid):
+        try:
+            _upload(srv, stalled(cid))
+        except grpc.RpcError as exc:
+            codes.append(exc.code())
+    threads = [threading.Thread(target=call, args=(f"s{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)                                   # both slots held
+    with pytest.raises(grpc.RpcError) as busy:
+        _upload(srv, clients.capture_chunks(_record("late"), _trace()))
+    assert busy.value.code() == grpc.StatusCode.UNAVAILABLE and "resend later" in busy.value.details()
+    for t in threads:
+        t.join(10)
+    release.set()
+    assert codes == [grpc.StatusCode.DEADLINE_EXCEEDED] * 2
+    assert _upload(srv, clients.capture_chunks(_record("ok"), _trace())).verdict == "launch-bound"
