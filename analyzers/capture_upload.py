@@ -14,10 +14,11 @@ from gpuscope.v1 import analyzer_pb2 as apb
 MAX_TRACE_BYTES = 256 << 20     # the agent's own cap on a trace (daemon/captures.py, max_trace_bytes)
 MAX_CHUNK_BYTES = 1 << 20
 MAX_UPLOADS = 2                 # traces being received at once: each holds up to MAX_TRACE_BYTES
+MAX_OPEN_UPLOADS = 8            # receiving or waiting for a slot; more are refused at once
 # A slot is waited for this long (then UNAVAILABLE: resend later), and then
 # the whole trace must arrive within the next limit (256 MiB at 4 MB/s), so
 # that stalled clients cannot hold the slots and every agent's captures up.
-UPLOAD_WAIT_S = 60.0
+UPLOAD_WAIT_S = 20.0
 UPLOAD_RECEIVE_S = 60.0
 
 

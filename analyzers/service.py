@@ -5,6 +5,7 @@ on-call queries run on a pool of their own so agents can never crowd them out.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import importlib.metadata
@@ -32,7 +33,8 @@ from . import coordinated
 from .report import LIMITS, MIN_PREFIX, AmbiguousId
 from .events import Watch
 from .batch_size import SCREEN_ABOVE_BYTES, check_size, screen
-from .capture_upload import MAX_UPLOADS, UPLOAD_RECEIVE_S, UPLOAD_WAIT_S, TraceAssembly, UploadError
+from .capture_upload import (MAX_OPEN_UPLOADS, MAX_UPLOADS, UPLOAD_RECEIVE_S, UPLOAD_WAIT_S, TraceAssembly,
+                             UploadError)
 from .ingest import BatchError, validate_capture_record
 from .store import AGGREGATES, FINDING_GROUPS, FINDING_KINDS, PROCESS_GROUPS
 from .writer import COMMITTED, BatchRejected, StoreUnavailable
@@ -141,6 +143,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         # other agents' batches are not decoded behind one client's padded batches
         self._screening = ThreadPoolExecutor(max_workers=1, thread_name_prefix="screen")
         self._uploads = asyncio.Semaphore(MAX_UPLOADS)
+        self._uploads_open = 0
 
     async def _query(self, fn, *args, pool=None):
         return await asyncio.get_running_loop().run_in_executor(pool or self._oncall, _in_context(fn), *args)
@@ -253,7 +256,8 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             validate_capture_record(request.record)
         except BatchError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"record: {exc}")
-        return await self._store_capture(request.record, request.xspace, context)
+        async with self._upload_slot(context, "ReportCapture"):     # its trace is held as UploadCapture's
+            return await self._store_capture(request.record, request.xspace, context)
 
     async def UploadCapture(self, request_iterator, context):
         """ReportCapture with the trace in chunks (capture_upload.py): the
@@ -273,22 +277,40 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"UploadCapture: {exc}")
         except BatchError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"record: {exc}")
+        async with self._upload_slot(context, "UploadCapture"):
+            try:
+                # a slot held by a stalled client would hold every agent's captures up
+                data = await asyncio.wait_for(self._receive(chunks, trace), UPLOAD_RECEIVE_S)
+            except UploadError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"UploadCapture: {exc}")
+            except asyncio.TimeoutError:
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"UploadCapture: the trace did not arrive "
+                                    f"within {UPLOAD_RECEIVE_S:.0f} s; resend it")
+            return await self._store_capture(trace.record, data, context)
+
+    @contextlib.asynccontextmanager
+    async def _upload_slot(self, context, method: str):
+        """One of MAX_UPLOADS slots for a trace being received and stored,
+        waited for at most UPLOAD_WAIT_S; beyond MAX_OPEN_UPLOADS uploads
+        open at once (receiving or waiting) the next is refused at once:
+        gRPC buffers what waiting streams send, and 200 of them took 9.8 GB
+        (found in a trial)."""
+        if self._uploads_open >= MAX_OPEN_UPLOADS:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{method}: {self._uploads_open} capture "
+                                f"uploads are open, at most {MAX_OPEN_UPLOADS}; resend later")
+        self._uploads_open += 1
         try:
-            await asyncio.wait_for(self._uploads.acquire(), UPLOAD_WAIT_S)
-        except asyncio.TimeoutError:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"UploadCapture: {MAX_UPLOADS} traces are being "
-                                f"received; resend later")
-        try:
-            # a slot held by a stalled client would hold every agent's captures up
-            data = await asyncio.wait_for(self._receive(chunks, trace), UPLOAD_RECEIVE_S)
-        except UploadError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"UploadCapture: {exc}")
-        except asyncio.TimeoutError:
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"UploadCapture: the trace did not arrive "
-                                f"within {UPLOAD_RECEIVE_S:.0f} s; resend it")
+            try:
+                await asyncio.wait_for(self._uploads.acquire(), UPLOAD_WAIT_S)
+            except asyncio.TimeoutError:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"{method}: {MAX_UPLOADS} traces are being "
+                                    f"received; resend later")
+            try:
+                yield
+            finally:
+                self._uploads.release()
         finally:
-            self._uploads.release()
-        return await self._store_capture(trace.record, data, context)
+            self._uploads_open -= 1
 
     @staticmethod
     async def _receive(chunks, trace: TraceAssembly) -> bytes:

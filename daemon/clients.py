@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import re
 import socket
+import time
 
 import grpc
+import structlog
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 
@@ -19,6 +21,8 @@ from gpuscope.security.tls import INSECURE, ClientSecurity, broke_mid_call, clos
 from gpuscope.v1 import agent_pb2, agent_pb2_grpc, analyzer_pb2 as apb, analyzer_pb2_grpc
 
 from .serve import MAX_MESSAGE_BYTES   # capture replies carry the XSpace
+
+log = structlog.get_logger("gpuscope.clients")
 
 
 class ClientError(RuntimeError):
@@ -251,11 +255,30 @@ def range_report(server: str, start: float | None = None, end: float | None = No
 CAPTURE_CHUNK_BYTES = 1 << 20
 
 
-def report_capture(analyzer: str, record, xspace: bytes, *, security: ClientSecurity = INSECURE) -> None:
+# The analyzer busy with other traces, restarting, or slower than the deadline:
+# worth sending again (a capture's id makes a resend of a stored one harmless)
+_RESEND = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                     grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+def report_capture(analyzer: str, record, xspace: bytes, *, security: ClientSecurity = INSECURE,
+                   attempts: int = 4, backoff_s: float = 5.0) -> None:
     """Agent -> analyzer: the capture and its trace, to store and link
-    (the agent presents its own certificate: security_flags.agent_security)."""
-    _call(analyzer, lambda ch, t: analyzer_pb2_grpc.AnalyzerStub(ch).UploadCapture(
-        capture_chunks(record, xspace), timeout=t), timeout=60, security=security)
+    (the agent presents its own certificate: security_flags.agent_security).
+    Sent again after 5, 10 and 20 s while the analyzer answers with a
+    transient error, e.g. while it receives other hosts' traces."""
+    def send(ch, timeout):
+        stub = analyzer_pb2_grpc.AnalyzerStub(ch)
+        for attempt in range(attempts):
+            try:
+                return stub.UploadCapture(capture_chunks(record, xspace), timeout=timeout)
+            except grpc.RpcError as exc:
+                if attempt + 1 == attempts or exc.code() not in _RESEND:
+                    raise
+                log.info("capture report refused for now, sending it again", id=record.id,
+                         code=exc.code().name, in_s=backoff_s * 2 ** attempt)
+                time.sleep(backoff_s * 2 ** attempt)
+    _call(analyzer, send, timeout=60, security=security)
 
 
 def capture_chunks(record, trace: bytes, size: int = CAPTURE_CHUNK_BYTES):

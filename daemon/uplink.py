@@ -37,6 +37,7 @@ MAX_HEALTH_PER_BATCH = 1000
 # (daemon/serve.py); 8 MiB leaves room for what the estimate leaves out.
 MAX_BATCH_PROCESSES = 131_072
 MAX_BATCH_BYTES = 8 << 20
+MAX_BATCH_COMMAND_CHARS = 1 << 20     # distinct command-line text, the analyzer's MAX_COMMAND_CHARS
 
 
 @dataclass(frozen=True)
@@ -274,14 +275,21 @@ class Uplink:
 
 def _batch_take(pending, most: int) -> int:
     """How many of the oldest pending samples the next batch takes: at most
-    `most`, and fewer when their processes would pass MAX_BATCH_PROCESSES or
-    their estimated size MAX_BATCH_BYTES (a host with many processes on each
-    GPU, catching up). Always at least one."""
-    processes = size = 0
+    `most`, and fewer when their processes would pass MAX_BATCH_PROCESSES,
+    their distinct command lines MAX_BATCH_COMMAND_CHARS, or their estimated
+    size MAX_BATCH_BYTES (a host with many processes on each GPU, or many
+    short-lived ones, catching up). Always at least one."""
+    processes = size = chars = 0
+    commands: set[str] = set()
     for i, smp in enumerate(itertools.islice(pending, most)):
         processes += len(smp.processes)
         # a sample's time, GPU and values; each process's numbers and command line
-        size += 12 + 9 * len(smp.values) + sum(40 + 4 * len(p.command) for p in smp.processes)
-        if i and (processes > MAX_BATCH_PROCESSES or size > MAX_BATCH_BYTES):
+        size += 12 + 9 * len(smp.values)
+        for p in smp.processes:
+            size += 40 + 4 * len(p.command)
+            if p.command not in commands:
+                commands.add(p.command)
+                chars += len(p.command)
+        if i and (processes > MAX_BATCH_PROCESSES or size > MAX_BATCH_BYTES or chars > MAX_BATCH_COMMAND_CHARS):
             return i
     return min(len(pending), most)

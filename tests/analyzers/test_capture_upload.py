@@ -126,3 +126,41 @@ def test_stalled_uploads_cannot_hold_every_agents_captures_up(fixture_dir, srv, 
     release.set()
     assert codes == [grpc.StatusCode.DEADLINE_EXCEEDED] * 2
     assert _upload(srv, clients.capture_chunks(_record("ok"), _trace())).verdict == "launch-bound"
+
+
+def test_uploads_past_the_open_limit_are_refused_at_once_and_the_agent_sends_again(fixture_dir, srv, monkeypatch):
+    """gRPC buffers what streams waiting for a slot send: 200 waiting uploads
+    took 9.8 GB (found in a trial). Past MAX_OPEN_UPLOADS an upload, or an
+    older agent's ReportCapture, is refused at once; the agent's client
+    sends its report again after a pause, and it lands once a slot frees."""
+    import threading
+    from gpuscope.analyzers import service
+    monkeypatch.setattr(service, "MAX_OPEN_UPLOADS", 2)
+    monkeypatch.setattr(service, "UPLOAD_RECEIVE_S", 2.0)
+    release = threading.Event()
+
+    def stalled(cid):
+        yield apb.CaptureChunk(record=_record(cid), trace_bytes=10, data=b"x")
+        release.wait(10)
+
+    def hold(cid):
+        with pytest.raises(grpc.RpcError):
+            _upload(srv, stalled(cid))
+    threads = [threading.Thread(target=hold, args=(f"s{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    with pytest.raises(grpc.RpcError) as full:
+        _upload(srv, clients.capture_chunks(_record("late"), _trace()))
+    assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() - t0 < 1.0
+    assert "2 capture uploads are open, at most 2; resend later" in full.value.details()
+    with grpc.insecure_channel(srv.target) as ch:
+        with pytest.raises(grpc.RpcError) as legacy:
+            analyzer_pb2_grpc.AnalyzerStub(ch).ReportCapture(apb.CaptureReport(record=_record("old")), timeout=10)
+    assert legacy.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    clients.report_capture(srv.target, _record("again"), _trace(), backoff_s=1.0)   # 1 + 2 s: past the stall
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert {c["id"] for c in srv.analyzer.store.captures("h1")} == {"again"}

@@ -55,3 +55,20 @@ def test_an_ordinary_host_still_sends_full_batches():
     up = _uplink()
     up.submit(_samples(4096, 2, "python train.py --lr 3e-4"))
     assert [n for _, n in _batches(up)] == [4096]
+
+
+def test_many_distinct_command_lines_are_cut_at_the_analyzers_limit():
+    """Found in a trial: short-lived workers, each with its own command line,
+    made a 3,200-sample catch-up batch of 1.6 M distinct characters, which
+    the analyzer refuses (at most 1 M a batch) and the agent then drops."""
+    now = time.time() - 600
+    samples = [GpuSample(i % 8, now + i * 0.01, {"power_watts": 300.0},
+                         (ProcessRecord(10_000 + 2 * i, 1 << 30, 0.5, f"worker {i:05d} " + "w" * 240),
+                          ProcessRecord(10_001 + 2 * i, 1 << 30, 0.5, f"worker {i:05d}b " + "w" * 240)))
+               for i in range(3200)]
+    up = _uplink()
+    up.submit(samples)
+    batches = _batches(up)
+    assert sum(n for _, n in batches) == 3200 and len(batches) == 2
+    for b, _ in batches:
+        decode(b)
