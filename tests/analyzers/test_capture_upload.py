@@ -4,6 +4,7 @@ and one client's 100 MB messages took two thirds of the loop's time. An
 upload that breaks its own rules is refused naming how; a good one is
 stored as ReportCapture's was."""
 import re
+import threading
 import time
 
 import grpc
@@ -93,25 +94,26 @@ def test_a_message_over_the_servers_limit_is_refused_by_grpc_and_the_others_go_o
         assert stub.Push(good, timeout=30).status == pb.BatchAck.COMMITTED
 
 
+def _stalled(cid, release: threading.Event):
+    """An upload that announces its trace, sends a byte and stalls."""
+    yield apb.CaptureChunk(record=_record(cid), trace_bytes=10, data=b"x")
+    release.wait(10)
+
+
 def test_stalled_uploads_cannot_hold_every_agents_captures_up(fixture_dir, srv, monkeypatch):
     """Two clients that announce a trace and stall hold both slots only until
     UPLOAD_RECEIVE_S; an upload that finds no slot within UPLOAD_WAIT_S is
     told to resend later. Then a real upload goes through."""
-    import threading
     from gpuscope.analyzers import service
     monkeypatch.setattr(service, "UPLOAD_RECEIVE_S", 1.5)
     monkeypatch.setattr(service, "UPLOAD_WAIT_S", 0.3)
     release = threading.Event()
 
-    def stalled(cid):
-        yield apb.CaptureChunk(record=_record(cid), trace_bytes=10, data=b"x")
-        release.wait(10)
-
     codes = []
 
     def call(cid):
         try:
-            _upload(srv, stalled(cid))
+            _upload(srv, _stalled(cid, release))
         except grpc.RpcError as exc:
             codes.append(exc.code())
     threads = [threading.Thread(target=call, args=(f"s{i}",)) for i in range(2)]
@@ -133,19 +135,14 @@ def test_uploads_past_the_open_limit_are_refused_at_once_and_the_agent_sends_aga
     took 9.8 GB (found in a trial). Past MAX_OPEN_UPLOADS an upload, or an
     older agent's ReportCapture, is refused at once; the agent's client
     sends its report again after a pause, and it lands once a slot frees."""
-    import threading
     from gpuscope.analyzers import service
     monkeypatch.setattr(service, "MAX_OPEN_UPLOADS", 2)
     monkeypatch.setattr(service, "UPLOAD_RECEIVE_S", 2.0)
     release = threading.Event()
 
-    def stalled(cid):
-        yield apb.CaptureChunk(record=_record(cid), trace_bytes=10, data=b"x")
-        release.wait(10)
-
     def hold(cid):
         with pytest.raises(grpc.RpcError):
-            _upload(srv, stalled(cid))
+            _upload(srv, _stalled(cid, release))
     threads = [threading.Thread(target=hold, args=(f"s{i}",)) for i in range(2)]
     for t in threads:
         t.start()
