@@ -15,6 +15,7 @@ MAX_TRACE_BYTES = 256 << 20     # the agent's own cap on a trace (daemon/capture
 MAX_CHUNK_BYTES = 1 << 20
 MAX_UPLOADS = 2                 # traces being received at once: each holds up to MAX_TRACE_BYTES
 MAX_OPEN_UPLOADS = 8            # receiving or waiting for a slot; more are refused at once
+MAX_OPEN_UPLOADS_PER_HOST = 4   # of one host (its certificate's, under mTLS): one client cannot hold them all
 # A slot is waited for this long (then UNAVAILABLE: resend later), and then
 # the whole trace must arrive within the next limit (256 MiB at 4 MB/s), so
 # that stalled clients cannot hold the slots and every agent's captures up.

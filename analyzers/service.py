@@ -5,6 +5,7 @@ on-call queries run on a pool of their own so agents can never crowd them out.""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import functools
@@ -33,7 +34,7 @@ from . import coordinated
 from .report import LIMITS, MIN_PREFIX, AmbiguousId
 from .events import Watch
 from .batch_size import SCREEN_ABOVE_BYTES, check_size, screen
-from .capture_upload import (MAX_OPEN_UPLOADS, MAX_UPLOADS, UPLOAD_RECEIVE_S, UPLOAD_WAIT_S, TraceAssembly,
+from .capture_upload import (MAX_OPEN_UPLOADS, MAX_OPEN_UPLOADS_PER_HOST, MAX_UPLOADS, UPLOAD_RECEIVE_S, UPLOAD_WAIT_S, TraceAssembly,
                              UploadError)
 from .ingest import BatchError, validate_capture_record
 from .store import AGGREGATES, FINDING_GROUPS, FINDING_KINDS, PROCESS_GROUPS
@@ -144,6 +145,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         self._screening = ThreadPoolExecutor(max_workers=1, thread_name_prefix="screen")
         self._uploads = asyncio.Semaphore(MAX_UPLOADS)
         self._uploads_open = 0
+        self._host_uploads: collections.Counter[str] = collections.Counter()
 
     async def _query(self, fn, *args, pool=None):
         return await asyncio.get_running_loop().run_in_executor(pool or self._oncall, _in_context(fn), *args)
@@ -256,8 +258,8 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             validate_capture_record(request.record)
         except BatchError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"record: {exc}")
-        async with self._upload_slot(context, "ReportCapture"):     # its trace is held as UploadCapture's
-            return await self._store_capture(request.record, request.xspace, context)
+        async with self._upload_slot(context, "ReportCapture", request.record.host) as slot:   # held as an upload's
+            return await self._store_capture(request.record, request.xspace, context, slot)
 
     async def UploadCapture(self, request_iterator, context):
         """ReportCapture with the trace in chunks (capture_upload.py): the
@@ -277,7 +279,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"UploadCapture: {exc}")
         except BatchError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"record: {exc}")
-        async with self._upload_slot(context, "UploadCapture"):
+        async with self._upload_slot(context, "UploadCapture", first.record.host) as slot:
             try:
                 # a slot held by a stalled client would hold every agent's captures up
                 data = await asyncio.wait_for(self._receive(chunks, trace), UPLOAD_RECEIVE_S)
@@ -286,31 +288,48 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             except asyncio.TimeoutError:
                 await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"UploadCapture: the trace did not arrive "
                                     f"within {UPLOAD_RECEIVE_S:.0f} s; resend it")
-            return await self._store_capture(trace.record, data, context)
+            return await self._store_capture(trace.record, data, context, slot)
 
     @contextlib.asynccontextmanager
-    async def _upload_slot(self, context, method: str):
+    async def _upload_slot(self, context, method: str, host: str):
         """One of MAX_UPLOADS slots for a trace being received and stored,
-        waited for at most UPLOAD_WAIT_S; beyond MAX_OPEN_UPLOADS uploads
-        open at once (receiving or waiting) the next is refused at once:
-        gRPC buffers what waiting streams send, and 200 of them took 9.8 GB
-        (found in a trial)."""
-        if self._uploads_open >= MAX_OPEN_UPLOADS:
+        waited for at most UPLOAD_WAIT_S. Beyond MAX_OPEN_UPLOADS uploads open
+        at once (receiving or waiting), or MAX_OPEN_UPLOADS_PER_HOST of one
+        host, the next is refused at once: gRPC buffers what waiting streams
+        send (200 of them took 9.8 GB), and one client held all of them
+        (found in trials). The slot is given back when the trace is stored,
+        even if its caller gave up before (`slot.storing`)."""
+        if self._uploads_open >= MAX_OPEN_UPLOADS or self._host_uploads[host] >= MAX_OPEN_UPLOADS_PER_HOST:
+            mine = self._host_uploads[host]
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{method}: {self._uploads_open} capture "
-                                f"uploads are open, at most {MAX_OPEN_UPLOADS}; resend later")
+                                f"uploads are open ({mine} of host {host[:80]!r}), at most {MAX_OPEN_UPLOADS} "
+                                f"({MAX_OPEN_UPLOADS_PER_HOST} a host); resend later")
+        slot = _Slot()
         self._uploads_open += 1
+        self._host_uploads[host] += 1
+
+        def close(stored: asyncio.Future | None = None) -> None:
+            if stored is not None and not stored.cancelled():
+                stored.exception()                         # its caller is gone: nobody else retrieves it
+            if slot.granted:
+                self._uploads.release()
+            self._uploads_open -= 1
+            self._host_uploads[host] -= 1
+            if not self._host_uploads[host]:
+                del self._host_uploads[host]
         try:
             try:
                 await asyncio.wait_for(self._uploads.acquire(), UPLOAD_WAIT_S)
+                slot.granted = True
             except asyncio.TimeoutError:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, f"{method}: {MAX_UPLOADS} traces are being "
                                     f"received; resend later")
-            try:
-                yield
-            finally:
-                self._uploads.release()
+            yield slot
         finally:
-            self._uploads_open -= 1
+            if slot.storing is not None and not slot.storing.done():
+                slot.storing.add_done_callback(close)      # the trace is still held until it is stored
+            else:
+                close()
 
     @staticmethod
     async def _receive(chunks, trace: TraceAssembly) -> bytes:
@@ -318,9 +337,11 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             trace.add(chunk)
         return trace.trace()
 
-    async def _store_capture(self, record, xspace: bytes, context) -> apb.CaptureSummary:
+    async def _store_capture(self, record, xspace: bytes, context, slot: "_Slot") -> apb.CaptureSummary:
+        slot.storing = asyncio.get_running_loop().run_in_executor(
+            self._captures, _in_context(self.analyzer.report_capture), record, xspace)
         try:
-            row = await self._query(self.analyzer.report_capture, record, xspace, pool=self._captures)
+            row = await asyncio.shield(slot.storing)
         except (StoreUnavailable, TimeoutError) as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"could not store the capture, resend later: {exc}")
         return capture_summary_pb(row)
@@ -751,6 +772,17 @@ def _hide_commands(obj):
     if isinstance(obj, list):
         return [_hide_commands(v) for v in obj]
     return obj
+
+
+class _Slot:
+    """An upload's place: whether it got one of the slots, and its trace's
+    store job once started (what still holds the trace after its caller
+    gives up)."""
+    __slots__ = ("granted", "storing")
+
+    def __init__(self) -> None:
+        self.granted = False
+        self.storing: asyncio.Future | None = None
 
 
 def add_to_server(servicer: AnalyzerServicer, server) -> None:

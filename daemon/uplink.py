@@ -24,6 +24,7 @@ import grpc
 import structlog
 
 from gpuscope.collectors.records import DeviceInfo, GpuSample, HealthRecord
+from gpuscope.security.redact import redact_command
 from gpuscope.security.tls import INSECURE, ClientSecurity, explain_failure
 from gpuscope.v1 import REJECTED_SEQ_KEY, analyzer_pb2_grpc, samples_pb2 as pb
 
@@ -280,16 +281,17 @@ def _batch_take(pending, most: int) -> int:
     size MAX_BATCH_BYTES (a host with many processes on each GPU, or many
     short-lived ones, catching up). Always at least one."""
     processes = size = chars = 0
-    commands: set[str] = set()
+    sent: dict[str, int] = {}          # command line -> its length as sent, redacted (it may grow)
     for i, smp in enumerate(itertools.islice(pending, most)):
         processes += len(smp.processes)
         # a sample's time, GPU and values; each process's numbers and command line
         size += 12 + 9 * len(smp.values)
         for p in smp.processes:
-            size += 40 + 4 * len(p.command)
-            if p.command not in commands:
-                commands.add(p.command)
-                chars += len(p.command)
+            n = sent.get(p.command)
+            if n is None:
+                n = sent[p.command] = len(redact_command(p.command))
+                chars += n
+            size += 40 + 4 * n
         if i and (processes > MAX_BATCH_PROCESSES or size > MAX_BATCH_BYTES or chars > MAX_BATCH_COMMAND_CHARS):
             return i
     return min(len(pending), most)

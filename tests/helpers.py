@@ -30,9 +30,9 @@ class AnalyzerServer:
         self.analyzer = EngineClient(cfg) if engine else Analyzer(cfg)
         if engine:
             self.analyzer.start()
+        self.servicer = AnalyzerServicer(self.analyzer)
         self.server, self.port, self.health = build_server(f"127.0.0.1:{port}", [
-            (add_to_server, AnalyzerServicer(self.analyzer),
-             "gpuscope.v1.Analyzer")], max_workers=64)
+            (add_to_server, self.servicer, "gpuscope.v1.Analyzer")], max_workers=64)
         if not engine:
             self.analyzer.start()
         self.server.start()

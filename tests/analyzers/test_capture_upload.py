@@ -151,7 +151,7 @@ def test_uploads_past_the_open_limit_are_refused_at_once_and_the_agent_sends_aga
     with pytest.raises(grpc.RpcError) as full:
         _upload(srv, clients.capture_chunks(_record("late"), _trace()))
     assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() - t0 < 1.0
-    assert "2 capture uploads are open, at most 2; resend later" in full.value.details()
+    assert "2 capture uploads are open (2 of host 'h1'), at most 2 (4 a host); resend later" in full.value.details()
     with grpc.insecure_channel(srv.target) as ch:
         with pytest.raises(grpc.RpcError) as legacy:
             analyzer_pb2_grpc.AnalyzerStub(ch).ReportCapture(apb.CaptureReport(record=_record("old")), timeout=10)
@@ -161,3 +161,60 @@ def test_uploads_past_the_open_limit_are_refused_at_once_and_the_agent_sends_aga
     for t in threads:
         t.join(10)
     assert {c["id"] for c in srv.analyzer.store.captures("h1")} == {"again"}
+
+
+def _record_of(host, cid):
+    r = _record(cid)
+    r.host = host
+    return r
+
+
+def test_one_host_cannot_hold_every_open_upload(fixture_dir, srv, monkeypatch):
+    """Found in a trial: one client's stalled streams held all 8 open uploads,
+    and an honest agent's report was refused on every try."""
+    from gpuscope.analyzers import service
+    monkeypatch.setattr(service, "UPLOAD_RECEIVE_S", 2.0)
+    monkeypatch.setattr(service, "MAX_OPEN_UPLOADS_PER_HOST", 2)
+    release = threading.Event()
+
+    def hold(cid):
+        with pytest.raises(grpc.RpcError):
+            _upload(srv, _stalled(cid, release))
+    threads = [threading.Thread(target=hold, args=(f"s{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    with pytest.raises(grpc.RpcError) as third:              # a third from the same host
+        _upload(srv, clients.capture_chunks(_record("h1more"), _trace()))
+    assert third.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "(2 of host 'h1')" in third.value.details()
+    other = _upload(srv, clients.capture_chunks(_record_of("h2", "fromh2"), _trace()))   # waits for a slot, lands
+    assert other.record.id == "fromh2"
+    release.set()
+    for t in threads:
+        t.join(10)
+
+
+def test_a_slot_is_held_until_the_trace_is_stored_even_if_its_caller_gave_up(fixture_dir, srv, monkeypatch):
+    """Found in a trial: callers that gave up freed their slots while their
+    traces were still being stored, so more traces were held than slots."""
+    gate = threading.Event()
+    real = srv.analyzer.report_capture
+
+    def slow(record, xspace):
+        gate.wait(10)
+        return real(record, xspace)
+    monkeypatch.setattr(srv.analyzer, "report_capture", slow)
+    for cid in ("gone1", "gone2"):
+        with pytest.raises(grpc.RpcError) as err:
+            with grpc.insecure_channel(srv.target) as ch:
+                analyzer_pb2_grpc.AnalyzerStub(ch).UploadCapture(clients.capture_chunks(_record(cid), _trace()),
+                                                                 timeout=0.5)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    servicer = srv.servicer
+    assert servicer._uploads_open == 2 and servicer._uploads.locked()     # both traces still held
+    gate.set()
+    deadline = time.monotonic() + 10
+    while servicer._uploads_open and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert servicer._uploads_open == 0 and not servicer._host_uploads
+    assert {c["id"] for c in srv.analyzer.store.captures("h1")} == {"gone1", "gone2"}

@@ -72,3 +72,22 @@ def test_many_distinct_command_lines_are_cut_at_the_analyzers_limit():
     assert sum(n for _, n in batches) == 3200 and len(batches) == 2
     for b, _ in batches:
         decode(b)
+
+
+def test_command_lines_are_counted_as_sent_after_redaction():
+    """Found in a trial: `--token=a0` becomes `--token=<redacted>`, so 256
+    characters as read became 407 as sent, and a batch cut by the lengths
+    as read was refused."""
+    now = time.time() - 600
+    secrets = " ".join(f"--token=a{k}" for k in range(24))
+    samples = [GpuSample(i % 8, now + i * 0.01, {"power_watts": 300.0},
+                         tuple(ProcessRecord(10_000 + 2 * i + j, 1 << 30, 0.5,
+                                             f"python w.py --task {i}{j} {secrets}"[:256]) for j in range(2)))
+               for i in range(3200)]
+    up = _uplink()
+    up.submit(samples)
+    batches = _batches(up)
+    assert sum(n for _, n in batches) == 3200
+    for b, _ in batches:
+        assert "<redacted>" in b.processes[0].command
+        decode(b)
