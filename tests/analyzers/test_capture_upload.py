@@ -100,6 +100,18 @@ def _stalled(cid, release: threading.Event):
     release.wait(10)
 
 
+def _hold_two(srv, release: threading.Event) -> list[threading.Thread]:
+    """Two stalled uploads of host h1, each ended by the analyzer."""
+    def hold(cid):
+        with pytest.raises(grpc.RpcError):
+            _upload(srv, _stalled(cid, release))
+    threads = [threading.Thread(target=hold, args=(f"s{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)                                   # both open
+    return threads
+
+
 def test_stalled_uploads_cannot_hold_every_agents_captures_up(fixture_dir, srv, monkeypatch):
     """Two clients that announce a trace and stall hold both slots only until
     UPLOAD_RECEIVE_S; an upload that finds no slot within UPLOAD_WAIT_S is
@@ -139,14 +151,7 @@ def test_uploads_past_the_open_limit_are_refused_at_once_and_the_agent_sends_aga
     monkeypatch.setattr(service, "MAX_OPEN_UPLOADS", 2)
     monkeypatch.setattr(service, "UPLOAD_RECEIVE_S", 2.0)
     release = threading.Event()
-
-    def hold(cid):
-        with pytest.raises(grpc.RpcError):
-            _upload(srv, _stalled(cid, release))
-    threads = [threading.Thread(target=hold, args=(f"s{i}",)) for i in range(2)]
-    for t in threads:
-        t.start()
-    time.sleep(0.5)
+    threads = _hold_two(srv, release)
     t0 = time.monotonic()
     with pytest.raises(grpc.RpcError) as full:
         _upload(srv, clients.capture_chunks(_record("late"), _trace()))
@@ -176,14 +181,7 @@ def test_one_host_cannot_hold_every_open_upload(fixture_dir, srv, monkeypatch):
     monkeypatch.setattr(service, "UPLOAD_RECEIVE_S", 2.0)
     monkeypatch.setattr(service, "MAX_OPEN_UPLOADS_PER_HOST", 2)
     release = threading.Event()
-
-    def hold(cid):
-        with pytest.raises(grpc.RpcError):
-            _upload(srv, _stalled(cid, release))
-    threads = [threading.Thread(target=hold, args=(f"s{i}",)) for i in range(2)]
-    for t in threads:
-        t.start()
-    time.sleep(0.5)
+    threads = _hold_two(srv, release)
     with pytest.raises(grpc.RpcError) as third:              # a third from the same host
         _upload(srv, clients.capture_chunks(_record("h1more"), _trace()))
     assert third.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "(2 of host 'h1')" in third.value.details()
