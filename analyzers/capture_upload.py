@@ -60,4 +60,3 @@ class TraceAssembly:
             raise UploadError(f"the upload ended after {len(self._data)} of the {self.expected} bytes "
                               f"its first chunk announced")
         return bytes(self._data)
-
