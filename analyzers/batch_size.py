@@ -26,7 +26,7 @@ from gpuscope.collectors.records import ATTRIBUTION_FIELDS, MAX_ATTRIBUTION_BYTE
 from gpuscope.v1 import samples_pb2 as pb
 
 from .ingest import (MAX_DETAIL_BYTES, MAX_HOST_BYTES, MAX_LABEL_BYTES, MAX_TOKEN_LEN, MAX_WIRE_COMMAND_CHARS,
-                     METRIC_NAMES, BatchError, _check_header, _count)
+                     METRIC_NAMES, BatchError, _check_header, _count, check_length)
 
 # A batch at most this large is only `check_size`d: whatever it holds, it
 # holds 1/64 of the default byte budget for a moment.
@@ -54,14 +54,11 @@ def _arrays(batch: pb.SampleBatch) -> int:
     count/data mismatch is told as such and not as a size (decode's
     messages)."""
     n = batch.count
-    for name, itemsize in (("t_f64le", 8), ("gpu_u32le", 4)):
-        got = len(getattr(batch, name))
-        if got != n * itemsize:
-            raise BatchError(f"{name}: {got} bytes, expected {n * itemsize} for count={n}")
+    check_length("t_f64le", batch.t_f64le, 8, n)
+    check_length("gpu_u32le", batch.gpu_u32le, 4, n)
     total = 12 * n
     for i, c in enumerate(batch.columns):
-        if len(c.f64le) != 8 * n:
-            raise BatchError(f"columns[{i}].f64le: {len(c.f64le)} bytes, expected {8 * n} for count={n}")
+        check_length(f"columns[{i}].f64le", c.f64le, 8, n)
         if c.valid and len(c.valid) != (n + 7) // 8:
             raise BatchError(f"columns[{i}].valid: {len(c.valid)} bytes, expected {(n + 7) // 8} "
                              f"(one bit a sample) for count={n}")

@@ -257,9 +257,14 @@ def _count(where: str, n: int, most: int) -> None:
 
 
 # -- the batch ---------------------------------------------------------------------
-def _array(name: str, data: bytes, itemsize: int, n: int, dtype: str) -> np.ndarray:
+def check_length(name: str, data: bytes, itemsize: int, n: int) -> None:
+    """An array's bytes against `count` (batch_size.py checks them before decoding)."""
     if len(data) != n * itemsize:
         raise BatchError(f"{name}: {len(data)} bytes, expected {n * itemsize} for count={n}")
+
+
+def _array(name: str, data: bytes, itemsize: int, n: int, dtype: str) -> np.ndarray:
+    check_length(name, data, itemsize, n)
     return np.frombuffer(data, dtype=dtype)
 
 

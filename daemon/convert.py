@@ -46,7 +46,9 @@ def device_pb(d: DeviceInfo) -> pb.Device:
 
 def encode_batch(host: str, boot_id: str, seq: int, samples: Sequence[GpuSample],
                  devices: Iterable[DeviceInfo], health: Iterable[HealthRecord] = (),
-                 dropped: int = 0) -> pb.SampleBatch:
+                 dropped: int = 0, redacted: dict[str, str] | None = None) -> pb.SampleBatch:
+    """`redacted`: command lines already redacted (command -> as sent), e.g.
+    by the uplink sizing the batch; completed here."""
     n = len(samples)
     batch = pb.SampleBatch(host=host, boot_id=boot_id, seq=seq, count=n, dropped_samples=dropped)
     batch.t_f64le = np.fromiter((s.t for s in samples), dtype="<f8", count=n).tobytes()
@@ -65,7 +67,7 @@ def encode_batch(host: str, boot_id: str, seq: int, samples: Sequence[GpuSample]
             col.valid = np.packbits(~missing, bitorder="little").tobytes()
             vals[missing] = 0.0
         col.f64le = vals.tobytes()
-    redacted: dict[str, str] = {}        # a process repeats in every sample: redact each line once
+    redacted = {} if redacted is None else redacted     # a process repeats in every sample: redact each once
     # ...and so does its attribution, one object shared by its samples: each is sent once a
     # batch, found by identity (no hashing of its labels per sample), equal ones merged
     by_id: dict[int, int] = {}

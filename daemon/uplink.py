@@ -152,7 +152,7 @@ class Uplink:
             with self._lock:
                 if not self._pending and not self._pending_health:
                     return
-                take = _batch_take(self._pending, self.config.max_batch_samples)
+                take, redacted = _batch_take(self._pending, self.config.max_batch_samples)
                 samples = [self._pending.popleft() for _ in range(take)]
                 # the analyzer takes at most 10,000 health events a batch; the rest go in the next
                 health, self._pending_health = self._pending_health[:MAX_HEALTH_PER_BATCH], \
@@ -161,7 +161,7 @@ class Uplink:
                 seq = self._seq
                 self._unacked_samples += take   # still counted against the bound
                 dropped = self.dropped
-            batch = encode_batch(self.host, self.boot_id, seq, samples, self._devices(), health, dropped)
+            batch = encode_batch(self.host, self.boot_id, seq, samples, self._devices(), health, dropped, redacted)
             with self._lock:
                 # read under the lock: a batch dropped for lack of room is gone from _unacked for good
                 batch.min_unacked_seq = next(iter(self._unacked), seq)   # seqs enter in order
@@ -274,24 +274,25 @@ class Uplink:
                         send_lag_seconds=max(time.time() - oldest, 0.0) if oldest is not None else 0.0)
 
 
-def _batch_take(pending, most: int) -> int:
+def _batch_take(pending, most: int) -> tuple[int, dict[str, str]]:
     """How many of the oldest pending samples the next batch takes: at most
     `most`, and fewer when their processes would pass MAX_BATCH_PROCESSES,
     their distinct command lines MAX_BATCH_COMMAND_CHARS, or their estimated
     size MAX_BATCH_BYTES (a host with many processes on each GPU, or many
-    short-lived ones, catching up). Always at least one."""
+    short-lived ones, catching up). Always at least one. Also the command
+    lines as sent, redacted (which may lengthen them), for encode_batch."""
     processes = size = chars = 0
-    sent: dict[str, int] = {}          # command line -> its length as sent, redacted (it may grow)
+    sent: dict[str, str] = {}
     for i, smp in enumerate(itertools.islice(pending, most)):
         processes += len(smp.processes)
         # a sample's time, GPU and values; each process's numbers and command line
         size += 12 + 9 * len(smp.values)
         for p in smp.processes:
-            n = sent.get(p.command)
-            if n is None:
-                n = sent[p.command] = len(redact_command(p.command))
-                chars += n
-            size += 40 + 4 * n
+            line = sent.get(p.command)
+            if line is None:
+                line = sent[p.command] = redact_command(p.command)
+                chars += len(line)
+            size += 40 + 4 * len(line)
         if i and (processes > MAX_BATCH_PROCESSES or size > MAX_BATCH_BYTES or chars > MAX_BATCH_COMMAND_CHARS):
-            return i
-    return min(len(pending), most)
+            return i, sent
+    return min(len(pending), most), sent
