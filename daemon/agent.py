@@ -78,6 +78,7 @@ class Agent:
         self.uplink: Uplink | None = None
         self._clock = clock
         self._stop = threading.Event()
+        self.stopping = self._stop        # set once stop() begins: what waits on the analyzer gives up
         self._ring: collections.deque[GpuSample] = collections.deque(maxlen=1)
         self._ring_lock = threading.Lock()
         self._thread: threading.Thread | None = None

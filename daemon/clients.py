@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import threading
 import time
 
 import grpc
@@ -262,11 +263,13 @@ _RESEND = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAU
 
 
 def report_capture(analyzer: str, record, xspace: bytes, *, security: ClientSecurity = INSECURE,
-                   attempts: int = 4, backoff_s: float = 5.0) -> None:
+                   attempts: int = 4, backoff_s: float = 5.0, stop: threading.Event | None = None) -> None:
     """Agent -> analyzer: the capture and its trace, to store and link
     (the agent presents its own certificate: security_flags.agent_security).
     Sent again after 5, 10 and 20 s while the analyzer answers with a
-    transient error, e.g. while it receives other hosts' traces."""
+    transient error, e.g. while it receives other hosts' traces; once `stop`
+    is set (the agent is shutting down) it is not sent again, and the last
+    refusal is raised."""
     def send(ch, timeout):
         stub = analyzer_pb2_grpc.AnalyzerStub(ch)
         for attempt in range(attempts):
@@ -275,9 +278,13 @@ def report_capture(analyzer: str, record, xspace: bytes, *, security: ClientSecu
             except grpc.RpcError as exc:
                 if attempt + 1 == attempts or exc.code() not in _RESEND:
                     raise
+                delay = backoff_s * 2 ** attempt
                 log.info("capture report refused for now, sending it again", id=record.id,
-                         code=exc.code().name, in_s=backoff_s * 2 ** attempt)
-                time.sleep(backoff_s * 2 ** attempt)
+                         code=exc.code().name, in_s=delay)
+                if stop is None:
+                    time.sleep(delay)
+                elif stop.wait(delay):
+                    raise
     _call(analyzer, send, timeout=60, security=security)
 
 

@@ -87,7 +87,7 @@ def _setup_captures(agent: Agent, ns, analyzer_target: str | None, links, servin
     agent.serving = ServingSampler(lambda: [(j.address, j.gpus) for j in agent.jobs() if j.kind == "torch-http"])
     if analyzer_target:
         agent.capture_reporter = lambda rec, data: clients.report_capture(analyzer_target, capture_pb(rec), data,
-                                                                          security=links)
+                                                                          security=links, stop=agent.stopping)
 
 
 def capture_dir(ns) -> Path:

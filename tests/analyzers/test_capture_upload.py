@@ -168,6 +168,25 @@ def test_uploads_past_the_open_limit_are_refused_at_once_and_the_agent_sends_aga
     assert {c["id"] for c in srv.analyzer.store.captures("h1")} == {"again"}
 
 
+def test_a_refused_report_stops_waiting_to_be_sent_again_once_the_agent_stops(fixture_dir, srv, monkeypatch):
+    """Its pauses (5, 10, 20 s) ignored the agent's shutdown: a refused
+    report held its thread for minutes after the agent was told to stop."""
+    from gpuscope.analyzers import service
+    monkeypatch.setattr(service, "MAX_OPEN_UPLOADS", 2)
+    monkeypatch.setattr(service, "UPLOAD_RECEIVE_S", 20.0)
+    release, stop = threading.Event(), threading.Event()
+    threads = _hold_two(srv, release)
+    threading.Timer(0.5, stop.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(clients.ClientError) as refused:
+        clients.report_capture(srv.target, _record("stopping"), _trace(), backoff_s=30.0, stop=stop)
+    assert time.monotonic() - t0 < 5.0 and "RESOURCE_EXHAUSTED" in str(refused.value)
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert "stopping" not in {c["id"] for c in srv.analyzer.store.captures("h1")}
+
+
 def _record_of(host, cid):
     r = _record(cid)
     r.host = host
