@@ -14,6 +14,7 @@ import asyncio
 import collections
 import queue
 import threading
+import time
 from typing import Callable
 
 
@@ -110,3 +111,58 @@ def take_queued(q: "queue.SimpleQueue", first, limit: int) -> tuple[list, bool]:
             return items, True
         items.append(nxt)
     return items, False
+
+
+HOST_BURST_BYTES = 64 << 20     # what a host may send at once before its rate applies: two of the largest messages
+
+
+class HostRate:
+    """Each host's share of the disk: the bytes of its batches, at most
+    `bytes_per_s` over time after a first `burst_bytes` (a token bucket per
+    host). A host over its rate has its next batch held back until its debt
+    is paid, so only its own stream slows (flow control, as for the byte
+    budget), and its agent buffers; a batch that would wait longer than
+    `max_wait_s` is refused as transient instead. Without it one valid
+    client filled the disk at the writer's full speed (found in a trial).
+
+    Only as good as the host's name: under mutual TLS that is the name its
+    certificate proves; without, a client may claim many."""
+
+    PRUNE_EVERY = 4096
+
+    def __init__(self, bytes_per_s: float, burst_bytes: float, max_wait_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if bytes_per_s <= 0 or burst_bytes <= 0:
+            raise ValueError(f"host rate: bytes_per_s and burst_bytes must be > 0, got {bytes_per_s}, {burst_bytes}")
+        self.rate, self.burst, self.max_wait_s = float(bytes_per_s), float(burst_bytes), max_wait_s
+        self._clock = clock
+        self._level: dict[str, tuple[float, float]] = {}     # host -> (bytes it may still send, as of)
+        self._calls = 0
+        self.held = 0          # batches made to wait
+        self.refused = 0       # batches refused: the wait would have been longer than max_wait_s
+
+    def charge(self, host: str, n: int) -> float | None:
+        """Takes `n` bytes of `host`'s rate: the seconds to wait before
+        storing them (0: at once), or None, charging nothing, when that wait
+        would pass max_wait_s. The wait is the debt earlier batches left, so
+        batches of one host arriving together are spaced, not all woken at once."""
+        now = self._clock()
+        level, at = self._level.get(host, (self.burst, now))
+        level = min(self.burst, level + (now - at) * self.rate)
+        wait = max(0.0, -level / self.rate)
+        if wait > self.max_wait_s:
+            self.refused += 1
+            return None
+        self._level[host] = (level - n, now)
+        if wait:
+            self.held += 1
+        self._calls += 1
+        if self._calls % self.PRUNE_EVERY == 0:
+            self._prune(now)
+        return wait
+
+    def _prune(self, now: float) -> None:
+        """Forgets hosts whose bucket has refilled: they start full anyway."""
+        full = [h for h, (level, at) in self._level.items() if level + (now - at) * self.rate >= self.burst]
+        for h in full:
+            del self._level[h]

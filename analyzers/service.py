@@ -36,7 +36,9 @@ from .events import Watch
 from .batch_size import SCREEN_ABOVE_BYTES, check_size, screen
 from .capture_upload import (MAX_OPEN_UPLOADS, MAX_OPEN_UPLOADS_PER_HOST, MAX_UPLOADS, UPLOAD_RECEIVE_S, UPLOAD_WAIT_S, TraceAssembly,
                              UploadError)
+from .flow import HostRate
 from .ingest import BatchError, validate_capture_record
+from .throttle import Throttle
 from .store import AGGREGATES, FINDING_GROUPS, FINDING_KINDS, PROCESS_GROUPS
 from .writer import COMMITTED, BatchRejected, StoreUnavailable
 
@@ -128,8 +130,10 @@ def _unavailable_as_status(handler):
 
 class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
     def __init__(self, analyzer: Analyzer, commit_timeout_s: float = 60.0, oncall_threads: int = 4,
-                 max_agent_streams: int = 10_000):
+                 max_agent_streams: int = 10_000, host_rate: HostRate | None = None):
         self.analyzer = analyzer
+        self.host_rate = host_rate
+        self._rate_log = Throttle(10.0)
         self.max_agent_streams = max_agent_streams
         self.agent_streams = 0
         self._timeout = commit_timeout_s
@@ -165,6 +169,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         error = await self._sized(req, len(data))
         if error is not None:
             return req, None, error
+        await self._host_share(req, len(data), context)
         n = len(data) + DECODED_BATCH_BYTES
         budget = self.analyzer.writer.budget
         await budget.acquire(n)
@@ -195,6 +200,32 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             self.analyzer.count_rejected(req, str(exc))
             return str(exc)
         return None
+
+    def flow_counts(self) -> dict[str, int]:
+        """What the per-host rate did since start (for status and /metrics)."""
+        rate = self.host_rate
+        return dict(batches_held=rate.held if rate else 0, batches_over_rate=rate.refused if rate else 0)
+
+    async def _host_share(self, req: pb.SampleBatch, wire_bytes: int, context) -> None:
+        """Holds a batch back while its host is over its rate (flow.HostRate),
+        before it takes byte budget; a host with more debt than that waits
+        (sending on many streams at once) is refused as transient."""
+        if self.host_rate is None:
+            return
+        wait = self.host_rate.charge(req.host, wire_bytes)
+        if wait == 0:
+            return
+        said = self._rate_log.hit(held=int(wait is not None), refused=int(wait is None))
+        if said is not None:
+            log.warning("host over its ingest rate, its batches held back", host=req.host[:80],
+                        wait_s=None if wait is None else round(wait, 1), rate_bytes_per_s=int(self.host_rate.rate),
+                        held_since_last_line=said["held"], refused_since_last_line=said["refused"])
+        if wait is None:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"batch seq={req.seq}: host {req.host[:80]!r} is over its ingest rate "
+                                f"({self.host_rate.rate / 1024:.0f} KiB/s, --host-rate) by more than "
+                                f"{self.host_rate.max_wait_s:.0f} s of it; resend later")
+        await asyncio.sleep(wait)
 
     async def _ack(self, seq: int, fut) -> pb.BatchAck:
         try:
@@ -460,6 +491,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                                  gpus_stale=s["gpus_stale"], hosts_stale=s["hosts_stale"],
                                  analysis_lag_seconds=s["analysis_lag_seconds"], gpus_total=s["gpus_total"],
                                  gpus_matching=s["gpus_matching"])
+        out.MergeFrom(apb.AnalyzerStatus(**self.flow_counts()))
         if s.get("publish"):
             out.publish.CopyFrom(apb.PublishStatus(**s["publish"]))
         for g in s["gpus"]:

@@ -21,7 +21,7 @@ from gpuscope.collectors.recording import RecordingError
 from gpuscope.collectors.xspace_reader import TraceError
 
 from . import client_config, clients, config_checks, config_file, logs
-from .cliutil import (FINDING_KINDS, VERDICTS, UsageError, default_db, duration, number, positive_duration,
+from .cliutil import (FINDING_KINDS, VERDICTS, UsageError, byte_rate, default_db, duration, number, positive_duration,
                       positive_float, positive_int)
 from .cmd_accuracy import cmd_accuracy
 from .cmd_degraded import cmd_degraded
@@ -197,6 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-streams", type=number(2, 10_000_000, int), default=10_000,
                     help="agents' streams at once, two per agent (ingest, commands); on-call calls are not "
                          "counted (default 10000)")
+    sp.add_argument("--host-rate", type=byte_rate, default="256KiB", metavar="BYTES",
+                    help="each host's batches, in bytes a second over time after its first 64MiB: a host over it "
+                         "has its batches held back (its agent buffers them), so one client cannot fill the disk; "
+                         "e.g. 1MiB; 0: off (default 256KiB, about 90x an 8-GPU host's samples)")
     sp.add_argument("--duration", type=positive_duration, default=None, help="stop after this long")
     sp.add_argument("--engine", choices=("process", "thread"), default="process",
                     help="process (default): store and live analysis in a process of their own, so a fleet's "

@@ -31,6 +31,21 @@ def duration(value: str) -> float:
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
+_BYTES = re.compile(r"^(\d+(?:\.\d+)?)\s*(|B|KB|KiB|MB|MiB|GB|GiB)(?:/s)?$", re.IGNORECASE)
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 1e3, "kib": 1 << 10, "mb": 1e6, "mib": 1 << 20, "gb": 1e9, "gib": 1 << 30}
+
+
+def byte_rate(value: str) -> int:
+    """Bytes a second: 256KiB, 1MB/s, 300000; 0 for off."""
+    m = _BYTES.match(value.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a size a second like 256KiB, 1MiB/s or 0 (off)")
+    n = float(m.group(1)) * _BYTE_UNITS[m.group(2).lower()]
+    if 0 < n < 1024 or n > 1 << 40:
+        raise argparse.ArgumentTypeError(f"{value!r}: give 0 (off) or from 1KiB to 1TiB a second")
+    return int(n)
+
+
 def positive_duration(value: str) -> float:
     """A duration above 0: `--since 0` asked for nothing and three commands
     answered three different things (found in a trial)."""

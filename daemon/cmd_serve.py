@@ -582,6 +582,7 @@ def _calibration_schedule(agent: Agent, ns, source: str):
 def cmd_analyzer(ns) -> int:
     from gpuscope.analyzers.analyzer import Analyzer
     from gpuscope.analyzers.engine import EngineClient, settle_heap, tune_runtime
+    from gpuscope.analyzers.flow import HOST_BURST_BYTES, HostRate
     from gpuscope.analyzers.service import AnalyzerServicer, add_to_server as add_analyzer_to_server
 
     stop = _install_signals()
@@ -597,7 +598,8 @@ def cmd_analyzer(ns) -> int:
         analyzer.start()                       # the store opens in the child; its errors end start-up here
     else:
         analyzer = Analyzer(config)
-    servicer = AnalyzerServicer(analyzer, max_agent_streams=ns.max_streams)
+    servicer = AnalyzerServicer(analyzer, max_agent_streams=ns.max_streams,
+                                host_rate=HostRate(ns.host_rate, HOST_BURST_BYTES) if ns.host_rate else None)
     try:
         server, port, health = build_server(ns.listen, [
             (add_analyzer_to_server, servicer, "gpuscope.v1.Analyzer")], **security)
@@ -608,7 +610,8 @@ def cmd_analyzer(ns) -> int:
         analyzer.start()
     alerter = _alerter(alerts, analyzer)
     try:
-        metrics = _metrics(ns, "analyzer", FleetCollector(analyzer.status), *_alert_metrics(alerter))
+        metrics = _metrics(ns, "analyzer", FleetCollector(lambda: {**analyzer.status(), **servicer.flow_counts()}),
+                           *_alert_metrics(alerter))
     except BaseException:
         shutdown(server, grace_s=0)
         analyzer.close()

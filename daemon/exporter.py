@@ -206,6 +206,10 @@ class FleetCollector:
         for name, help_, key in (("samples_committed", "samples stored since start", "samples_committed"),
                                  ("batches_committed", "batches stored since start", "batches_committed"),
                                  ("batches_rejected", "batches refused since start", "batches_rejected"),
+                                 ("batches_held", "batches held back since start: their host was over its "
+                                  "ingest rate (--host-rate)", "batches_held"),
+                                 ("batches_over_rate", "batches refused as transient since start: their host "
+                                  "was too far over its ingest rate", "batches_over_rate"),
                                  ("anomalies", "anomalies raised since start", "anomalies")):
             c = CounterMetricFamily(PREFIX + "analyzer_" + name, help_)
             c.add_metric([], s.get(key, 0))

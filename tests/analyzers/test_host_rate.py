@@ -1,0 +1,135 @@
+"""Each host's share of the disk (--host-rate): a host over it is slowed,
+the others are not, and nothing it sent is lost (found in a trial: one valid
+client filled the disk at the writer's full speed)."""
+import threading
+import time
+
+import grpc
+import pytest
+
+from gpuscope.analyzers.flow import HostRate
+from gpuscope.collectors.records import DeviceInfo, GpuSample
+from gpuscope.daemon.cli import build_parser
+from gpuscope.daemon.convert import encode_batch
+from gpuscope.v1 import analyzer_pb2 as apb, analyzer_pb2_grpc, samples_pb2 as pb
+
+from tests.helpers import AnalyzerServer
+
+T0 = time.time() - 3600
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_a_host_is_held_back_only_by_its_own_debt():
+    clock = Clock()
+    rate = HostRate(1000, 3000, max_wait_s=5.0, clock=clock)
+    assert [rate.charge("a", 1000) for _ in range(3)] == [0.0, 0.0, 0.0]      # the burst
+    assert rate.charge("a", 2000) == 0.0          # the bucket was at 0: this one goes, and leaves a debt
+    assert rate.charge("a", 1000) == pytest.approx(2.0)      # the next waits for the debt: 2000 B at 1000 B/s
+    assert rate.charge("b", 3000) == 0.0           # another host has its own bucket
+    clock.t += 1.0
+    assert rate.charge("a", 1000) == pytest.approx(2.0)      # 3000 owed, 1000 paid
+    assert rate.charge("a", 10) == pytest.approx(3.0)
+    assert rate.charge("a", 10) == pytest.approx(3.01)
+    rate.charge("a", 3000)
+    assert rate.charge("a", 1) is None             # more than 5 s of debt: refused, nothing charged
+    assert rate.charge("a", 1) is None and rate.refused == 2 and rate.held == 5
+    clock.t += 1000.0                             # paid long ago: full again, no more than the burst
+    assert [rate.charge("a", 1000) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert rate.charge("a", 1000) == 0.0 and rate.charge("a", 1) == pytest.approx(1.0)
+
+
+def test_hosts_paid_up_are_forgotten():
+    clock = Clock()
+    rate = HostRate(1000, 3000, clock=clock)
+    rate.PRUNE_EVERY = 10
+    for i in range(9):
+        rate.charge(f"h{i}", 100)
+    clock.t += 10.0
+    rate.charge("last", 100)
+    assert set(rate._level) == {"last"}
+
+
+@pytest.mark.parametrize("value,expected", [("256KiB", 256 << 10), ("1MB/s", 1_000_000), ("0", 0),
+                                            ("300000", 300_000), ("1.5MiB", 3 << 19)])
+def test_the_flag_takes_sizes_a_second(value, expected):
+    assert build_parser().parse_args(["analyzer", "--host-rate", value]).host_rate == expected
+
+
+@pytest.mark.parametrize("value", ["fast", "12", "-1KiB", "2TiB", "1KiB/min"])
+def test_the_flag_refuses_what_is_not_a_rate(value, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["analyzer", "--host-rate", value])
+    assert "--host-rate" in capsys.readouterr().err
+
+
+def _batch(host, seq, n=300):
+    samples = [GpuSample(0, T0 + seq + i / 1000, {"power_watts": 100.0 + i, "sm_active": 0.5}) for i in range(n)]
+    return encode_batch(host, "boot", seq, samples, [DeviceInfo(gpu=0, name="NVIDIA H200")])
+
+
+def _rows(srv, host):
+    return srv.analyzer.store.reader().execute("SELECT count(*) FROM samples WHERE host = ?", [host]).fetchone()[0]
+
+
+@pytest.fixture
+def srv(tmp_path):
+    s = AnalyzerServer(tmp_path / "a.duckdb")
+    yield s
+    s.stop()
+
+
+def test_a_host_over_its_rate_is_slowed_and_loses_nothing_while_another_is_not(srv):
+    size = _batch("greedy", 1).ByteSize()
+    srv.servicer.host_rate = HostRate(4 * size, 2 * size, max_wait_s=30.0)     # 4 batches a second after 2
+    stub = analyzer_pb2_grpc.AnalyzerStub(grpc.insecure_channel(srv.target))
+    quiet: list[float] = []
+
+    def other_host():
+        for seq in range(1, 6):
+            t = time.monotonic()
+            assert stub.Push(_batch("quiet", seq), timeout=10).status == pb.BatchAck.COMMITTED
+            quiet.append(time.monotonic() - t)
+            time.sleep(0.2)
+    t0 = time.monotonic()
+    th = threading.Thread(target=other_host)
+    th.start()
+    acks = list(stub.Ingest(iter([_batch("greedy", seq) for seq in range(1, 15)]), timeout=30))
+    took = time.monotonic() - t0
+    th.join(10)
+    assert [a.status for a in acks] == [pb.BatchAck.COMMITTED] * 14
+    assert took >= 2.5                 # 14 batches, 3 at once, the rest at 4 a second: ~2.75 s
+    assert max(quiet) < 1.0            # its own bucket: never waited behind the greedy host
+    assert _rows(srv, "greedy") == 14 * 300
+    status = stub.GetStatus(apb.StatusRequest(), timeout=10)
+    assert status.batches_held >= 10 and status.batches_over_rate == 0
+
+
+def test_a_host_too_far_over_its_rate_is_told_to_resend_later(srv):
+    size = _batch("greedy", 1).ByteSize()
+    srv.servicer.host_rate = HostRate(size, size, max_wait_s=1.5)      # one batch a second; at most 1.5 s of debt
+    stub = analyzer_pb2_grpc.AnalyzerStub(grpc.insecure_channel(srv.target))
+    codes = []
+
+    def push(seq):
+        try:
+            codes.append(stub.Push(_batch("greedy", seq), timeout=10).status)
+        except grpc.RpcError as exc:
+            codes.append(exc.code())
+            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                assert "host 'greedy' is over its ingest rate" in exc.details() and "resend later" in exc.details()
+    threads = [threading.Thread(target=push, args=(seq,)) for seq in range(1, 9)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    stored = codes.count(pb.BatchAck.COMMITTED)
+    assert 2 <= stored <= 4 and codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 8 - stored
+    assert _rows(srv, "greedy") == stored * 300
+    assert stub.GetStatus(apb.StatusRequest(), timeout=10).batches_over_rate == 8 - stored
