@@ -121,39 +121,43 @@ class HostRate:
     `bytes_per_s` over time after a first `burst_bytes` (a token bucket per
     host). A host over its rate has its next batch held back until its debt
     is paid, so only its own stream slows (flow control, as for the byte
-    budget), and its agent buffers; a batch that would wait longer than
-    `max_wait_s` is refused as transient instead. Without it one valid
-    client filled the disk at the writer's full speed (found in a trial).
+    budget), and its agent buffers. A host that owes more than `max_debt`
+    bytes (by default the burst: more than one stream's largest message,
+    so only a host sending on many streams at once) has its next batch
+    refused as transient instead. Without it one valid client filled the
+    disk at the writer's full speed (found in a trial).
 
     Only as good as the host's name: under mutual TLS that is the name its
     certificate proves; without, a client may claim many."""
 
     PRUNE_EVERY = 4096
 
-    def __init__(self, bytes_per_s: float, burst_bytes: float, max_wait_s: float = 30.0,
+    def __init__(self, bytes_per_s: float, burst_bytes: float, max_debt: float | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if bytes_per_s <= 0 or burst_bytes <= 0:
             raise ValueError(f"host rate: bytes_per_s and burst_bytes must be > 0, got {bytes_per_s}, {burst_bytes}")
-        self.rate, self.burst, self.max_wait_s = float(bytes_per_s), float(burst_bytes), max_wait_s
+        self.rate, self.burst = float(bytes_per_s), float(burst_bytes)
+        self.max_debt = self.burst if max_debt is None else float(max_debt)
         self._clock = clock
         self._level: dict[str, tuple[float, float]] = {}     # host -> (bytes it may still send, as of)
         self._calls = 0
         self.held = 0          # batches made to wait
-        self.refused = 0       # batches refused: the wait would have been longer than max_wait_s
+        self.refused = 0       # batches refused: their host owed more than max_debt
 
     def charge(self, host: str, n: int) -> float | None:
         """Takes `n` bytes of `host`'s rate: the seconds to wait before
-        storing them (0: at once), or None, charging nothing, when that wait
-        would pass max_wait_s. The wait is the debt earlier batches left, so
-        batches of one host arriving together are spaced, not all woken at once."""
+        storing them (0: at once), or None, charging nothing, when the host
+        already owes more than max_debt. The wait is the debt earlier
+        batches left, so batches of one host arriving together are spaced,
+        not all woken at once."""
         now = self._clock()
         level, at = self._level.get(host, (self.burst, now))
         level = min(self.burst, level + (now - at) * self.rate)
-        wait = max(0.0, -level / self.rate)
-        if wait > self.max_wait_s:
+        if -level > self.max_debt:
             self.refused += 1
             return None
         self._level[host] = (level - n, now)
+        wait = max(0.0, -level / self.rate)
         if wait:
             self.held += 1
         self._calls += 1

@@ -208,8 +208,8 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
 
     async def _host_share(self, req: pb.SampleBatch, wire_bytes: int, context) -> None:
         """Holds a batch back while its host is over its rate (flow.HostRate),
-        before it takes byte budget; a host with more debt than that waits
-        (sending on many streams at once) is refused as transient."""
+        before it takes byte budget; a host too deep in debt (sending on many
+        streams at once) is refused as transient."""
         if self.host_rate is None:
             return
         wait = self.host_rate.charge(req.host, wire_bytes)
@@ -223,8 +223,8 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         if wait is None:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"batch seq={req.seq}: host {req.host[:80]!r} is over its ingest rate "
-                                f"({self.host_rate.rate / 1024:.0f} KiB/s, --host-rate) by more than "
-                                f"{self.host_rate.max_wait_s:.0f} s of it; resend later")
+                                f"({self.host_rate.rate / 1024:.0f} KiB/s, --host-rate): it owes more than "
+                                f"{self.host_rate.max_debt / (1 << 20):.0f} MiB; resend later")
         await asyncio.sleep(wait)
 
     async def _ack(self, seq: int, fut) -> pb.BatchAck:

@@ -28,7 +28,7 @@ class Clock:
 
 def test_a_host_is_held_back_only_by_its_own_debt():
     clock = Clock()
-    rate = HostRate(1000, 3000, max_wait_s=5.0, clock=clock)
+    rate = HostRate(1000, 3000, max_debt=5000, clock=clock)
     assert [rate.charge("a", 1000) for _ in range(3)] == [0.0, 0.0, 0.0]      # the burst
     assert rate.charge("a", 2000) == 0.0          # the bucket was at 0: this one goes, and leaves a debt
     assert rate.charge("a", 1000) == pytest.approx(2.0)      # the next waits for the debt: 2000 B at 1000 B/s
@@ -38,7 +38,7 @@ def test_a_host_is_held_back_only_by_its_own_debt():
     assert rate.charge("a", 10) == pytest.approx(3.0)
     assert rate.charge("a", 10) == pytest.approx(3.01)
     rate.charge("a", 3000)
-    assert rate.charge("a", 1) is None             # more than 5 s of debt: refused, nothing charged
+    assert rate.charge("a", 1) is None             # owes more than 5000 B: refused, nothing charged
     assert rate.charge("a", 1) is None and rate.refused == 2 and rate.held == 5
     clock.t += 1000.0                             # paid long ago: full again, no more than the burst
     assert [rate.charge("a", 1000) for _ in range(3)] == [0.0, 0.0, 0.0]
@@ -87,7 +87,7 @@ def srv(tmp_path):
 
 def test_a_host_over_its_rate_is_slowed_and_loses_nothing_while_another_is_not(srv):
     size = _batch("greedy", 1).ByteSize()
-    srv.servicer.host_rate = HostRate(4 * size, 2 * size, max_wait_s=30.0)     # 4 batches a second after 2
+    srv.servicer.host_rate = HostRate(4 * size, 2 * size)     # 4 batches a second after 2
     stub = analyzer_pb2_grpc.AnalyzerStub(grpc.insecure_channel(srv.target))
     quiet: list[float] = []
 
@@ -113,7 +113,7 @@ def test_a_host_over_its_rate_is_slowed_and_loses_nothing_while_another_is_not(s
 
 def test_a_host_too_far_over_its_rate_is_told_to_resend_later(srv):
     size = _batch("greedy", 1).ByteSize()
-    srv.servicer.host_rate = HostRate(size, size, max_wait_s=1.5)      # one batch a second; at most 1.5 s of debt
+    srv.servicer.host_rate = HostRate(size, size, max_debt=1.5 * size)      # one batch a second; at most 1.5 owed
     stub = analyzer_pb2_grpc.AnalyzerStub(grpc.insecure_channel(srv.target))
     codes = []
 
