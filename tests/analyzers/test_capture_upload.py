@@ -187,6 +187,47 @@ def test_a_refused_report_stops_waiting_to_be_sent_again_once_the_agent_stops(fi
     assert "stopping" not in {c["id"] for c in srv.analyzer.store.captures("h1")}
 
 
+def test_an_older_agents_report_is_admitted_before_its_message_is_received(fixture_dir, srv, monkeypatch):
+    """ReportCapture carries the whole trace in one message, which gRPC
+    received before any limit of ours ran (100 reports of 29 MiB at once took
+    5.3 GB in a trial). Its place is now taken first: a caller that sends
+    nothing is refused at once when the uploads are full, and one holding a
+    place without sending is ended after UPLOAD_RECEIVE_S."""
+    from gpuscope.analyzers import service
+    monkeypatch.setattr(service, "MAX_OPEN_UPLOADS", 2)
+    monkeypatch.setattr(service, "UPLOAD_RECEIVE_S", 1.0)
+    never = threading.Event()
+
+    def nothing():
+        never.wait(10)
+        yield from ()
+
+    def report(ch):         # the method as a stream: the client decides when (if ever) the message goes
+        return ch.stream_unary("/gpuscope.v1.Analyzer/ReportCapture",
+                               request_serializer=apb.CaptureReport.SerializeToString,
+                               response_deserializer=apb.CaptureSummary.FromString)
+    with grpc.insecure_channel(srv.target) as ch:
+        t0 = time.monotonic()
+        with pytest.raises(grpc.RpcError) as silent:
+            report(ch)(nothing(), timeout=10)
+        assert silent.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and 0.9 < time.monotonic() - t0 < 5
+        assert "did not arrive within 1 s" in silent.value.details()
+        monkeypatch.setattr(service, "UPLOAD_RECEIVE_S", 20.0)
+        release = threading.Event()
+        threads = _hold_two(srv, release)
+        t0 = time.monotonic()
+        with pytest.raises(grpc.RpcError) as full:
+            report(ch)(nothing(), timeout=10)
+        assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() - t0 < 2
+        never.set()
+        release.set()
+        for t in threads:
+            t.join(10)
+        summary = analyzer_pb2_grpc.AnalyzerStub(ch).ReportCapture(
+            apb.CaptureReport(record=_record("unary"), xspace=_trace()), timeout=30)      # an older agent's call
+    assert summary.record.id == "unary"
+
+
 def _record_of(host, cid):
     r = _record(cid)
     r.host = host
