@@ -14,7 +14,6 @@ ended, by status code. Writes bench/out/report_flood-<time>.json.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import platform
 import subprocess
