@@ -165,6 +165,13 @@ class HostRate:
             self._prune(now)
         return wait
 
+    def refund(self, host: str, n: int) -> None:
+        """Gives back what a batch was charged that was not stored after all."""
+        if host in self._level:
+            now = self._clock()
+            level, at = self._level[host]
+            self._level[host] = (min(self.burst, level + (now - at) * self.rate + n), now)
+
     def _prune(self, now: float) -> None:
         """Forgets hosts whose bucket has refilled: they start full anyway."""
         full = [h for h, (level, at) in self._level.items() if level + (now - at) * self.rate >= self.burst]

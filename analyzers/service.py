@@ -172,22 +172,35 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         error = await self._sized(req, len(data))
         if error is not None:
             return req, None, error
-        await self._host_share(req, len(data), context)
+        charged = await self._host_share(req, len(data), context)
         n = len(data) + DECODED_BATCH_BYTES
         budget = self.analyzer.writer.budget
-        await budget.acquire(n)
+        try:
+            await budget.acquire(n)
+        except BaseException:
+            self._refund(req.host, charged)
+            raise
         try:
             decoded = await asyncio.get_running_loop().run_in_executor(
                 self._decoding, _in_context(self.analyzer.check), req)    # counts and logs a refusal itself
             fut = asyncio.wrap_future(self.analyzer.submit_decoded(decoded))
         except BatchError as exc:
             budget.release(n)
+            self._refund(req.host, charged)
             return req, None, str(exc)
         except BaseException:          # the stream was cancelled while its batch was decoded: nothing queued
             budget.release(n)
+            self._refund(req.host, charged)
             raise
-        # a batch whose stream ended before its ack never has its failure awaited: retrieve it here
-        fut.add_done_callback(lambda f: (budget.release(n), f.cancelled() or f.exception()))
+        host = req.host
+
+        def done(f) -> None:
+            budget.release(n)
+            # a batch of its host's share that was not written (a resend found stored, a failed commit) is given back
+            if f.cancelled() or f.exception() is not None or f.result() != COMMITTED:
+                self._refund(host, charged)
+        # a batch whose stream ended before its ack never has its failure awaited: retrieved here
+        fut.add_done_callback(done)
         return req, fut, None
 
     async def _sized(self, req: pb.SampleBatch, wire_bytes: int) -> str | None:
@@ -209,26 +222,38 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         rate = self.host_rate
         return dict(batches_held=rate.held if rate else 0, batches_over_rate=rate.refused if rate else 0)
 
-    async def _host_share(self, req: pb.SampleBatch, wire_bytes: int, context) -> None:
+    async def _host_share(self, req: pb.SampleBatch, wire_bytes: int, context) -> int:
         """Holds a batch back while its host is over its rate (flow.HostRate),
         before it takes byte budget; a host too deep in debt (sending on many
-        streams at once) is refused as transient."""
+        streams at once) is refused as transient. Returns the bytes charged,
+        which are given back if the batch is not stored after all (its
+        caller gave up while held, or it was a resend already stored)."""
         if self.host_rate is None:
-            return
+            return 0
         wait = self.host_rate.charge(req.host, wire_bytes)
         if wait == 0:
-            return
+            return wire_bytes
         said = self._rate_log.hit(held=int(wait is not None), refused=int(wait is None))
         if said is not None:
-            log.warning("host over its ingest rate, its batches held back", host=req.host[:80],
-                        wait_s=None if wait is None else round(wait, 1), rate_bytes_per_s=int(self.host_rate.rate),
+            log.warning("hosts over their ingest rate: batches held back", latest_host=req.host[:80],
+                        latest_wait_s=None if wait is None else round(wait, 1),
+                        rate_bytes_per_s=int(self.host_rate.rate),
                         held_since_last_line=said["held"], refused_since_last_line=said["refused"])
         if wait is None:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"batch seq={req.seq}: host {req.host[:80]!r} is over its ingest rate "
                                 f"({self.host_rate.rate / 1024:.0f} KiB/s, --host-rate): it owes more than "
                                 f"{self.host_rate.max_debt / (1 << 20):.0f} MiB; resend later")
-        await asyncio.sleep(wait)
+        try:
+            await asyncio.sleep(wait)
+        except BaseException:
+            self._refund(req.host, wire_bytes)
+            raise
+        return wire_bytes
+
+    def _refund(self, host: str, charged: int) -> None:
+        if charged and self.host_rate is not None:
+            self.host_rate.refund(host, charged)
 
     async def _ack(self, seq: int, fut) -> pb.BatchAck:
         try:

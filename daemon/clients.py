@@ -276,7 +276,7 @@ def report_capture(analyzer: str, record, xspace: bytes, *, security: ClientSecu
             try:
                 return stub.UploadCapture(capture_chunks(record, xspace), timeout=timeout)
             except grpc.RpcError as exc:
-                if attempt + 1 == attempts or exc.code() not in _RESEND:
+                if attempt + 1 == attempts or exc.code() not in _RESEND or (stop is not None and stop.is_set()):
                     raise
                 delay = backoff_s * 2 ** attempt
                 log.info("capture report refused for now, sending it again", id=record.id,

@@ -31,8 +31,9 @@ def duration(value: str) -> float:
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
-_BYTES = re.compile(r"^(\d+(?:\.\d+)?)\s*(|B|KB|KiB|MB|MiB|GB|GiB)(?:/s)?$", re.IGNORECASE)
-_BYTE_UNITS = {"": 1, "b": 1, "kb": 1e3, "kib": 1 << 10, "mb": 1e6, "mib": 1 << 20, "gb": 1e9, "gib": 1 << 30}
+_BYTES = re.compile(r"^(\d+(?:\.\d+)?)\s*(|B|KB|KiB|MB|MiB|GB|GiB|TB|TiB)(?:/s)?$", re.IGNORECASE)
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 1e3, "kib": 1 << 10, "mb": 1e6, "mib": 1 << 20, "gb": 1e9, "gib": 1 << 30,
+               "tb": 1e12, "tib": 1 << 40}
 
 
 def byte_rate(value: str) -> int:
@@ -41,8 +42,8 @@ def byte_rate(value: str) -> int:
     if not m:
         raise argparse.ArgumentTypeError(f"{value!r} is not a size a second like 256KiB, 1MiB/s or 0 (off)")
     n = float(m.group(1)) * _BYTE_UNITS[m.group(2).lower()]
-    if 0 < n < 1024 or n > 1 << 40:
-        raise argparse.ArgumentTypeError(f"{value!r}: give 0 (off) or from 1KiB to 1TiB a second")
+    if 0 < n < 1000 or n > 1 << 40:
+        raise argparse.ArgumentTypeError(f"{value!r}: give 0 (off) or from 1KB to 1TiB a second")
     return int(n)
 
 

@@ -16,6 +16,7 @@ import itertools
 import os
 import socket
 import threading
+import traceback
 from concurrent import futures
 from typing import Callable, Iterable
 
@@ -76,7 +77,8 @@ class Server:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     async def _build(self, credentials, authenticate, max_concurrent_rpcs) -> int:
-        interceptors = ([_AuthInterceptor(authenticate)] if authenticate is not None else []) + [_WireErrors()]
+        interceptors = [_ReleaseOnError(), *([_AuthInterceptor(authenticate)] if authenticate is not None else []),
+                        _WireErrors()]
         self._server = grpc.aio.server(
             migration_thread_pool=self._pool, interceptors=interceptors,
             options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
@@ -145,6 +147,54 @@ class _Undecodable:
 
     def __init__(self, error: str):
         self.error = error
+
+
+class _ReleaseOnError(grpc.aio.ServerInterceptor):
+    """An aborted call lets go of what it received at once. grpc.aio keeps
+    the abort's exception on the call's state, which the handler's frames
+    reference: a cycle that holds the request and everything the handler
+    made of it until the cyclic collector's oldest generation runs, which
+    the analyzer's thresholds make rare (engine.GC_THRESHOLDS). Found in a
+    trial: each refused 6 MB batch kept 12 MB, 2.3 GB after 200 refusals.
+    The outermost wrapper clears the frames the exception passed through
+    (they have returned), and holds no request itself."""
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+            behavior = getattr(handler, k)
+            if behavior is not None and inspect.iscoroutinefunction(behavior):
+                return handler._replace(**{k: _released(behavior)})
+            if behavior is not None and inspect.isasyncgenfunction(behavior):
+                return handler._replace(**{k: _released_gen(behavior)})
+        return handler
+
+
+def _released(behavior):
+    async def coro(request, context):
+        box = [request]
+        del request                     # this frame is still running when the others are cleared
+        try:
+            return await behavior(box.pop(), context)
+        except BaseException as exc:
+            traceback.clear_frames(exc.__traceback__)
+            raise
+    return coro
+
+
+def _released_gen(behavior):
+    async def agen(request, context):
+        box = [request]
+        del request
+        try:
+            async for item in behavior(box.pop(), context):
+                yield item
+        except BaseException as exc:
+            traceback.clear_frames(exc.__traceback__)
+            raise
+    return agen
 
 
 class _WireErrors(grpc.aio.ServerInterceptor):

@@ -57,12 +57,12 @@ def test_hosts_paid_up_are_forgotten():
 
 
 @pytest.mark.parametrize("value,expected", [("256KiB", 256 << 10), ("1MB/s", 1_000_000), ("0", 0),
-                                            ("300000", 300_000), ("1.5MiB", 3 << 19)])
+                                            ("300000", 300_000), ("1.5MiB", 3 << 19), ("1TiB", 1 << 40), ("1KB", 1000)])
 def test_the_flag_takes_sizes_a_second(value, expected):
     assert build_parser().parse_args(["analyzer", "--host-rate", value]).host_rate == expected
 
 
-@pytest.mark.parametrize("value", ["fast", "12", "-1KiB", "2TiB", "1KiB/min"])
+@pytest.mark.parametrize("value", ["fast", "12", "-1KiB", "2TiB", "1KiB/min", "999B"])
 def test_the_flag_refuses_what_is_not_a_rate(value, capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["analyzer", "--host-rate", value])
@@ -133,3 +133,38 @@ def test_a_host_too_far_over_its_rate_is_told_to_resend_later(srv):
     assert 2 <= stored <= 4 and codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 8 - stored
     assert _rows(srv, "greedy") == stored * 300
     assert stub.GetStatus(apb.StatusRequest(), timeout=10).batches_over_rate == 8 - stored
+
+
+def _owes(rate: HostRate, host: str) -> float:
+    level, at = rate._level[host]
+    return -min(rate.burst, level + (time.monotonic() - at) * rate.rate)
+
+
+def test_what_was_not_stored_is_given_back(srv):
+    """Found in a trial: batches whose callers gave up while held, and
+    resends answered DUPLICATE, were charged as stored, and a reconnecting
+    agent owed for batches it had never had written."""
+    size = _batch("g", 1).ByteSize()
+    rate = srv.servicer.host_rate = HostRate(size / 10, size)         # a batch per 10 s, after one
+    stub = analyzer_pb2_grpc.AnalyzerStub(grpc.insecure_channel(srv.target))
+    assert stub.Push(_batch("g", 1), timeout=10).status == pb.BatchAck.COMMITTED      # the burst
+    assert stub.Push(_batch("g", 1), timeout=10).status == pb.BatchAck.DUPLICATE      # already stored: given back
+    assert _owes(rate, "g") < 0.1 * size
+    assert stub.Push(_batch("g", 2), timeout=10).status == pb.BatchAck.COMMITTED      # no wait yet: it owes nothing
+    assert 0.8 * size < _owes(rate, "g") < 1.1 * size
+    with pytest.raises(grpc.RpcError) as gave_up:
+        stub.Push(_batch("g", 3), timeout=0.5)                   # held for ~10 s: the caller gives up
+    assert gave_up.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    time.sleep(0.3)
+    assert _owes(rate, "g") < 1.1 * size                          # still only batch 2's debt
+    assert _rows(srv, "g") == 2 * 300
+
+
+def test_a_refund_never_fills_past_the_burst():
+    clock = Clock()
+    rate = HostRate(1000, 3000, clock=clock)
+    rate.charge("a", 1000)
+    rate.refund("a", 5000)
+    assert rate._level["a"][0] == 3000
+    rate.refund("unknown", 10)                # forgotten hosts start full anyway
+    assert "unknown" not in rate._level
