@@ -161,18 +161,21 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
     async def _admit(self, data: bytes, context, method: str):
         """Parses and sizes one batch, waits for room in the writer's budget,
         validates and queues it. Returns (batch, future, error): error is a
-        permanent refusal."""
+        permanent refusal of the batch. Raises _Refused when the call itself
+        is to end (garbage, another host's batch, a host too far over its rate)."""
         try:
             req = pb.SampleBatch.FromString(data)
         except DecodeError as exc:
             self.analyzer.count_rejected(None, str(exc))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"/gpuscope.v1.Analyzer/{method}: the request is not a valid message ({exc})")
-        await _own_host(context, req.host, "host")      # another host's batch is refused, not counted as ours
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                           f"/gpuscope.v1.Analyzer/{method}: the request is not a valid message ({exc})") from None
+        denied = _other_host(req.host, "host")      # another host's batch is refused, not counted as ours
+        if denied is not None:
+            raise _Refused(*denied)
         error = await self._sized(req, len(data))
         if error is not None:
             return req, None, error
-        charged = await self._host_share(req, len(data), context)
+        charged = await self._host_share(req, len(data))
         n = len(data) + DECODED_BATCH_BYTES
         budget = self.analyzer.writer.budget
         try:
@@ -222,7 +225,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         rate = self.host_rate
         return dict(batches_held=rate.held if rate else 0, batches_over_rate=rate.refused if rate else 0)
 
-    async def _host_share(self, req: pb.SampleBatch, wire_bytes: int, context) -> int:
+    async def _host_share(self, req: pb.SampleBatch, wire_bytes: int) -> int:
         """Holds a batch back while its host is over its rate (flow.HostRate),
         before it takes byte budget; a host too deep in debt (sending on many
         streams at once) is refused as transient. Returns the bytes charged,
@@ -240,10 +243,10 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                         rate_bytes_per_s=int(self.host_rate.rate),
                         held_since_last_line=said["held"], refused_since_last_line=said["refused"])
         if wait is None:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"batch seq={req.seq}: host {req.host[:80]!r} is over its ingest rate "
-                                f"({self.host_rate.rate / 1024:.0f} KiB/s, --host-rate): it owes more than "
-                                f"{self.host_rate.max_debt / (1 << 20):.0f} MiB; resend later")
+            raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"batch seq={req.seq}: host {req.host[:80]!r} is over its ingest rate "
+                           f"({self.host_rate.rate / 1024:.0f} KiB/s, --host-rate): it owes more than "
+                           f"{self.host_rate.max_debt / (1 << 20):.0f} MiB; resend later")
         try:
             await asyncio.sleep(wait)
         except BaseException:
@@ -264,7 +267,10 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         return pb.BatchAck(seq=seq, status=_ACK.get(result, pb.BatchAck.DUPLICATE))
 
     async def Push(self, request: bytes, context):
-        req, fut, error = await self._admit(request, context, "Push")
+        try:
+            req, fut, error = await self._admit(request, context, "Push")
+        except _Refused as exc:
+            await context.abort(exc.code, exc.details)
         if error is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch seq={req.seq}: {error}")
         try:
@@ -278,14 +284,20 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
     async def Ingest(self, request_iterator, context):
         """Every batch taken gets an ack (COMMITTED, DUPLICATE, or REJECTED
         naming the field), or the stream ends with UNAVAILABLE and the agent
-        resends what was not acked. Acks go back in the order batches came."""
+        resends what was not acked. Acks go back in the order batches came;
+        a message that ends the stream (garbage, another host's batch, a host
+        too far over its rate) ends it after the acks of the batches before it."""
         await self._stream_slot(context)
         pending: asyncio.Queue = asyncio.Queue()
 
         async def read() -> None:
             try:
                 async for data in request_iterator:
-                    req, fut, error = await self._admit(data, context, "Ingest")
+                    try:
+                        req, fut, error = await self._admit(data, context, "Ingest")
+                    except _Refused as exc:
+                        await pending.put(exc.with_traceback(None))     # its frames hold the message
+                        return
                     await pending.put((req.seq, fut, error))
             finally:
                 await pending.put(None)
@@ -297,6 +309,8 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                 item = await pending.get()
                 if item is None:
                     break
+                if isinstance(item, _Refused):
+                    await context.abort(item.code, item.details)
                 seq, fut, error = item
                 if error is not None:
                     yield pb.BatchAck(seq=seq, status=pb.BatchAck.REJECTED,
@@ -306,7 +320,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                     yield await self._ack(seq, fut)
                 except (StoreUnavailable, asyncio.TimeoutError) as exc:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, f"commit failed, resend later: {exc}")
-            await reader      # surfaces a PERMISSION_DENIED abort raised while reading
+            await reader      # surfaces what reading raised
         finally:
             self.agent_streams -= 1
             reader.cancel()
@@ -801,12 +815,27 @@ def _put(q: asyncio.Queue, item) -> None:
         pass
 
 
-async def _own_host(context, host: str, field: str) -> None:
+class _Refused(Exception):
+    """A call to end with this status (raised where the context is not to be aborted yet)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
+def _other_host(host: str, field: str) -> tuple[grpc.StatusCode, str] | None:
     """An agent's certificate names its host: it may act for that host only."""
     caller = current_caller()
     if caller is not None and caller.role == "agent" and host != caller.host:
-        await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                            f"{field}: {host[:80]!r}, but this agent's certificate is for {caller.host!r}")
+        return (grpc.StatusCode.PERMISSION_DENIED,
+                f"{field}: {host[:80]!r}, but this agent's certificate is for {caller.host!r}")
+    return None
+
+
+async def _own_host(context, host: str, field: str) -> None:
+    denied = _other_host(host, field)
+    if denied is not None:
+        await context.abort(*denied)
 
 
 async def _optional_range(request, context) -> tuple[float | None, float | None]:

@@ -179,7 +179,7 @@ def _released(behavior):
         try:
             return await behavior(box.pop(), context)
         except BaseException as exc:
-            traceback.clear_frames(exc.__traceback__)
+            _clear(exc)
             raise
     return coro
 
@@ -192,9 +192,19 @@ def _released_gen(behavior):
             async for item in behavior(box.pop(), context):
                 yield item
         except BaseException as exc:
-            traceback.clear_frames(exc.__traceback__)
+            _clear(exc)
             raise
     return agen
+
+
+def _clear(exc: BaseException | None) -> None:
+    """The frames of an exception and of those it was raised while handling
+    (`except UploadError: await context.abort(...)`: the upload's frames)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__
 
 
 class _WireErrors(grpc.aio.ServerInterceptor):

@@ -104,3 +104,19 @@ def test_garbage_on_an_ingest_stream_ends_it_as_invalid_argument(server):
         with pytest.raises(grpc.RpcError) as err:
             list(call(iter([b"\xff\xff\xff\xff garbage"]), timeout=10))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_garbage_after_good_batches_ends_the_stream_after_their_acks(server):
+    """Found in a trial: the garbage ended the stream at once, and the
+    batches before it, committed, were never acknowledged (their resends
+    came back DUPLICATE: nothing lost, but the agent was told nothing)."""
+    good = [encode_batch("mid", "boot-mid", seq, [GpuSample(0, time.time() - 10 + seq, {"power_watts": 100.0})],
+                         [DeviceInfo(gpu=0)]).SerializeToString() for seq in (1, 2, 3)]
+    acks = []
+    with grpc.insecure_channel(server.target) as ch:
+        call = ch.stream_stream("/gpuscope.v1.Analyzer/Ingest", response_deserializer=pb.BatchAck.FromString)
+        with pytest.raises(grpc.RpcError) as err:
+            for ack in call(iter([*good, b"\xff\xff\xff\xff garbage"]), timeout=10):
+                acks.append(ack)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not a valid message" in err.value.details()
+    assert [(a.seq, a.status) for a in acks] == [(s, pb.BatchAck.COMMITTED) for s in (1, 2, 3)]
