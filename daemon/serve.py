@@ -282,38 +282,10 @@ class _AuthInterceptor(grpc.aio.ServerInterceptor):
         kind = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
         for k in kind:
             behavior = getattr(handler, k)
-            if behavior is None:
-                continue
-            if k.startswith("unary_") and (inspect.iscoroutinefunction(behavior)
-                                           or inspect.isasyncgenfunction(behavior)):
-                # Served as a client stream (the same bytes on the wire), so that the caller is
-                # authenticated before its message is received: gRPC receives a unary request whole
-                # before any handler runs, and an unauthenticated caller could make it hold 32 MiB a call.
-                streamed = "stream_" + k.partition("_")[2]
-                return handler._replace(request_streaming=True, **{k: None, streamed: _guard(
-                    _after_first(behavior, details.method), details.method, self._authenticate,
-                    k.endswith("_stream"))})
-            wrapped = _guard(behavior, details.method, self._authenticate, k.endswith("_stream"))
-            return handler._replace(**{k: wrapped})
+            if behavior is not None:
+                wrapped = _guard(behavior, details.method, self._authenticate, k.endswith("_stream"))
+                return handler._replace(**{k: wrapped})
         return handler
-
-
-def _after_first(behavior, method: str):
-    """A unary behavior fed the first message of a client stream."""
-    async def first(requests, context):
-        async for request in requests:
-            return request
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: no request message came")
-
-    if inspect.isasyncgenfunction(behavior):
-        async def agen(requests, context):
-            async for item in behavior(await first(requests, context), context):
-                yield item
-        return agen
-
-    async def coro(requests, context):
-        return await behavior(await first(requests, context), context)
-    return coro
 
 
 def _guard(behavior, method: str, authenticate: Authenticate, streams_out: bool):

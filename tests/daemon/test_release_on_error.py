@@ -51,3 +51,4 @@ def test_a_refused_batch_is_freed_without_the_cyclic_collector(tmp_path):
         srv.stop()
     assert codes == {grpc.StatusCode.INVALID_ARGUMENT}
     assert held < 3 * size, f"{held / 1e6:.1f} MB still held after 20 refusals of {size / 1e6:.1f} MB"
+
