@@ -35,6 +35,11 @@ MAX_MESSAGE_BYTES = 256 * 1024 * 1024   # a capture's XSpace travels in one repl
 # check of ours, so a larger limit is what one bad client's garbage costs
 # every other stream (docs/benchmarks.md, "One bad client").
 MAX_RECEIVE_BYTES = 32 * 1024 * 1024
+# The most a server on an extra port (the on-call token port: TLS without
+# client certificates, so anyone may connect) takes in one message. On-call
+# requests are small; a caller's 30 MiB message passes through memory the
+# allocator keeps (docs/benchmarks.md), and there the caller may be anyone.
+EXTRA_PORT_RECEIVE_BYTES = 1024 * 1024
 
 # authenticate(method, auth_context, metadata) -> (caller, None) or (None, (code, message))
 Authenticate = Callable[[str, dict, tuple], tuple[object, tuple[grpc.StatusCode, str] | None]]
@@ -52,8 +57,10 @@ def parse_hostport(value: str, flag: str) -> str:
 
 
 class Server:
-    """Runs one grpc.aio server on its own event loop thread, so the rest of
-    the process (writer, scheduler, agent) keeps its threads."""
+    """Runs a grpc.aio server on its own event loop thread, so the rest of
+    the process (writer, scheduler, agent) keeps its threads; extra ports
+    (the on-call token port) are a second server on the same loop, with the
+    same services and a small receive limit."""
 
     def __init__(self, listen: str, register: Iterable[tuple[Callable, object, str]], *,
                  credentials: grpc.ServerCredentials | None = None, authenticate: Authenticate | None = None,
@@ -62,6 +69,7 @@ class Server:
         self.listen = listen
         self._extra_ports = list(extra_ports)
         self.extra_ports: list[int] = []
+        self._extra = None            # the server of the extra ports
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="grpc-aio", daemon=True)
         self._thread.start()
@@ -77,30 +85,39 @@ class Server:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     async def _build(self, credentials, authenticate, max_concurrent_rpcs) -> int:
+        self.health = health_aio.HealthServicer()
+        self._server = await self._aio_server(authenticate, max_concurrent_rpcs, MAX_RECEIVE_BYTES)
+        for add, servicer, name in self._register:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        port = self._bind(self._server, self.listen, credentials)
+        # e.g. the on-call port: TLS without client certificates, for bearer tokens; a server of its
+        # own, because gRPC's receive limit is a server's, and this one takes small messages only
+        if self._extra_ports:
+            self._extra = await self._aio_server(authenticate, max_concurrent_rpcs, EXTRA_PORT_RECEIVE_BYTES)
+            self.extra_ports = [self._bind(self._extra, addr, creds) for addr, creds in self._extra_ports]
+        return port
+
+    async def _aio_server(self, authenticate, max_concurrent_rpcs, receive_bytes: int):
         interceptors = [_ReleaseOnError(), *([_AuthInterceptor(authenticate)] if authenticate is not None else []),
                         _WireErrors()]
-        self._server = grpc.aio.server(
+        server = grpc.aio.server(
             migration_thread_pool=self._pool, interceptors=interceptors,
-            options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+            options=[("grpc.max_receive_message_length", receive_bytes),
                      ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                      ("grpc.so_reuseport", 0)],
             maximum_concurrent_rpcs=max_concurrent_rpcs)
-        self.health = health_aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        for add, servicer, name in self._register:
-            add(servicer, self._server)
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        port = self._bind(self.listen, credentials)
-        # e.g. the on-call port: TLS without client certificates, for bearer tokens
-        self.extra_ports = [self._bind(addr, creds) for addr, creds in self._extra_ports]
-        return port
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        for add, servicer, _name in self._register:
+            add(servicer, server)
+        return server
 
-    def _bind(self, listen: str, credentials: grpc.ServerCredentials | None) -> int:
+    @staticmethod
+    def _bind(server, listen: str, credentials: grpc.ServerCredentials | None) -> int:
         ensure_free(listen)
         try:
-            port = (self._server.add_secure_port(listen, credentials) if credentials is not None
-                    else self._server.add_insecure_port(listen))
+            port = (server.add_secure_port(listen, credentials) if credentials is not None
+                    else server.add_insecure_port(listen))
         except RuntimeError as exc:
             raise ListenError(_busy_message(listen, str(exc))) from None
         if port == 0 and not listen.endswith(":0"):
@@ -109,6 +126,8 @@ class Server:
 
     def start(self) -> None:
         self._run(self._server.start())
+        if self._extra is not None:
+            self._run(self._extra.start())
 
     def stop(self, grace_s: float = 2.0) -> None:
         """Health says NOT_SERVING, calls in progress get grace_s to finish,
@@ -117,10 +136,13 @@ class Server:
             return
         try:
             self._run(self.health.enter_graceful_shutdown(), timeout=5)
-            self._run(self._server.stop(grace_s), timeout=grace_s + 5)
+            self._run(self._stop_servers(grace_s), timeout=grace_s + 5)
         except (futures.TimeoutError, RuntimeError):
             pass
         self._close_loop()
+
+    async def _stop_servers(self, grace_s: float) -> None:
+        await asyncio.gather(*(s.stop(grace_s) for s in (self._server, self._extra) if s is not None))
 
     def _close_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
