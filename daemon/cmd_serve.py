@@ -365,6 +365,10 @@ def _server_security(ns, name: str, listen: str) -> dict:
     oncall = getattr(ns, "oncall_listen", None)
     if oncall:
         parse_hostport(oncall, "--oncall-listen")
+        if _same_port(oncall, ns.listen):
+            raise UsageError(f"--oncall-listen {oncall} is the port of --listen {ns.listen}: give the token "
+                             f"port one of its own")
+        ensure_free(oncall, "--oncall-listen")      # before the DB is opened, as --listen is
         if tokens is None:
             raise UsageError("--oncall-listen serves callers with bearer tokens: pass --tokens FILE too")
         # grpc cannot ask for a client certificate and accept its absence, so
@@ -374,6 +378,13 @@ def _server_security(ns, name: str, listen: str) -> dict:
         logs.say("tokens are accepted from callers that also present a certificate of this CA; "
                  "for token-only callers add --oncall-listen HOST:PORT")
     return security
+
+
+def _same_port(a: str, b: str) -> bool:
+    """Two HOST:PORT that would contend for one port (a wildcard host takes every address's)."""
+    (ha, _, pa), (hb, _, pb) = a.rpartition(":"), b.rpartition(":")
+    wild = ("0.0.0.0", "[::]", "::", "")
+    return pa == pb and pa != "0" and (ha == hb or ha in wild or hb in wild)
 
 
 def _provision_local_pki(ns) -> None:

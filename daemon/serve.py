@@ -95,7 +95,8 @@ class Server:
         # own, because gRPC's receive limit is a server's, and this one takes small messages only
         if self._extra_ports:
             self._extra = await self._aio_server(authenticate, max_concurrent_rpcs, EXTRA_PORT_RECEIVE_BYTES)
-            self.extra_ports = [self._bind(self._extra, addr, creds) for addr, creds in self._extra_ports]
+            self.extra_ports = [self._bind(self._extra, addr, creds, "--oncall-listen")
+                                for addr, creds in self._extra_ports]
         return port
 
     async def _aio_server(self, authenticate, max_concurrent_rpcs, receive_bytes: int):
@@ -113,15 +114,15 @@ class Server:
         return server
 
     @staticmethod
-    def _bind(server, listen: str, credentials: grpc.ServerCredentials | None) -> int:
-        ensure_free(listen)
+    def _bind(server, listen: str, credentials: grpc.ServerCredentials | None, flag: str = "--listen") -> int:
+        ensure_free(listen, flag)
         try:
             port = (server.add_secure_port(listen, credentials) if credentials is not None
                     else server.add_insecure_port(listen))
         except RuntimeError as exc:
-            raise ListenError(_busy_message(listen, str(exc))) from None
+            raise ListenError(_busy_message(listen, str(exc), flag)) from None
         if port == 0 and not listen.endswith(":0"):
-            raise ListenError(_busy_message(listen, "bind failed"))
+            raise ListenError(_busy_message(listen, "bind failed", flag))
         return port
 
     def start(self) -> None:

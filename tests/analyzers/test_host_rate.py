@@ -168,3 +168,16 @@ def test_a_refund_never_fills_past_the_burst():
     assert rate._level["a"][0] == 3000
     rate.refund("unknown", 10)                # forgotten hosts start full anyway
     assert "unknown" not in rate._level
+
+
+def test_an_ingest_stream_too_far_over_is_ended_after_the_acks_before(srv):
+    size = _batch("deep", 1).ByteSize()
+    srv.servicer.host_rate = HostRate(size / 100, size, max_debt=0.5 * size)     # owes one batch: too much
+    stub = analyzer_pb2_grpc.AnalyzerStub(grpc.insecure_channel(srv.target))
+    acks = []
+    with pytest.raises(grpc.RpcError) as err:
+        for ack in stub.Ingest(iter([_batch("deep", seq) for seq in (1, 2, 3, 4)]), timeout=30):
+            acks.append(ack)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "over its ingest rate" in err.value.details()
+    assert [(a.seq, a.status) for a in acks] == [(1, pb.BatchAck.COMMITTED), (2, pb.BatchAck.COMMITTED)]
+    assert _rows(srv, "deep") == 2 * 300

@@ -57,3 +57,24 @@ def test_a_token_alone_reads_on_the_oncall_port_and_nothing_else_gets_in(tmp_pat
         server.send_signal(signal.SIGTERM)
         out, err = server.communicate(timeout=20)
     assert server.returncode == 0, err[-2000:]
+
+
+def test_a_busy_or_shared_token_port_is_refused_before_anything_starts(tmp_path):
+    import socket
+    tls, tokens = tmp_path / "tls", tmp_path / "tokens"
+    assert _run("certs", "init", str(tls)).returncode == 0
+    assert _run("certs", "token", "--tokens", str(tokens), "--name", "a", "--role", "reader").returncode == 0
+    port, busy = free_port(), free_port()
+    base = ["analyzer", "--db", str(tmp_path / "t.duckdb"), "--listen", f"127.0.0.1:{port}", "--tls-dir", str(tls),
+            "--tokens", str(tokens), "--duration", "5s"]
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", busy))
+    holder.listen()
+    try:
+        r = _run(*base, "--oncall-listen", f"127.0.0.1:{busy}")
+    finally:
+        holder.close()
+    assert r.returncode != 0 and f"127.0.0.1:{busy}" in r.stderr and "--oncall-listen" in r.stderr, r.stderr
+    r = _run(*base, "--oncall-listen", f"0.0.0.0:{port}")
+    assert r.returncode != 0 and "is the port of --listen" in r.stderr, r.stderr
+    assert not (tmp_path / "t.duckdb").exists()          # refused before the DB was opened
