@@ -13,17 +13,10 @@ from gpuscope.daemon.cli import build_parser
 from gpuscope.daemon.convert import encode_batch
 from gpuscope.v1 import analyzer_pb2 as apb, analyzer_pb2_grpc, samples_pb2 as pb
 
+from tests.analyzers.test_throttle import Clock
 from tests.helpers import AnalyzerServer
 
 T0 = time.time() - 3600
-
-
-class Clock:
-    def __init__(self):
-        self.t = 100.0
-
-    def __call__(self):
-        return self.t
 
 
 def test_a_host_is_held_back_only_by_its_own_debt():
