@@ -3,7 +3,7 @@
     python bench/refusal_memory.py [--refusals 200] [--mb 6] [--default-gc]
 
 `gpuscope analyzer --engine thread` runs in a subprocess (loopback,
---insecure, its own DuckDB file). This process pushes one batch of about
+--insecure, its own DuckDB file; bench/fleet_grpc.py's AnalyzerProcess). This process pushes one batch of about
 `--mb` MB, refused for an over-long boot_id after the whole batch was
 parsed, `--refusals` times, one after another, and reports the analyzer's
 RSS growth from before the first to 2 s after the last. `--default-gc` runs
@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
-from fleet_grpc import OUT_DIR, free_port, git_tree, proc_rss  # noqa: E402
+from fleet_grpc import AnalyzerProcess, OUT_DIR, git_tree, proc_rss, wait_ready  # noqa: E402
 
 ENTRY = """import sys
 import gpuscope.analyzers.engine as engine
@@ -58,16 +57,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         entry = Path(tmp) / "entry.py"
         entry.write_text(ENTRY.format(default_gc=args.default_gc))
-        target = f"127.0.0.1:{free_port()}"
-        proc = subprocess.Popen([sys.executable, str(entry), "--log-level", "error", "analyzer", "--insecure",
-                                 "--listen", target, "--db", f"{tmp}/r.duckdb", "--engine", "thread"], cwd=ROOT)
+        os.environ["FLEET_GRPC_ANALYZER_ENTRY"] = str(entry)      # AnalyzerProcess runs it instead of the CLI
+        an = AnalyzerProcess(Path(tmp), 5.0, 10_000, None, extra="--engine thread")
         try:
-            channel = grpc.insecure_channel(target, options=[("grpc.max_send_message_length", 64 << 20)])
-            grpc.channel_ready_future(channel).result(timeout=60)
-            stub = analyzer_pb2_grpc.AnalyzerStub(channel)
+            wait_ready(an.target, None)
+            stub = analyzer_pb2_grpc.AnalyzerStub(
+                grpc.insecure_channel(an.target, options=[("grpc.max_send_message_length", 64 << 20)]))
             batch = refused_batch(args.mb)
             time.sleep(2.0)
-            before = proc_rss(proc.pid)[0]
+            before = proc_rss(an.proc.pid)[0]
             codes: dict[str, int] = {}
             for _ in range(args.refusals):
                 try:
@@ -77,10 +75,9 @@ def main() -> int:
                     code = exc.code().name
                 codes[code] = codes.get(code, 0) + 1
             time.sleep(2.0)
-            after = proc_rss(proc.pid)[0]
+            after = proc_rss(an.proc.pid)[0]
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
+            an.stop()
     out = dict(date=time.strftime("%Y-%m-%d %H:%M"), machine=platform.node(), tree=git_tree(),
                refusals=args.refusals, batch_mb=round(batch.ByteSize() / 1e6, 2),
                gc="default" if args.default_gc else "analyzer", codes=codes,
