@@ -24,7 +24,7 @@ opening or a closing is written, and mirrored, at once.
 """
 from __future__ import annotations
 
-import heapq
+import bisect
 import json
 import math
 import threading
@@ -43,7 +43,9 @@ class FindingsMirror:
     def __init__(self, max_closed: int = MAX_CLOSED) -> None:
         self.max_closed = max_closed
         self._rows: dict[str, tuple] = {}       # id -> the row as written (FINDING_COLUMNS, JSON as text)
-        self._by_minute: dict[int, set[str]] = {}   # start // 60 -> ids: a newest-first list reads a few
+        # start // 60 -> (start, id) of its rows, sorted: a newest-first list of `limit` reads about
+        # `limit` rows, not all of them (16,000 open findings at 2,000 agents: 75 ms a list before)
+        self._by_minute: dict[int, list[tuple[float, str]]] = {}
         self._made: dict[str, dict[str, Any]] = {}   # id -> variant -> what `messages` made of the row
         self._closed = 0
         self.covered_after: float | None = None   # None: nothing received yet
@@ -70,12 +72,19 @@ class FindingsMirror:
     def _put(self, rows: Iterable[tuple]) -> None:
         cov = self.covered_after
         for r in rows:
-            self._drop(r[_ID])
+            fid = r[_ID]
+            old = self._rows.get(fid)
             if r[_END] is not None and r[_END] <= cov:      # outside what this mirror claims to hold
+                self._drop(fid)
                 continue
-            self._rows[r[_ID]] = r
-            self._by_minute.setdefault(_minute(r), set()).add(r[_ID])
-            self._closed += r[_END] is not None
+            if old is not None and old[_START] == r[_START]:    # written again: its place is the same
+                self._closed += (r[_END] is not None) - (old[_END] is not None)
+                self._made.pop(fid, None)
+            else:
+                self._drop(fid)
+                bisect.insort(self._by_minute.setdefault(_minute(r), []), (r[_START], fid))
+                self._closed += r[_END] is not None
+            self._rows[fid] = r
         if self._closed > self.max_closed:
             self._evict()
 
@@ -84,9 +93,9 @@ class FindingsMirror:
         if old is None:
             return
         self._closed -= old[_END] is not None
-        ids = self._by_minute[_minute(old)]
-        ids.discard(fid)
-        if not ids:
+        keys = self._by_minute[_minute(old)]
+        del keys[bisect.bisect_left(keys, (old[_START], fid))]
+        if not keys:
             del self._by_minute[_minute(old)]
         self._made.pop(fid, None)
 
@@ -139,22 +148,21 @@ class FindingsMirror:
         cov = self.covered_after
         if cov is None:
             return None
+        if limit <= 0:
+            return []
         match = _matcher(host, gpu, verdicts, start, end, open_only, flags, pod, namespace, slurm_job, gpus, kinds)
         by_range = start is not None and start > cov      # every row that can match is here
-        found, after = [], 0          # after: matches that started after `cov` (none missing sorts before them)
-        for minute in sorted(self._by_minute, reverse=True):
-            # rows of older minutes sort after every row found so far
-            if (len(found) if by_range else after) >= limit:
-                break
-            for fid in self._by_minute[minute]:
-                r = self._rows[fid]
+        rows, found = self._rows, []
+        for minute in sorted(self._by_minute, reverse=True):     # newest first, as the store orders them
+            for _start, fid in reversed(self._by_minute[minute]):
+                r = rows[fid]
                 if match(r):
                     found.append(r)
-                    after += r[_START] > cov
-        else:
-            if not by_range and after < limit:
-                return None
-        return heapq.nlargest(limit, found, key=lambda r: (r[_START], r[_ID]))
+                    if len(found) == limit:
+                        # exact if every row that can match is here, or if the last row kept started after
+                        # `cov`: a row not here ended, so started, by then, and sorts after all of these
+                        return found if by_range or r[_START] > cov else None
+        return found if by_range else None
 
 
 def _dicts(rows: list[tuple]) -> list[dict]:

@@ -72,3 +72,28 @@ def test_an_analyzer_behind_its_agents_judges_silence_at_when_it_last_kept_up():
     assert [(g["host"], g["stale"], round(g["last_seen_age_s"])) for g in s["gpus"]] == [
         ("h1", True, 70), ("h2", False, 40)]
     assert (s["gpus_stale"], s["hosts_stale"]) == (1, 1)
+
+
+def test_the_mirrors_index_counts_and_lists_what_a_scan_of_every_row_does():
+    """StatusMirror keeps its keys sorted and its arrivals in arrays;
+    summarize() scans every row: the same status for every host, limit and
+    moment, over rows added out of order and replaced."""
+    import random
+
+    from gpuscope.analyzers.status import summarize
+
+    rng, now = random.Random(3), time.time()
+    m, rows = StatusMirror(), {}
+    for _ in range(60):                                  # publications: new GPUs and replaced rows, any order
+        batch = [_row(f"h{rng.randrange(200):03d}", rng.randrange(8),
+                      arrival=rng.choice([0.0, now - rng.uniform(0, 120)])) for _ in range(rng.randrange(1, 200))]
+        totals = dict(stale_after_seconds=15.0, ingest_behind_since=rng.choice([None, now - 30]))
+        m.apply(batch, totals)
+        rows.update({(r.host, r.gpu): r for r in batch})
+    assert len(rows) > 1024                          # past the arrays' first size
+    for _ in range(200):
+        host = rng.choice(["", "h003", "h199", "h04", "zz"])
+        limit = rng.choice([None, 0, 1, 5, 1000])
+        at = now + rng.uniform(-60, 60)
+        want = summarize(((k, r.last_arrival) for k, r in rows.items()), rows.__getitem__, totals, at, host, limit)
+        assert m.status(at, host, limit) == want, (host, limit)
