@@ -77,3 +77,18 @@ def test_the_link_s_best_reaches_the_devices_table(tmp_path):
     assert (row["pcie_width"], row["pcie_max_generation"], row["pcie_max_width"]) == (8, 5, 16)
     assert row["driver_version"] == "570.124.06"
     s.close()
+
+
+def test_command_lines_are_cleaned_once_and_the_memory_of_them_is_bounded(monkeypatch):
+    from gpuscope.analyzers import ingest
+    monkeypatch.setattr(ingest, "_CLEANED", {})
+    monkeypatch.setattr(ingest, "MAX_CLEANED", 100)
+    line = "python serve.py --hf-token=hf_abcdefghijklmnop --port 8000"
+    first = ingest._cleaned(line)
+    assert first == ingest.clean_command(line) and "hf_abcdefghijklmnop" not in first
+    assert ingest._cleaned(line) is first                     # remembered
+    for i in range(1000):
+        ingest._cleaned(f"python job{i}.py")
+    assert len(ingest._CLEANED) <= 100
+    long = "x" * (ingest._CLEANED_KEY_CHARS + 1)
+    assert ingest._cleaned(long) == ingest.clean_command(long) and long not in ingest._CLEANED
