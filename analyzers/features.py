@@ -67,14 +67,15 @@ def stack_columns(parts: Sequence[tuple[tuple[str, ...], np.ndarray]],
     """The rows of matrices whose metric sets may differ (fast and slow
     rows, agents of other versions), as one Columns over `names` (default:
     their union, in the order first seen); NaN where a part lacks a metric."""
+    if names is None and len(parts) == 1:      # most live windows: one batch's rows (no union to take)
+        return Columns(parts[0][0], parts[0][1])
+    every = [n for n, _ in parts]
     if names is None:
-        if len(parts) == 1:             # most live windows: one batch's rows (no union to take)
-            return Columns(parts[0][0], parts[0][1])
-        first = parts[0][0]
-        # a fleet's parts mostly carry one metric set: no union to take (it cost ~10% of live analysis)
-        names = first if all(n == first for n, _ in parts) else tuple(
-            dict.fromkeys(n for part_names, _ in parts for n in part_names))
-    if all(part_names == names for part_names, _ in parts):
+        # a fleet's parts mostly carry one metric set: no union to take (it cost ~10% of live analysis);
+        # list.count compares in C, a generator per part did not
+        names = every[0] if every.count(every[0]) == len(every) else tuple(
+            dict.fromkeys(n for part_names in every for n in part_names))
+    if every.count(names) == len(every):
         return Columns(names, parts[0][1] if len(parts) == 1 else np.concatenate([m for _, m in parts]))
     pos = {n: i for i, n in enumerate(names)}
     out = np.full((sum(len(m) for _, m in parts), len(names)), np.nan)
@@ -122,6 +123,8 @@ FEATURES = ("util_gpu_ratio", "util_mem_ratio", "sm_util_ratio", "sm_occupancy_r
             # the serving engine on the GPU, when there is one: window means of what its /metrics gave
             *cat.SERVING)
 FEATURE_INDEX = {n: i for i, n in enumerate(FEATURES)}
+assert len(FEATURES) <= 64, "compute_windows numbers each window's set of known features in 64 bits"
+_BITS = np.left_shift(np.uint64(1), np.arange(len(FEATURES), dtype=np.uint64))
 
 
 class _Stacked:
@@ -305,13 +308,21 @@ def compute_windows(s: Stack, matrix: np.ndarray | None = None) -> list[Window |
     util_gpu nor GPM SM activity)."""
     m = feature_matrix(s) if matrix is None else matrix
     counts = gpu_sample_counts(s).tolist()
-    out: list[Window | None] = []
-    for k, row in enumerate(m.tolist()):
-        if row[0] != row[0] and row[2] != row[2]:       # util_gpu_ratio, sm_util_ratio
-            out.append(None)
-            continue
-        features = {n: v for n, v in zip(FEATURES, row) if v == v}
-        out.append(Window(int(s.gpu[k]), float(s.start[k]), float(s.end[k]), counts[k], features, features))
+    known = ~np.isnan(m)
+    judged = known[:, FEATURE_INDEX["util_gpu_ratio"]] | known[:, FEATURE_INDEX["sm_util_ratio"]]
+    out: list[Window | None] = [None] * len(m)
+    # a fleet's windows share a few sets of known features: each set's rows become dicts by
+    # dict(zip()) at once (a comprehension testing every feature of every row was a tenth of the analysis)
+    rows = np.flatnonzero(judged)
+    codes = known[rows].astype(np.uint64) @ _BITS      # each row's set of known features, as one number
+    _, first, which = np.unique(codes, return_index=True, return_inverse=True)
+    for p, f in enumerate(first.tolist()):
+        ks = rows[which.reshape(-1) == p]
+        cols = np.flatnonzero(known[rows[f]])
+        names = [FEATURES[i] for i in cols]
+        for k, vals in zip(ks.tolist(), m[np.ix_(ks, cols)].tolist()):
+            features = dict(zip(names, vals))
+            out[k] = Window(int(s.gpu[k]), float(s.start[k]), float(s.end[k]), counts[k], features, features)
     return out
 
 
@@ -339,14 +350,15 @@ def _nan(x: float | None) -> float:
 
 
 def stack(windows: Sequence[tuple[int, float, float, np.ndarray | list[np.ndarray],
-                                  Columns | list[tuple[tuple[str, ...], np.ndarray]], dict]]) -> Stack:
+                                  Columns | list[tuple[tuple[str, ...], np.ndarray]], dict | tuple]]) -> Stack:
     """Stacks (gpu, start, end, t, columns, device facts) of many windows;
     windows whose metric sets differ get NaN for the metrics they lack, and
     a window whose samples arrived out of order (a resent batch after a
     newer one) is put in time order. A window's samples may also come as
     the parts they arrived in: t as a list of arrays, the columns as a list
     of (metric names, matrix) of the same rows, stacked once with all the
-    others instead of per window first."""
+    others instead of per window first. The device facts are a dict, or
+    what device_facts() made of one."""
     ts, rows, lengths = [], [], []
     for w in windows:
         t_parts = w[3] if isinstance(w[3], list) else [w[3]]
@@ -359,14 +371,13 @@ def stack(windows: Sequence[tuple[int, float, float, np.ndarray | list[np.ndarra
         names, matrix = both.names, both.matrix
     else:
         names, matrix = (), np.empty((0, 0))
-    dev = [w[5] for w in windows]
+    facts = np.array([w[5] if type(w[5]) is tuple else device_facts(w[5]) for w in windows], float)
+    busy, generation, max_generation, width, power_limit, measured, sheet = facts.reshape(-1, 7).T.copy()
     t = np.concatenate(ts) if ts else np.empty(0)
     seg = np.repeat(np.arange(len(windows)), lengths)
     if len(t) > 1 and np.any((np.diff(t) < 0) & (seg[1:] == seg[:-1])):   # a window's samples out of order
         o = np.lexsort((t, seg))
         t, matrix = t[o], matrix[o]
-    busy = np.array([_nan(d.get("pcie_busy_generation")) for d in dev], float)
-    best = np.fmax([_nan(d.get("pcie_generation")) for d in dev], [_nan(d.get("pcie_max_generation")) for d in dev])
     return Stack(gpu=np.array([w[0] for w in windows], np.int64), start=np.array([w[1] for w in windows], float),
                  end=np.array([w[2] for w in windows], float),
                  t=t, names=names, matrix=matrix,
@@ -374,11 +385,20 @@ def stack(windows: Sequence[tuple[int, float, float, np.ndarray | list[np.ndarra
                  # The line rate is the link as its agent saw it while the GPU was busy; before
                  # that, its best generation: an idle GPU's link rests at Gen1 to save power, which
                  # would make later traffic look like a saturated link.
-                 pcie_generation=np.where(~np.isnan(busy), busy, best),
-                 pcie_width=np.array([_nan(d.get("pcie_busy_width") or d.get("pcie_width")) for d in dev], float),
-                 power_limit_watts=np.array([_nan(d.get("power_limit_watts")) for d in dev], float),
-                 hbm_measured_bytes_per_s=np.array([_nan(d.get("hbm_measured_bytes_per_s")) for d in dev], float),
-                 hbm_datasheet_bytes_per_s=np.array([_nan(d.get("hbm_datasheet_bytes_per_s")) for d in dev], float))
+                 pcie_generation=np.where(~np.isnan(busy), busy, np.fmax(generation, max_generation)),
+                 pcie_width=width, power_limit_watts=power_limit,
+                 hbm_measured_bytes_per_s=measured, hbm_datasheet_bytes_per_s=sheet)
+
+
+def device_facts(d: dict) -> tuple[float, ...]:
+    """A window's device facts (a dict of DeviceFacts' names and the HBM
+    ceilings) as stack() reads them, NaN when unknown: the busy link's
+    generation, the current and best generations, the lanes (the busy
+    link's when known), the power limit, the measured and datasheet HBM
+    bandwidth. A caller judging many windows of one device makes this once."""
+    return (_nan(d.get("pcie_busy_generation")), _nan(d.get("pcie_generation")), _nan(d.get("pcie_max_generation")),
+            _nan(d.get("pcie_busy_width") or d.get("pcie_width")), _nan(d.get("power_limit_watts")),
+            _nan(d.get("hbm_measured_bytes_per_s")), _nan(d.get("hbm_datasheet_bytes_per_s")))
 
 
 def compute_window(gpu: int, start: float, end: float, t: np.ndarray,

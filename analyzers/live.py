@@ -12,9 +12,13 @@ import time
 import numpy as np
 
 from .classify import Classification, classify_many
-from .features import compute_windows, feature_matrix, stack
+from .features import compute_windows, device_facts, feature_matrix, stack
 from .ingest import DecodedBatch
 from .roofline import datasheet_peaks
+
+
+_UNKNOWN = device_facts({})
+_MEASURED = 5           # device_facts' place of the measured HBM ceiling
 
 
 class _Acc:
@@ -36,7 +40,8 @@ class LiveWindows:
         self.window_s = window_s
         self._acc: dict[tuple[str, int], _Acc] = {}
         self._closing: list[tuple[tuple[str, int], _Acc]] = []
-        self.devices: dict[tuple[str, int], dict] = {}
+        self.devices: dict[tuple[str, int], tuple[float, ...]] = {}     # features.device_facts of each GPU
+        self._uuid: dict[tuple[str, int], str] = {}
         self._seen: dict[tuple[str, int], tuple] = {}      # the DeviceFacts behind each entry of devices
         # each calibrated GPU's measured HBM ceiling, bytes/s, by UUID (the analyzer keeps it current)
         self.hbm_measured: dict[str, float] = {}
@@ -50,12 +55,12 @@ class LiveWindows:
             if self._seen.get(key) != d:     # every batch repeats its devices; they seldom change
                 self._seen[key] = d
                 sheet = datasheet_peaks(d.name)
-                self.devices[key] = dict(pcie_generation=d.pcie_generation, pcie_width=d.pcie_width,
-                                         pcie_max_generation=d.pcie_max_generation,
-                                         pcie_busy_generation=d.pcie_busy_generation,
-                                         pcie_busy_width=d.pcie_busy_width,
-                                         power_limit_watts=d.power_limit_watts, uuid=d.uuid,
-                                         hbm_datasheet_bytes_per_s=sheet[1].bytes_per_s if sheet else None)
+                self.devices[key] = device_facts(dict(
+                    pcie_generation=d.pcie_generation, pcie_width=d.pcie_width,
+                    pcie_max_generation=d.pcie_max_generation, pcie_busy_generation=d.pcie_busy_generation,
+                    pcie_busy_width=d.pcie_busy_width, power_limit_watts=d.power_limit_watts,
+                    hbm_datasheet_bytes_per_s=sheet[1].bytes_per_s if sheet else None))
+                self._uuid[key] = d.uuid
         newest: dict[int, float] = {}
         if not b.count:
             return newest
@@ -63,12 +68,15 @@ class LiveWindows:
         order = np.lexsort((b.t, b.gpu))          # by GPU, then time
         t, gpu = b.t[order], b.gpu[order]
         bucket = np.floor(t / self.window_s)
-        cuts = np.flatnonzero((np.diff(gpu) != 0) | (np.diff(bucket) != 0)) + 1
-        bounds = [0, *cuts.tolist(), len(t)]
+        # each run of one GPU's window, its bounds and numbers as Python values at once: numpy's
+        # scalars and np.diff, per run, were most of this function's time
+        cuts = np.flatnonzero((gpu[1:] != gpu[:-1]) | (bucket[1:] != bucket[:-1])) + 1
+        lows = np.concatenate(([0], cuts))
+        highs = np.append(cuts, len(t))
         names, matrix = b.names, b.values[order]
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
-            g, start = int(gpu[lo]), float(bucket[lo] * self.window_s)
-            newest[g] = float(t[hi - 1])
+        for lo, hi, g, start, last in zip(lows.tolist(), highs.tolist(), gpu[lows].tolist(),
+                                          (bucket[lows] * self.window_s).tolist(), t[highs - 1].tolist()):
+            newest[g] = last
             key = (b.host, g)
             acc = self._acc.get(key)
             if acc is not None and start < acc.start:
@@ -94,11 +102,13 @@ class LiveWindows:
         if not closing:
             return []
         parts = []
-        for (host, g), acc in closing:
-            dev = self.devices.get((host, g), {})
-            measured = self.hbm_measured.get(dev.get("uuid") or "")
-            parts.append((g, acc.start, acc.start + self.window_s, acc.t, acc.rows,
-                          {**dev, "hbm_measured_bytes_per_s": measured} if measured else dev))
+        for key, acc in closing:
+            facts = self.devices.get(key, _UNKNOWN)
+            if self.hbm_measured:
+                measured = self.hbm_measured.get(self._uuid.get(key) or "")
+                if measured:
+                    facts = facts[:_MEASURED] + (float(measured),) + facts[_MEASURED + 1:]
+            parts.append((key[1], acc.start, acc.start + self.window_s, acc.t, acc.rows, facts))
         s = stack(parts)
         matrix = feature_matrix(s)
         judged = [(i, w) for i, w in enumerate(compute_windows(s, matrix)) if w is not None]
