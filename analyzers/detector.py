@@ -32,7 +32,6 @@ the GPU (other processes) restarts the baseline.
 from __future__ import annotations
 
 import math
-import statistics
 import uuid
 from array import array
 from dataclasses import dataclass, field
@@ -104,6 +103,14 @@ SERVING_BASELINE = ("serving_ttft_p99_seconds", "serving_itl_p99_seconds", "serv
                     "serving_preemptions_per_second")
 
 
+def _median(xs) -> float:
+    """statistics.median, without its generality: three baselines of 60 a
+    window, 3,200 windows a second at 2,000 agents."""
+    s = sorted(xs)
+    h = len(s) // 2
+    return s[h] if len(s) % 2 else (s[h - 1] + s[h]) / 2
+
+
 _FLAG_SETS: dict[tuple[str, ...], tuple[str, ...]] = {}
 
 
@@ -166,7 +173,7 @@ class _History:
         """Median of a serving number over the baseline's windows that had it, and how many had it."""
         col = self.serving.get(k) if self.serving is not None else None
         known = [x for x in col if x == x] if col is not None else []
-        return (statistics.median(known) if known else math.nan), len(known)
+        return (_median(known) if known else math.nan), len(known)
 
 
 class _GpuState:
@@ -239,8 +246,8 @@ class Detector:
 
         acts = [a for a in base.activity if a == a]
         if acts and p.activity is not None:
-            med = statistics.median(acts)
-            mad = statistics.median(abs(a - med) for a in acts)
+            med = _median(acts)
+            mad = _median([abs(a - med) for a in acts])
             limit = max(cfg.activity_drop_abs, cfg.activity_drop_mads * mad)
             dropped = med >= cfg.busy_baseline and med - p.activity >= limit
             self._streak(st, ACTIVITY_DROP, dropped, recovered=p.activity >= med - limit / 2)
@@ -249,7 +256,7 @@ class Detector:
                                        {"activity_ratio": p.activity, "baseline_activity_ratio": med,
                                         "baseline_mad": mad})
 
-        starv = statistics.median(base.starved)
+        starv = _median(base.starved)
         rose = p.starved - starv >= cfg.starved_rise_abs
         self._streak(st, STARVED_RISE, rose, recovered=p.starved - starv < cfg.starved_rise_abs / 2)
         if rose and st.streak[STARVED_RISE] >= cfg.confirm_windows:
