@@ -44,6 +44,7 @@ PARTS = [("analyzers.live", "LiveWindows", "add"), ("analyzers.live", "LiveWindo
          ("analyzers.live", None, "classify_many"), ("analyzers.live", None, "stack"),
          ("analyzers.analyzer", "Analyzer", "_record"), ("analyzers.analyzer", "Analyzer", "_persist_findings"),
          ("analyzers.findings", "FindingsTracker", "observe"), ("analyzers.detector", "Detector", "observe"),
+         ("analyzers.detector", "Detector", "_compare"),
          ("analyzers.store", "Store", "commit")]
 
 
