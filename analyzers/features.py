@@ -316,8 +316,16 @@ def compute_windows(s: Stack, matrix: np.ndarray | None = None) -> list[Window |
     rows = np.flatnonzero(judged)
     codes = known[rows].astype(np.uint64) @ _BITS      # each row's set of known features, as one number
     _, first, which = np.unique(codes, return_index=True, return_inverse=True)
-    for p, f in enumerate(first.tolist()):
-        ks = rows[which.reshape(-1) == p]
+    if len(first) * 8 > len(rows):          # mostly unlike windows (offline odds and ends): row by row
+        for k, row in zip(rows.tolist(), m[rows].tolist()):
+            features = {n: v for n, v in zip(FEATURES, row) if v == v}
+            out[k] = Window(int(s.gpu[k]), float(s.start[k]), float(s.end[k]), counts[k], features, features)
+        return out
+    which = which.reshape(-1)
+    by_set = rows[np.argsort(which, kind="stable")]      # the rows of each set together, one sort for all
+    ends = np.cumsum(np.bincount(which, minlength=len(first))).tolist()
+    for f, lo, hi in zip(first.tolist(), [0, *ends[:-1]], ends):
+        ks = by_set[lo:hi]
         cols = np.flatnonzero(known[rows[f]])
         names = [FEATURES[i] for i in cols]
         for k, vals in zip(ks.tolist(), m[np.ix_(ks, cols)].tolist()):

@@ -31,6 +31,7 @@ before it takes byte budget (analyzers/batch_size.py).
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import time
@@ -425,7 +426,7 @@ def _columns(batch: pb.SampleBatch, n: int) -> tuple[tuple[str, ...], np.ndarray
     if (ceilings is None or any(len(d) != size for d in data)
             or any(v and len(v) != bitmap for v in valid)):
         return _columns_one_by_one(batch, n)
-    values = np.frombuffer(b"".join(data), "<f8").reshape(len(cols), n)
+    values = np.frombuffer(bytearray(b"".join(data)), "<f8").reshape(len(cols), n)    # writable, as a copy would be
     with np.errstate(invalid="ignore"):
         bad = ~np.isfinite(values) | (values < 0) | (values > ceilings[:, None])
     masked = [i for i, v in enumerate(valid) if v]
@@ -557,21 +558,25 @@ def clean_command(raw: str) -> str:
 
 
 # A host's processes repeat batch after batch: each command line is cleaned
-# once (redaction's patterns were a tenth of decode's time). Short lines only,
-# and forgotten all at once past the limit, so memory stays bounded.
-_CLEANED: dict[str, str] = {}
-MAX_CLEANED = 16_384             # command lines remembered (~0.5 KB each)
-_CLEANED_KEY_CHARS = 1024
+# once (redaction's patterns were a tenth of decode's time). Kept by a digest
+# of the raw line, so no unredacted secret stays in memory; only lines of the
+# agent's length (it cuts at 256 characters), at most ~1 KB cleaned each, and
+# all forgotten at once past the limit (2,000 agents of 8 processes: 16,000).
+_CLEANED: dict[bytes, str] = {}
+MAX_CLEANED = 32_768
+_CLEANED_KEY_CHARS = 256
 
 
 def _cleaned(raw: str) -> str:
-    text = _CLEANED.get(raw)
+    if len(raw) > _CLEANED_KEY_CHARS:
+        return clean_command(raw)
+    key = hashlib.blake2b(raw.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    text = _CLEANED.get(key)
     if text is None:
         text = clean_command(raw)
-        if len(raw) <= _CLEANED_KEY_CHARS:
-            if len(_CLEANED) >= MAX_CLEANED:
-                _CLEANED.clear()
-            _CLEANED[raw] = text
+        if len(_CLEANED) >= MAX_CLEANED:
+            _CLEANED.clear()
+        _CLEANED[key] = text
     return text
 
 

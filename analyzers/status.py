@@ -84,7 +84,9 @@ def _status(totals: dict, rows: list[GpuRow], now: float, horizon: float, **coun
                          flags=list(r.flags), last_sample=r.last_sample, open_finding=r.open_finding, lost=r.lost,
                          stale=not r.last_arrival or r.last_arrival < horizon, last_seen_age_s=age, source=r.source,
                          uuid=r.uuid, namespace=r.owner[0], pod=r.owner[1]))
-    return dict(totals, **counts, gpus=gpus)
+    return dict(totals, hosts=counts["hosts"], hosts_stale=counts["hosts_stale"], gpus=gpus,
+                gpus_total=counts["gpus_total"], gpus_matching=counts["gpus_matching"],
+                gpus_stale=counts["gpus_stale"])
 
 
 class StatusMirror:
@@ -141,7 +143,7 @@ class StatusMirror:
             horizon = _horizon(totals, now)
             n = len(self._slot)
             last = self._arrival[:n]
-            fresh = (last > 0) & (last >= horizon)
+            fresh = (last != 0) & (last >= horizon)           # as summarize(): 0 is never heard from
             fresh_hosts = int(np.count_nonzero(np.bincount(self._host_of[:n][fresh], minlength=len(self._hosts))))
             lo, hi = (bisect.bisect_left(self._keys, (host,)), bisect.bisect_left(self._keys, (host, math.inf))) \
                 if host else (0, n)

@@ -87,8 +87,11 @@ def test_command_lines_are_cleaned_once_and_the_memory_of_them_is_bounded(monkey
     first = ingest._cleaned(line)
     assert first == ingest.clean_command(line) and "hf_abcdefghijklmnop" not in first
     assert ingest._cleaned(line) is first                     # remembered
+    assert all("hf_abcdefghijklmnop" not in v for v in ingest._CLEANED.values())
+    assert not any(isinstance(k, str) for k in ingest._CLEANED)      # by digest: no raw secret kept
     for i in range(1000):
         ingest._cleaned(f"python job{i}.py")
     assert len(ingest._CLEANED) <= 100
     long = "x" * (ingest._CLEANED_KEY_CHARS + 1)
-    assert ingest._cleaned(long) == ingest.clean_command(long) and long not in ingest._CLEANED
+    before = len(ingest._CLEANED)
+    assert ingest._cleaned(long) == ingest.clean_command(long) and len(ingest._CLEANED) == before

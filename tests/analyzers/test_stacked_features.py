@@ -182,3 +182,25 @@ def test_an_idle_link_s_gen1_reading_does_not_shrink_the_line_rate():
     assert idle_read.features["pcie_link_util_ratio"] == pytest.approx(20e9 / (3.938e9 * 16))
     unknown_best = compute_windows(stack([(0, 0.0, 5.0, t, cols, facts)]))[0]
     assert unknown_best.features["pcie_link_util_ratio"] == pytest.approx(20e9 / (0.25e9 * 16))
+
+
+def test_windows_features_are_the_known_numbers_of_each_row_whatever_the_mix_of_known_sets():
+    """compute_windows groups windows by their set of known features, or goes
+    row by row when the sets are mostly unlike: the same features either way."""
+    from gpuscope.analyzers import features as F
+    rng = np.random.default_rng(5)
+    for k, unknown_share in ((400, 0.0), (400, 0.02), (400, 0.4), (7, 0.3)):
+        m = rng.random((k, len(F.FEATURES)))
+        m[rng.random(m.shape) < unknown_share] = np.nan
+        m[:3, [F.FEATURE_INDEX["util_gpu_ratio"], F.FEATURE_INDEX["sm_util_ratio"]]] = np.nan   # no activity
+        s = F.Stack(gpu=np.arange(k), start=np.zeros(k), end=np.ones(k), t=np.zeros(k), names=(),
+                    matrix=np.empty((k, 0)), offsets=np.arange(k), pcie_generation=np.zeros(k),
+                    pcie_width=np.zeros(k), power_limit_watts=np.zeros(k))
+        windows = F.compute_windows(s, m)
+        assert windows[:3] == [None, None, None]
+        activity = [F.FEATURE_INDEX["util_gpu_ratio"], F.FEATURE_INDEX["sm_util_ratio"]]
+        for w, row in zip(windows, m.tolist()):
+            if all(row[i] != row[i] for i in activity):
+                assert w is None
+            else:
+                assert list(w.features.items()) == [(n, v) for n, v in zip(F.FEATURES, row) if v == v]
