@@ -316,10 +316,12 @@ def compute_windows(s: Stack, matrix: np.ndarray | None = None) -> list[Window |
     rows = np.flatnonzero(judged)
     codes = known[rows].astype(np.uint64) @ _BITS      # each row's set of known features, as one number
     _, first, which = np.unique(codes, return_index=True, return_inverse=True)
+    def window(k: int, features: dict[str, float]) -> Window:
+        return Window(int(s.gpu[k]), float(s.start[k]), float(s.end[k]), counts[k], features, features)
+
     if len(first) * 8 > len(rows):          # mostly unlike windows (offline odds and ends): row by row
         for k, row in zip(rows.tolist(), m[rows].tolist()):
-            features = {n: v for n, v in zip(FEATURES, row) if v == v}
-            out[k] = Window(int(s.gpu[k]), float(s.start[k]), float(s.end[k]), counts[k], features, features)
+            out[k] = window(k, {n: v for n, v in zip(FEATURES, row) if v == v})
         return out
     which = which.reshape(-1)
     by_set = rows[np.argsort(which, kind="stable")]      # the rows of each set together, one sort for all
@@ -329,8 +331,7 @@ def compute_windows(s: Stack, matrix: np.ndarray | None = None) -> list[Window |
         cols = np.flatnonzero(known[rows[f]])
         names = [FEATURES[i] for i in cols]
         for k, vals in zip(ks.tolist(), m[np.ix_(ks, cols)].tolist()):
-            features = dict(zip(names, vals))
-            out[k] = Window(int(s.gpu[k]), float(s.start[k]), float(s.end[k]), counts[k], features, features)
+            out[k] = window(k, dict(zip(names, vals)))
     return out
 
 

@@ -41,7 +41,6 @@ class LiveWindows:
         self._acc: dict[tuple[str, int], _Acc] = {}
         self._closing: list[tuple[tuple[str, int], _Acc]] = []
         self.devices: dict[tuple[str, int], tuple[float, ...]] = {}     # features.device_facts of each GPU
-        self._uuid: dict[tuple[str, int], str] = {}
         self._seen: dict[tuple[str, int], tuple] = {}      # the DeviceFacts behind each entry of devices
         # each calibrated GPU's measured HBM ceiling, bytes/s, by UUID (the analyzer keeps it current)
         self.hbm_measured: dict[str, float] = {}
@@ -60,7 +59,6 @@ class LiveWindows:
                     pcie_max_generation=d.pcie_max_generation, pcie_busy_generation=d.pcie_busy_generation,
                     pcie_busy_width=d.pcie_busy_width, power_limit_watts=d.power_limit_watts,
                     hbm_datasheet_bytes_per_s=sheet[1].bytes_per_s if sheet else None))
-                self._uuid[key] = d.uuid
         newest: dict[int, float] = {}
         if not b.count:
             return newest
@@ -105,7 +103,8 @@ class LiveWindows:
         for key, acc in closing:
             facts = self.devices.get(key, _UNKNOWN)
             if self.hbm_measured:
-                measured = self.hbm_measured.get(self._uuid.get(key) or "")
+                seen = self._seen.get(key)
+                measured = self.hbm_measured.get(seen.uuid if seen is not None else "")
                 if measured:
                     facts = facts[:_MEASURED] + (float(measured),) + facts[_MEASURED + 1:]
             parts.append((key[1], acc.start, acc.start + self.window_s, acc.t, acc.rows, facts))

@@ -76,7 +76,8 @@ def _horizon(totals: dict, now: float) -> float:
     return silence_time(now, totals.get("ingest_behind_since")) - totals["stale_after_seconds"]
 
 
-def _status(totals: dict, rows: list[GpuRow], now: float, horizon: float, **counts: int) -> dict:
+def _status(totals: dict, rows: list[GpuRow], now: float, horizon: float, *, hosts: int, hosts_stale: int,
+            gpus_total: int, gpus_matching: int, gpus_stale: int) -> dict:
     gpus = []
     for r in rows:
         age = now - r.last_arrival if r.last_arrival else None
@@ -84,9 +85,8 @@ def _status(totals: dict, rows: list[GpuRow], now: float, horizon: float, **coun
                          flags=list(r.flags), last_sample=r.last_sample, open_finding=r.open_finding, lost=r.lost,
                          stale=not r.last_arrival or r.last_arrival < horizon, last_seen_age_s=age, source=r.source,
                          uuid=r.uuid, namespace=r.owner[0], pod=r.owner[1]))
-    return dict(totals, hosts=counts["hosts"], hosts_stale=counts["hosts_stale"], gpus=gpus,
-                gpus_total=counts["gpus_total"], gpus_matching=counts["gpus_matching"],
-                gpus_stale=counts["gpus_stale"])
+    return dict(totals, hosts=hosts, hosts_stale=hosts_stale, gpus=gpus, gpus_total=gpus_total,
+                gpus_matching=gpus_matching, gpus_stale=gpus_stale)
 
 
 class StatusMirror:

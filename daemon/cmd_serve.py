@@ -373,7 +373,7 @@ def _server_security(ns, name: str, listen: str) -> dict:
             raise UsageError("--oncall-listen serves callers with bearer tokens: pass --tokens FILE too")
         # grpc cannot ask for a client certificate and accept its absence, so
         # token-only callers get a port of their own; the same roles apply
-        security["extra_ports"] = [(oncall, server_credentials(files, require_client_cert=False))]
+        security["extra_ports"] = [(oncall, server_credentials(files, require_client_cert=False), "--oncall-listen")]
     elif tokens is not None:
         logs.say("tokens are accepted from callers that also present a certificate of this CA; "
                  "for token-only callers add --oncall-listen HOST:PORT")

@@ -65,7 +65,7 @@ class Server:
     def __init__(self, listen: str, register: Iterable[tuple[Callable, object, str]], *,
                  credentials: grpc.ServerCredentials | None = None, authenticate: Authenticate | None = None,
                  sync_workers: int = 8, max_concurrent_rpcs: int | None = None,
-                 extra_ports: Iterable[tuple[str, grpc.ServerCredentials]] = ()):
+                 extra_ports: Iterable[tuple[str, grpc.ServerCredentials | None, str]] = ()):
         self.listen = listen
         self._extra_ports = list(extra_ports)
         self.extra_ports: list[int] = []
@@ -95,8 +95,7 @@ class Server:
         # own, because gRPC's receive limit is a server's, and this one takes small messages only
         if self._extra_ports:
             self._extra = await self._aio_server(authenticate, max_concurrent_rpcs, EXTRA_PORT_RECEIVE_BYTES)
-            self.extra_ports = [self._bind(self._extra, addr, creds, "--oncall-listen")
-                                for addr, creds in self._extra_ports]
+            self.extra_ports = [self._bind(self._extra, addr, creds, flag) for addr, creds, flag in self._extra_ports]
         return port
 
     async def _aio_server(self, authenticate, max_concurrent_rpcs, receive_bytes: int):

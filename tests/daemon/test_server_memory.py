@@ -68,7 +68,7 @@ def test_the_extra_port_takes_small_messages_only(tmp_path):
     a = Analyzer(AnalyzerConfig(str(tmp_path / "x.duckdb"), memory_limit="256MB"))
     servicer = AnalyzerServicer(a)
     server, port, _ = build_server("127.0.0.1:0", [(add_to_server, servicer, "gpuscope.v1.Analyzer")],
-                                   extra_ports=[("127.0.0.1:0", None)])
+                                   extra_ports=[("127.0.0.1:0", None, "--oncall-listen")])
     a.start()
     server.start()
     n = 2 * EXTRA_PORT_RECEIVE_BYTES
