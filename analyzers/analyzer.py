@@ -14,13 +14,13 @@ start close at their last window's end.
 
 Findings are written when they open, close or change verdict; a finding
 that only absorbs another window (its count and running means) is written
-at most SNAPSHOT_EVERY_S later, a share of such findings with each commit
+at most `snapshot_s` (--snapshot-every, default SNAPSHOT_EVERY_S) later, a share of such findings with each commit
 group (analyzers/trickle.py), and at shutdown: a fleet extends thousands of
 findings at every window boundary. Each GPU's state row follows the same rule. Queries
 read open findings as they are in memory, never the lagging row, except a
 list the engine's gRPC process answers from its mirror (rows as written,
 `absorbed_until` saying which window they hold); a kill -9
-costs at most SNAPSHOT_EVERY_S of an open finding's running means (its
+costs at most `snapshot_s` of an open finding's running means (its
 windows are stored with every commit).
 """
 from __future__ import annotations
@@ -80,6 +80,9 @@ log = structlog.get_logger("gpuscope.analyzer")
 
 STALE_AFTER_WINDOWS = 3      # silent this many windows (analyzer's clock): stale, finding closed
 SNAPSHOT_EVERY_S = 30.0      # the gpu_state table, and open findings' running means, are this fresh
+# the longest --snapshot-every: a restart's scan reaches SNAPSHOT_MARGIN_S past the newest row, which covers
+# rows a run with any allowed period left behind
+MAX_SNAPSHOT_EVERY_S = 300.0
 STORM_LOG_EVERY_S = 10.0     # at most one "anomaly storm" line this often; the rest are counted into it
 SNAPSHOT_MARGIN_S = 600.0    # a restart scans windows and samples from this long before it (clock skew)
 
@@ -99,6 +102,10 @@ class AnalyzerConfig:
     # the fleet checks (fleet_findings.py): how often; 0: never. A degraded check compares calibrations
     # and the clocks held at the power limit over the last `degraded_span_s` of samples.
     fleet_check_s: float = 300.0
+    # how stale the stored copies of each GPU's state and of open findings' running numbers may get (opening,
+    # closing and verdict changes are written at once); longer costs less at large fleets: the upserts are a
+    # third of the analysis process's DuckDB time at 2,000 agents (docs/benchmarks.md)
+    snapshot_s: float = SNAPSHOT_EVERY_S
     degraded_span_s: float = 3600.0
     degraded: DegradedConfig = DegradedConfig()
     programs: ProgramsConfig = ProgramsConfig()     # runs against their programs' baselines (programs.py)
@@ -134,6 +141,8 @@ class GpuState:
 class Analyzer:
     def __init__(self, config: AnalyzerConfig, clock: Callable[[], float] = time.time):
         self.config = config
+        if not 1.0 <= config.snapshot_s <= MAX_SNAPSHOT_EVERY_S:
+            raise ValueError(f"snapshot period {config.snapshot_s:g} s: expected 1 to {MAX_SNAPSHOT_EVERY_S:g} s")
         self._clock = clock
         self.window_s = check_window(config.window_s)
         self.stale_after_s = STALE_AFTER_WINDOWS * self.window_s
@@ -152,7 +161,7 @@ class Analyzer:
         # GPUs whose agent said their source stopped (DCGM's host engine, dcgm-exporter down), and what it
         # said: a finding closed for lack of samples then says why, not "agent went silent"
         self._source_down: dict[tuple[str, int], str] = {}
-        self._dirty: Trickle[tuple[str, int]] = Trickle(SNAPSHOT_EVERY_S)   # GPUs whose state row is owed
+        self._dirty: Trickle[tuple[str, int]] = Trickle(config.snapshot_s)   # GPUs whose state row is owed
         self._status_dirty: set[tuple[str, int]] = set()   # ... since the last _publish_status
         # (GPU rows, totals, findings rows written since, a new mirror's start): StatusMirror, FindingsMirror
         self.on_status: Callable[[list[GpuRow], dict, list[tuple], tuple | None], None] | None = None
@@ -167,7 +176,7 @@ class Analyzer:
         written = {f["id"]: f["windows"] for f in stored}
         self.findings.load(stored, last_windows, self._unwritten(stored))
         # open findings extended since they were written (recounted ones too: their rows lag)
-        self._findings_dirty: Trickle[dict] = Trickle(SNAPSHOT_EVERY_S)
+        self._findings_dirty: Trickle[dict] = Trickle(config.snapshot_s)
         for f in self.findings.open.values():
             if f["windows"] != written.get(f["id"]):
                 self._findings_dirty.add(f["id"], f, clock())
@@ -214,8 +223,8 @@ class Analyzer:
         newest window end."""
         snapshot = {(r["host"], int(r["gpu"])): r for r in self.store.gpu_states()}
         since = max((r["written"] for r in snapshot.values()), default=None)
-        # a GPU's row is owed for up to SNAPSHOT_EVERY_S: rows written before the newest one may lag it that long
-        since = None if since is None else since - SNAPSHOT_EVERY_S - SNAPSHOT_MARGIN_S
+        # a GPU's row is owed for up to snapshot_s: rows written before the newest one may lag it that long
+        since = None if since is None else since - self.config.snapshot_s - SNAPSHOT_MARGIN_S
         windows = {(w["host"], int(w["gpu"])): w for w in self.store.latest_windows(since)}
         last_sample = self.store.last_samples(since)
         host_seen = self.store.hosts_last_seen()
@@ -451,7 +460,7 @@ class Analyzer:
                             json.dumps(c.flags) if c.flags else "[]", c.summary))
             for f in self.findings.observe(host, c, job, owner, self._sources.get((host, c.gpu), "")):
                 if f["end"] is None and self._findings_stored.get(f["id"]) == _stored(f):
-                    self._findings_dirty.add(f["id"], f, now)      # only extended: owed, written within 30 s
+                    self._findings_dirty.add(f["id"], f, now)      # only extended: owed, written within snapshot_s
                     continue
                 changed[f["id"]] = f
                 if f["end"] is not None or f["windows"] == 1:

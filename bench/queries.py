@@ -79,13 +79,18 @@ def main():
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--db", default=None)
+    ap.add_argument("--memory-limit", default="4GB",
+                    help="DuckDB's cap while timing (the analyzer's --memory-limit); generated under 4GB")
     ns = ap.parse_args()
     db = ns.db or tempfile.mktemp(suffix=".duckdb", dir=os.environ.get("TMPDIR", "/tmp"))
     end = time.time()
     store = Store(StoreConfig(db, memory_limit="4GB"))
     info = generate(store, ns.hours, ns.hosts, ns.gpus, end) if store.count("samples") == 0 else dict(samples=store.count("samples"))
+    if ns.memory_limit != "4GB":
+        store.close()
+        store = Store(StoreConfig(db, memory_limit=ns.memory_limit))
     res = dict(date=time.strftime("%Y-%m-%d %H:%M"), machine=f"{platform.node()} {os.cpu_count()} cpu",
-               store=info, db_bytes=os.path.getsize(db))
+               store=info, db_bytes=os.path.getsize(db), memory_limit=ns.memory_limit)
     res["findings_one_host_last_hour"] = timed(lambda: store.findings(host="host-042", start=end - 3600, end=end), ns.runs)
     res["top10_bottlenecked_24h"] = timed(lambda: store.top_bottlenecked(end - 86400, end, 10), ns.runs)
     res["metric_p95_one_gpu_1h"] = timed(lambda: store.metric("util_gpu_ratio", "host-042", 3, end - 3600, end, "p95", 0), ns.runs)

@@ -127,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "(docs/degraded.md), `regression` findings for runs slower than their program's "
                              "earlier runs (docs/programs.md) and `straggler` findings for the rank a distributed "
                              "job waits for (docs/jobs.md); 0 for never (default 5m)")
+        sp.add_argument("--snapshot-every", type=_snapshot_period, default=30.0, metavar="DURATION",
+                        help="how stale the store's copy of each GPU's state and of open findings' running numbers "
+                             "(windows, confidence, evidence) may get, 5s-5m; opening, closing and verdict changes "
+                             "are written at once, and live queries read memory. Longer costs less on a large "
+                             "fleet (2,000 agents on 2 cores: 60s, docs/capacity.md); a kill -9 loses at most this "
+                             "much of those numbers (default 30s)")
         g = sp.add_argument_group("fleet tier", "per-minute rollups, closed findings and capture summaries as "
                                                 "hive-partitioned Parquet for `gpuscope fleet` (docs/fleet.md)")
         g.add_argument("--publish", default=None, metavar="URL",
@@ -410,6 +416,13 @@ def _retention(value: str) -> float:
         return parse_age(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _snapshot_period(value: str) -> float:
+    s = duration(value)
+    if not 5 <= s <= 300:
+        raise argparse.ArgumentTypeError(f"{value!r}: the snapshot period is 5s to 5m")
+    return s
 
 
 def _asks(command: str) -> str:

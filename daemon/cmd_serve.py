@@ -151,7 +151,7 @@ def _analyzer_config(ns, dry_run: bool):
     return AnalyzerConfig(ns.db, window_s=ns.window, memory_limit=ns.memory_limit,
                           threads=getattr(ns, "threads", 2), trigger=trigger, retention_s=ns.retention,
                           rollup=not ns.no_rollup, publish=_publish_config(ns),
-                          fleet_check_s=ns.fleet_check_every)
+                          fleet_check_s=ns.fleet_check_every, snapshot_s=ns.snapshot_every)
 
 
 def _publish_config(ns):

@@ -31,8 +31,8 @@ class Clock:
         return self.t
 
 
-def _analyzer(path, clock: Clock) -> Analyzer:
-    a = Analyzer(AnalyzerConfig(str(path), window_s=1.0, memory_limit="256MB"), clock=clock)
+def _analyzer(path, clock: Clock, **config) -> Analyzer:
+    a = Analyzer(AnalyzerConfig(str(path), window_s=1.0, memory_limit="256MB", **config), clock=clock)
     a.writer.start()            # no scheduler: the test drives sweeps and the clock
     return a
 
@@ -373,6 +373,30 @@ def test_an_extended_finding_is_written_within_the_snapshot_period_and_read_live
         assert stored["windows"] == 39 and stored["evidence"] == live["evidence"]      # shutdown wrote it whole
     finally:
         b.close()
+
+
+def test_the_snapshot_period_is_the_operators_to_choose(tmp_path):
+    """--snapshot-every 60s: an extended finding's row may lag 60 windows
+    of one second, not 30; opening it was written at once all the same."""
+    clock = Clock(T0)
+    a = _analyzer(tmp_path / "p.duckdb", clock, snapshot_s=60.0)
+    try:
+        _feed(a, clock, "h", {0: MEMORY}, T0, 8)
+        assert a.store.findings(host="h", gpu=0)[0]["windows"] == 1
+        a.sweep().result(timeout=10)
+        _feed(a, clock, "h", {0: MEMORY}, T0 + 8, 32, seq0=9)
+        a.sweep().result(timeout=10)
+        [stored], [live] = a.store.findings(host="h", gpu=0), _findings(a, "h", 0)
+        # 39 windows absorbed; the 30 s period would have written it by now (the test above)
+        assert live["windows"] == 39 and stored["windows"] < 39 - 30
+        _feed(a, clock, "h", {0: MEMORY}, T0 + 40, 40, seq0=41)
+        a.sweep().result(timeout=10)
+        [stored], [live] = a.store.findings(host="h", gpu=0), _findings(a, "h", 0)
+        assert live["windows"] == 79 and 79 - 60 <= stored["windows"] < 79
+    finally:
+        a.close()
+    with pytest.raises(ValueError, match="snapshot period 0.5 s"):
+        Analyzer(AnalyzerConfig(str(tmp_path / "q.duckdb"), snapshot_s=0.5))
 
 
 def test_shutdown_writes_what_open_findings_absorbed(tmp_path):
