@@ -2,7 +2,8 @@
 
 A real analyzer (gRPC, DuckDB, its analysis in a process of its own, as
 `gpuscope analyzer` runs it) judges the bundled H200 recording, pushed over
-gRPC at its own timestamps, and stores three captures of it reported as an
+gRPC as if it had been recorded within the hour (its times moved by whole
+hours: the analyzer refuses samples older than a week), and stores three captures of it reported as an
 agent reports them (the recording's own XLA traces of matmul_bf16,
 hbm_stream and the remote decode_gemv). The command line writes the report;
 headless Chromium (Debian's `chromium`) renders it and the screenshot is
@@ -16,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -53,6 +55,9 @@ def judged(tmp_path_factory, fixture_dir, phases):
     """The analyzer, once it has judged the recording and stored its captures."""
     srv = AnalyzerServer(tmp_path_factory.mktemp("report") / "r.duckdb", window_s=5.0, engine=True)
     rec = read_recording(fixture_dir / "samples.csv")
+    # whole hours: windows, minutes and the phases' places in them stay as recorded
+    shift = np.floor((time.time() - 600 - float(rec.t[-1])) / 3600) * 3600
+    rec.t = rec.t + shift
     devices = [DeviceInfo(gpu=g, name="NVIDIA H200") for g in rec.gpus()]
     names = list(rec.metrics)
     try:
@@ -66,7 +71,7 @@ def judged(tmp_path_factory, fixture_dir, phases):
                                      rec.processes[i]) for i in idx]
                 stub.Push(encode_batch(HOST, "boot-1", seq, samples, devices), timeout=30)
         wait_for(lambda: srv.analyzer.store.count("windows") >= 18, timeout=60)
-        at = {p["phase"]: p for p in phases}
+        at = {p["phase"]: dict(p, start=p["start"] + shift, end=p["end"] + shift) for p in phases}
         for name, where, phase in CAPTURES:
             path = next((fixture_dir / where).glob("plugins/profile/*/*.xplane.pb"))
             t = (at[phase]["start"] + at[phase]["end"]) / 2
