@@ -100,10 +100,8 @@ def main() -> None:
 
     def message(g: dict, t: float) -> pb.SampleBatch:
         g["seq"] += 1
-        ts = (t - np.repeat(np.arange(ns.flush - 1, -1, -1.0), 8)) + np.tile(np.arange(8) * 1e-4, ns.flush)
-        head = pb.SampleBatch(host=g["host"], boot_id=g["boot"], seq=g["seq"], t_f64le=ts.astype("<f8").tobytes())
-        return pb.SampleBatch.FromString(head.SerializeToString()
-                                         + bodies[(g["offset"] + g["seq"] * ns.flush) % len(bodies)])
+        return pb.SampleBatch.FromString(
+            fleet_grpc.batch_bytes(bodies, ns.flush, g["host"], g["boot"], g["seq"], g["offset"], t))
 
     msgs = [message(g, t0 + s + g["phase"] + ns.flush) for s in range(0, ns.seconds, ns.flush) for g in agents]
     c = time.process_time()

@@ -163,6 +163,16 @@ def threads_cpu(pid: int) -> dict[int, float]:
 # ---------------------------------------------------------------------------------------------
 # the load generator (another process)
 
+def batch_bytes(bodies: list[bytes], flush_s: int, host: str, boot: str, seq: int, offset: int, t: float) -> bytes:
+    """An agent's batch `seq`, sent at t: a header (host, boot, seq, the
+    times of the last `flush_s` seconds, 8 GPUs a second) and the body of
+    its place in the recording (build_bodies)."""
+    from gpuscope.v1 import samples_pb2 as pb
+    ts = (t - np.repeat(np.arange(flush_s - 1, -1, -1.0), GPUS)) + np.tile(np.arange(GPUS) * 1e-4, flush_s)
+    head = pb.SampleBatch(host=host, boot_id=boot, seq=seq, t_f64le=ts.astype("<f8").tobytes())
+    return head.SerializeToString() + bodies[(offset + seq * flush_s) % len(bodies)]
+
+
 def build_bodies(flush_s: int = 1, slow: int = 1) -> list[bytes]:
     """One serialized SampleBatch body per second of the recording at 1 Hz
     (8 GPUs, GPU g at offset 11*g), holding `flush_s` seconds of samples,
@@ -240,12 +250,8 @@ class SimAgent:
 
     def batch(self, t: float) -> bytes:
         """One batch sent at t: the last `flush_s` seconds of 1 Hz samples of 8 GPUs."""
-        from gpuscope.v1 import samples_pb2 as pb
         self.seq += 1
-        fl = self.gen.flush_s
-        ts = (t - np.repeat(np.arange(fl - 1, -1, -1.0), GPUS)) + np.tile(np.arange(GPUS) * 1e-4, fl)
-        head = pb.SampleBatch(host=self.host, boot_id=self.boot, seq=self.seq, t_f64le=ts.astype("<f8").tobytes())
-        return head.SerializeToString() + self.gen.bodies[(self.offset + self.seq * fl) % len(self.gen.bodies)]
+        return batch_bytes(self.gen.bodies, self.gen.flush_s, self.host, self.boot, self.seq, self.offset, t)
 
     async def commands(self):
         import grpc

@@ -82,11 +82,8 @@ def main() -> None:
         batches = []
         for g in agents:
             g["seq"] += 1
-            t = t0 + r * 5 + 5
-            ts = (t - np.repeat(np.arange(4, -1, -1.0), 8)) + np.tile(np.arange(8) * 1e-4, 5)
-            head = pb.SampleBatch(host=g["host"], boot_id=g["boot"], seq=g["seq"], t_f64le=ts.astype("<f8").tobytes())
-            body = bodies[(g["offset"] + g["seq"] * 5) % len(bodies)]
-            batches.append(decode(pb.SampleBatch.FromString(head.SerializeToString() + body)))
+            wire = fleet_grpc.batch_bytes(bodies, 5, g["host"], g["boot"], g["seq"], g["offset"], t0 + r * 5 + 5)
+            batches.append(decode(pb.SampleBatch.FromString(wire)))
         c = time.perf_counter()
         for i in range(0, len(batches), 256):
             writer._store_safely([(b, Future()) for b in batches[i:i + 256]])

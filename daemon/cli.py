@@ -419,9 +419,10 @@ def _retention(value: str) -> float:
 
 
 def _snapshot_period(value: str) -> float:
+    from gpuscope.analyzers.analyzer import MAX_SNAPSHOT_EVERY_S
     s = duration(value)
-    if not 5 <= s <= 300:
-        raise argparse.ArgumentTypeError(f"{value!r}: the snapshot period is 5s to 5m")
+    if not 5 <= s <= MAX_SNAPSHOT_EVERY_S:
+        raise argparse.ArgumentTypeError(f"{value!r}: the snapshot period is 5s to {MAX_SNAPSHOT_EVERY_S / 60:g}m")
     return s
 
 
