@@ -37,6 +37,7 @@ from .cmd_oncall import (cmd_capture, cmd_captures, cmd_findings, cmd_jobs, cmd_
                          cmd_top, cmd_watch, render_report)
 from .cmd_report import cmd_report
 from .cmd_serve import cmd_agent, cmd_analyzer, cmd_up
+from .entry import interrupted, resume_ctrl_c
 from .security_flags import add_client_flags, add_server_flags
 from .serve import ListenError
 
@@ -464,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     global _served
     parser = build_parser()
     ns = parser.parse_args(argv)
+    if ns.command not in SERVERS:
+        resume_ctrl_c()
     try:
         configured = _configure(ns, parser, sys.argv[1:] if argv is None else argv)
     except config_file.ConfigError as exc:
@@ -476,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
         if config_file.summary(configured):
             logs.say(config_file.summary(configured))
     _served = ns.command in SERVERS
+    if _served and interrupted():       # Ctrl-C while loading: nothing has started yet
+        return 130
     try:
         if hasattr(ns, "server"):
             client_config.apply(ns)

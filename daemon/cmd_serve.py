@@ -17,6 +17,7 @@ from gpuscope.v1 import agent_pb2_grpc
 from . import clients, logs
 from .agent import Agent, AgentConfig
 from .cliutil import UsageError, default_db
+from .entry import interrupted
 from .exporter import AgentCollector, AlertCollector, FleetCollector, registry, serve as serve_metrics
 from .security_flags import agent_security, default_tls_dir, server_tls_dir, server_tls_files, server_tokens
 from .serve import build_server, ensure_free, parse_hostport, shutdown
@@ -334,6 +335,8 @@ def _install_signals() -> threading.Event:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    if interrupted():                  # noted by the entry point while this command was loading
+        stop.set()
     return stop
 
 

@@ -178,8 +178,9 @@ def test_a_stop_sent_to_the_whole_process_group_is_a_clean_stop(tmp_path):
 def test_ctrl_c_at_any_moment_of_start_up_stops_quietly(tmp_path):
     """Found in a trial: Ctrl-C in the first second of `gpuscope up` printed a
     traceback from an import; later in start-up a KeyboardInterrupt could leave
-    threads behind. Every moment now ends with 130 (still loading) or a clean
-    stop (0), and no traceback."""
+    threads behind; and one raised inside the import system's weakref callback
+    was swallowed by Python, so `up` ran on. Every moment now ends with 130
+    (still loading) or a clean stop (0), and no traceback."""
     import os
     entry = "import sys; from gpuscope.daemon.entry import run; sys.argv[0] = 'gpuscope'; run()"
     for i, delay in enumerate((0.1, 0.4, 0.8, 1.2, 2.0)):
@@ -193,4 +194,5 @@ def test_ctrl_c_at_any_moment_of_start_up_stops_quietly(tmp_path):
         finally:
             if proc.poll() is None:
                 proc.kill()
-        assert proc.returncode in (0, 130) and "Traceback" not in out, (delay, proc.returncode, out[-2000:])
+        assert proc.returncode in (0, 130) and "Traceback" not in out and "Exception ignored" not in out, \
+            (delay, proc.returncode, out[-2000:])
