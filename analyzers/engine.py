@@ -380,7 +380,7 @@ class EngineClient:
         RuntimeError with the child's own error when it cannot start."""
         self._spawn()
 
-    def _spawn(self) -> None:
+    def _spawn(self, restart: bool = False) -> None:
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(target=_child_main, args=(child, self.config, self._init, self._init_args),
                                  name="gpuscope-analysis", daemon=True)
@@ -399,6 +399,8 @@ class EngineClient:
             raise RuntimeError(detail)
         self._proc = proc
         self._pipe = _Pipe(parent, "engine-sender")
+        if restart:                  # counted before it shows as up: whoever sees it up sees the count
+            self.restarts += 1
         self._up = True
         threading.Thread(target=self._read, args=(parent, proc), name="engine-reader", daemon=True).start()
         for host in self.commands.hosts:               # after a restart: who is connected, who watches
@@ -479,8 +481,7 @@ class EngineClient:
             if self._closing:
                 return
             try:
-                self._spawn()
-                self.restarts += 1
+                self._spawn(restart=True)
                 log.warning("analysis process restarted", restarts=self.restarts)
                 return
             except Exception as exc:  # keep trying: the parent never dies for this
