@@ -29,7 +29,6 @@ import json
 import math
 import threading
 import time
-import uuid
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
@@ -53,6 +52,7 @@ from .findings import FindingsTracker
 from .rules.transitional import TRANSITIONAL
 from .findings_mirror import MAX_CLOSED as MIRROR_CLOSED
 from .fleet_findings import ConditionFindings
+from .ids import new_id
 from .ingest import DecodedBatch, clean_command, decode_counted
 from .links import pcie_link
 from .live import LiveWindows
@@ -449,6 +449,7 @@ class Analyzer:
         now = self._clock()
         windows, changed, anomalies = [], {}, []       # changed: findings to write now
         turned: list[dict] = []       # findings opened or closed by these windows
+        fresh: set[str] = set()       # findings opened by these windows: no row yet, inserted
         judged: dict[str, float] = {}
         for host, c, job, owner in results:
             st = self._state(host, c.gpu)
@@ -463,6 +464,8 @@ class Analyzer:
                     self._findings_dirty.add(f["id"], f, now)      # only extended: owed, written within snapshot_s
                     continue
                 changed[f["id"]] = f
+                if f["end"] is None and f["windows"] == 1:
+                    fresh.add(f["id"])
                 if f["end"] is not None or f["windows"] == 1:
                     turned.append(f)
                     self.events.publish(dict(kind="finding", t=c.end, host=host, gpu=c.gpu, verdict=f["verdict"],
@@ -477,11 +480,16 @@ class Analyzer:
         self._log_findings(turned)
         stored = list(changed.values())
         rows = self._persisted(stored)
+        new_rows = [r for f, r in zip(stored, rows) if f["id"] in fresh]
+        old_rows = [r for f, r in zip(stored, rows) if f["id"] not in fresh] if new_rows else rows
         owed, keys, owed_rows, state = self._owed(now)
 
         def write(st: Store) -> None:
+            # a write that fails owes its findings again, and those are upserted: a retried insert never
+            # meets its own row
             st.insert_windows(windows)
-            st.upsert_findings(rows)
+            st.insert_findings(new_rows)
+            st.upsert_findings(old_rows)
             st.upsert_findings(owed_rows)
             st.upsert_gpu_state(state)
         self._store_later(write, rows + owed_rows, [*stored, *owed], keys, now)
@@ -555,9 +563,11 @@ class Analyzer:
                             storms_since_last_line=said["storms"] - 1,
                             anomalies_since_last_line=said["anomalies"] - len(anomalies))
         self.writer.defer(lambda st: st.insert_anomalies(rows))
-        self._decided(decisions)
+        self._decided(decisions, new=True)
 
-    def _decided(self, decisions: list[Decision]) -> None:
+    def _decided(self, decisions: list[Decision], new: bool = False) -> None:
+        """Publishes and stores decisions; `new`: all just made by the
+        policy, so inserted (their later states are upserted)."""
         rows = []
         for d in decisions:
             row = {k: v for k, v in asdict(d).items() if k not in ("duration_ms", "pid")}
@@ -567,7 +577,7 @@ class Analyzer:
         if len(decisions) <= 10:
             for d in decisions:
                 log.info("capture decision", host=d.host, gpu=d.gpu, action=d.action, status=d.status, reason=d.reason)
-        self.writer.defer(lambda st: st.upsert_decisions(rows))
+        self.writer.defer(lambda st: st.upsert_decisions(rows, new=new))
 
     def report_calibration(self, host: str, record: dict) -> dict:
         """A GPU's measured ceilings: checked (CalibrationInvalid names the bad
@@ -786,7 +796,7 @@ class Analyzer:
             action, status = "capture-job", "sent" if reached else "failed"
             reason = (f"every rank of {job} traced over one window ({reached} of {len(sent)} agents reached; "
                       f"`gpuscope capture --job` reads group {group})")
-        self._decided([Decision(id=uuid.uuid4().hex[:12], t=now, host=f["host"], gpu=f["gpu"], job=job,
+        self._decided([Decision(id=new_id(), t=now, host=f["host"], gpu=f["gpu"], job=job,
                                 anomaly_id="", action=action, reason=f"straggler {f['id']}: {reason}", status=status,
                                 capture_id=group, updated=now)])
 

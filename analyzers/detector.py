@@ -32,13 +32,13 @@ the GPU (other processes) restarts the baseline.
 from __future__ import annotations
 
 import math
-import uuid
 from array import array
 from dataclasses import dataclass, field
 
 from gpuscope.collectors import human
 
 from .classify import Classification, FeatureSet
+from .ids import new_id
 from .rules.common import HOST, IDLE, LAUNCH, activity, starved
 from .rules.transitional import TRANSITIONAL
 
@@ -285,7 +285,7 @@ class Detector:
         details: dict = {"verdict": c.verdict, "confidence": c.confidence}
         for _, d in fresh.values():
             details.update(d)
-        return Anomaly(id=uuid.uuid4().hex[:12], t=c.end, host=host, gpu=c.gpu, job=job, kind=kinds[0],
+        return Anomaly(id=new_id(), t=c.end, host=host, gpu=c.gpu, job=job, kind=kinds[0],
                        kinds=kinds, reason="; ".join(r for r, _ in fresh.values()), details=details,
                        finding_id=finding_id)
 
@@ -335,5 +335,5 @@ class Detector:
             st.fired.discard(key)
 
     def health(self, host: str, gpu: int, kind: str, detail: str, t: float, job: str = "") -> Anomaly:
-        return Anomaly(id=uuid.uuid4().hex[:12], t=t, host=host, gpu=gpu, job=job, kind=kind, kinds=[kind],
+        return Anomaly(id=new_id(), t=t, host=host, gpu=gpu, job=job, kind=kind, kinds=[kind],
                        reason=detail)

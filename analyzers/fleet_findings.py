@@ -15,8 +15,9 @@ of a threshold does not open and close a finding at every check.
 """
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
+
+from .ids import new_id
 
 MISSES_TO_CLOSE = 2
 
@@ -60,7 +61,7 @@ class ConditionFindings:
             f = self.open.get(key)
             if f is None:
                 f = self.open[key] = dict(
-                    id=uuid.uuid4().hex[:12], host=c["host"], gpu=c["gpu"], job=c.get("job"), verdict=self.kind,
+                    id=new_id(), host=c["host"], gpu=c["gpu"], job=c.get("job"), verdict=self.kind,
                     start=now, end=None, windows=0, alternatives=[], decided_by="fleet check",
                     counters_verdict=None, trace_verdict=None, captures=[], kind=self.kind, condition_key=key)
                 out.opened.append(f)

@@ -12,7 +12,10 @@ between them, until nothing older than the horizon is left; then it prunes the
 bookkeeping (agent boots and devices unseen since the horizon, except each
 host's newest boot) and, at the long `history_s` horizon (default 365 days),
 the per-minute rollups, closed findings, anomalies, decisions and captures.
-The analyzer schedules a pass every `interval_s` (10 minutes).
+The analyzer schedules a pass every `interval_s` (10 minutes). Each pass also
+moves the findings, anomalies and decisions that can no longer change to
+their history tables, in chunks (analyzers/hot_tables.py), so that the keyed
+tables, whose indexes DuckDB holds in memory, stay small.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from typing import Callable
 
 import structlog
 
+from .hot_tables import HOT_S, MOVE_ROWS
 from .store import Store
 
 log = structlog.get_logger("gpuscope.retention")
@@ -100,7 +104,11 @@ class Retention:
         horizon = self.horizon()
         oldest = store.oldest_before(horizon)
         if oldest is None:
-            counts = store.prune_bookkeeping(horizon)
+            moved = store.move_to_history(self._clock() - HOT_S, MOVE_ROWS)
+            counts = {f"{table}_moved": n for table, n in moved.items()}
+            if max(moved.values(), default=0) >= MOVE_ROWS:        # more to move: another chunk
+                return dict(counts, more=True, seconds=time.perf_counter() - t0, lo=None, hi=None)
+            counts.update(store.prune_bookkeeping(horizon))
             counts.update(store.prune_history(self._clock() - self.config.history_s))
             return dict(counts, more=False, seconds=time.perf_counter() - t0, lo=None, hi=None)
         lo = math.floor(oldest / 60.0) * 60.0

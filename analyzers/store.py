@@ -21,14 +21,16 @@ import pyarrow as pa
 from gpuscope.collectors import catalogue as cat
 from gpuscope.collectors.records import ATTRIBUTION_FIELDS, FINDING_KINDS  # noqa: F401 (the store's vocabulary)
 
+from . import hot_tables
 from .calibrations import peaks_from
 from .degraded import clocks_at_power_sql
 from .programs import RUN_COLUMNS
 from .seqset import SeqSet
 
-SCHEMA_VERSION = 10         # 9: findings of other kinds than bottlenecks (degraded, regression); 10: program runs
+SCHEMA_VERSION = 11         # 9: findings of other kinds than bottlenecks (degraded, regression); 10: program runs;
+                            # 11: findings, anomalies, decisions as hot and history tables (hot_tables.py)
 # Columns added after a table first shipped: files created earlier gain them on open.
-ADDED_COLUMNS = {"findings": ("counters_verdict", "trace_verdict", "captures",     # 2: captures refine findings
+ADDED_COLUMNS = {"findings_hot": ("counters_verdict", "trace_verdict", "captures",     # 2: captures refine findings
                               "absorbed_until DOUBLE",        # 5: the last window end the row's numbers hold
                               "attribution",                  # 6: whose the job is (JSON of its known labels)
                               "source",                       # 7: where the counters that decided came from
@@ -132,13 +134,13 @@ def _ddl() -> list[str]:
              last_seen DOUBLE, dropped_samples UBIGINT, committed VARCHAR, PRIMARY KEY (host, boot_id))""",
         """CREATE TABLE IF NOT EXISTS windows (host VARCHAR, gpu INTEGER, start DOUBLE, "end" DOUBLE,
              verdict VARCHAR, confidence DOUBLE, flags VARCHAR, summary VARCHAR)""",
-        """CREATE TABLE IF NOT EXISTS findings (id VARCHAR PRIMARY KEY, host VARCHAR, gpu INTEGER,
+        """CREATE TABLE IF NOT EXISTS findings_hot (id VARCHAR PRIMARY KEY, host VARCHAR, gpu INTEGER,
              job VARCHAR, verdict VARCHAR, start DOUBLE, "end" DOUBLE, confidence DOUBLE,
              windows INTEGER, evidence VARCHAR, flags VARCHAR, summary VARCHAR,
              alternatives VARCHAR, decided_by VARCHAR)""",
-        """CREATE TABLE IF NOT EXISTS anomalies (id VARCHAR PRIMARY KEY, t DOUBLE, host VARCHAR, gpu INTEGER,
+        """CREATE TABLE IF NOT EXISTS anomalies_hot (id VARCHAR PRIMARY KEY, t DOUBLE, host VARCHAR, gpu INTEGER,
              job VARCHAR, kind VARCHAR, kinds VARCHAR, reason VARCHAR, details VARCHAR, finding_id VARCHAR)""",
-        """CREATE TABLE IF NOT EXISTS decisions (id VARCHAR PRIMARY KEY, t DOUBLE, host VARCHAR, gpu INTEGER,
+        """CREATE TABLE IF NOT EXISTS decisions_hot (id VARCHAR PRIMARY KEY, t DOUBLE, host VARCHAR, gpu INTEGER,
              job VARCHAR, anomaly_id VARCHAR, action VARCHAR, reason VARCHAR, status VARCHAR,
              capture_id VARCHAR, updated DOUBLE)""",
         """CREATE TABLE IF NOT EXISTS captures (id VARCHAR PRIMARY KEY, host VARCHAR, target VARCHAR, pid BIGINT,
@@ -237,6 +239,7 @@ class Store:
 
     def _migrate(self) -> None:
         con = self._con
+        hot_tables.adopt_old_tables(con)
         for stmt in _ddl():
             con.execute(stmt)
         # Metrics added to the catalogue after the file was created become new columns.
@@ -252,6 +255,7 @@ class Store:
                 name, _, kind = col.partition(" ")
                 if name not in have:         # quoted: `user` and `namespace` are SQL words
                     con.execute(f'ALTER TABLE {table} ADD COLUMN "{name}" {kind or "VARCHAR"}')
+        hot_tables.make_views(con)
         con.execute("DELETE FROM metrics")
         con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?)",
                         [(m.name, m.unit, m.kind.value, m.help) for m in cat.METRICS])
@@ -327,7 +331,12 @@ class Store:
         self._rows("windows", WINDOW_COLUMNS, rows)
 
     def upsert_findings(self, rows: Sequence[tuple]) -> None:
-        self._rows("findings", FINDING_COLUMNS, rows, replace=True)
+        self._rows(hot_tables.hot("findings"), FINDING_COLUMNS, rows, replace=True)
+
+    def insert_findings(self, rows: Sequence[tuple]) -> None:
+        """Findings never stored before (ids.new_id): a plain insert, which
+        costs DuckDB a fifth of an upsert into a table of a million rows."""
+        self._rows(hot_tables.hot("findings"), FINDING_COLUMNS, rows)
 
     def upsert_capture(self, row: dict) -> None:
         self._rows("captures", CAPTURE_COLUMNS, [tuple(row.get(k) for k in CAPTURE_COLUMNS)], replace=True)
@@ -335,11 +344,13 @@ class Store:
     def insert_anomalies(self, anomalies: Sequence[dict]) -> None:
         rows = [tuple(json.dumps(a[k], default=str) if k in ("kinds", "details") else a.get(k) for k in ANOMALY_COLUMNS)
                 for a in anomalies]
-        self._rows("anomalies", ANOMALY_COLUMNS, rows, replace=True)
+        self._rows(hot_tables.hot("anomalies"), ANOMALY_COLUMNS, rows)      # made once, never changed: a plain insert
 
-    def upsert_decisions(self, decisions: Sequence[dict]) -> None:
-        self._rows("decisions", DECISION_COLUMNS, [tuple(d.get(k) for k in DECISION_COLUMNS) for d in decisions],
-                   replace=True)
+    def upsert_decisions(self, decisions: Sequence[dict], new: bool = False) -> None:
+        """`new`: decisions just made (ids.new_id), inserted; a decision's
+        later states replace its row."""
+        self._rows(hot_tables.hot("decisions"), DECISION_COLUMNS, [tuple(d.get(k) for k in DECISION_COLUMNS) for d in decisions],
+                   replace=not new)
 
     def add_calibration(self, calibration: dict, ceilings: Sequence[dict]) -> str:
         """Stores one checked calibration (analyzers/calibrations.py) and its
@@ -913,6 +924,17 @@ class Store:
             raise
         return dict(agents_deleted=int(agents), devices_deleted=int(devices))
 
+    def move_to_history(self, cut: float, limit: int = hot_tables.MOVE_ROWS) -> dict[str, int]:
+        """One transaction of hot_tables.move: rows moved by table."""
+        self.begin()
+        try:
+            moved = hot_tables.move(self._con, cut, limit)
+            self.commit()
+        except Exception:
+            self.rollback()
+            raise
+        return moved
+
     def prune_history(self, horizon: float) -> dict:
         """The long horizon: per-minute rollups, closed findings, anomalies,
         decisions, captures and verdict pairs older than it."""
@@ -924,8 +946,10 @@ class Store:
                                  ("anomalies", "t < ?"), ("decisions", "coalesce(updated, t) < ?"),
                                  ("captures", 'coalesce("end", start) < ?'), ("verdict_pairs", "t < ?"),
                                  ("program_runs", '"end" < ?')):
-                out[f"{table}_deleted"] = int(con.execute(f"DELETE FROM {table} WHERE {where}",
-                                                          [horizon]).fetchall()[0][0])
+                # a view's rows are deleted from both its tables
+                parts = [hot_tables.hot(table), hot_tables.history(table)] if table in hot_tables.MOVABLE else [table]
+                out[f"{table}_deleted"] = sum(int(con.execute(f"DELETE FROM {part} WHERE {where}",
+                                                              [horizon]).fetchall()[0][0]) for part in parts)
             self.commit()
         except Exception:
             self.rollback()

@@ -14,11 +14,11 @@ from __future__ import annotations
 import collections
 import math
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Callable
 
 from .detector import DEEP_KINDS, Anomaly
+from .ids import new_id
 
 CAPTURE, BURST = "capture", "counter-burst"
 
@@ -81,7 +81,7 @@ class TriggerPolicy:
         now = self._clock()
         cfg = self.config
         action = CAPTURE if a.kind in DEEP_KINDS else BURST
-        d = Decision(id=uuid.uuid4().hex[:12], t=now, host=a.host, gpu=a.gpu, job=a.job, anomaly_id=a.id,
+        d = Decision(id=new_id(), t=now, host=a.host, gpu=a.gpu, job=a.job, anomaly_id=a.id,
                      action=action, reason="", status="pending", updated=now, pid=job_pid(a.job),
                      duration_ms=cfg.capture_duration_ms if action == CAPTURE else int(cfg.burst_seconds * 1e3))
         if a.kind == "gpu_lost":

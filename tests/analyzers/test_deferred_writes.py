@@ -168,3 +168,43 @@ def test_a_finding_whose_write_is_not_committed_yet_is_shown_as_it_is(tmp_path):
         assert a.list_findings(host="h1")[0]["windows"] == 2 and not a._findings_unstored
     finally:
         a.close()
+
+
+def test_a_new_findings_row_is_inserted_and_one_whose_insert_failed_lands_once(tmp_path, monkeypatch):
+    """A finding the analysis has just opened has no row yet and is inserted,
+    not upserted (a fifth of the cost); if that write fails, the finding is
+    owed again and upserted later, so it is stored once, as it is then. One
+    opened and closed by the same windows is inserted closed."""
+    from gpuscope.analyzers.analyzer import Analyzer, AnalyzerConfig
+    from gpuscope.analyzers.classify import Classification
+    a = Analyzer(AnalyzerConfig(str(tmp_path / "n.duckdb"), memory_limit="128MB"))
+    a.start()
+    try:
+        insert, calls = a.writer._sink.insert_findings, []
+
+        def failing(rows):
+            calls.append(len(rows))
+            if rows and len(calls) == 1:
+                raise duckdb.IOException("No space left on device (injected)")
+            insert(rows)
+        monkeypatch.setattr(a.writer._sink, "insert_findings", failing)
+
+        def window(i, verdict, gpu=0):
+            return Classification(gpu=gpu, start=T0 + 5 * i, end=T0 + 5 * i + 5, verdict=verdict, confidence=0.9,
+                                  summary=verdict, evidence={"samples": 5.0})
+        a.writer.call(lambda _s: a._record([("h1", window(0, "memory-bound"), "pid:7 python", {})])).result(30)
+        a.writer.call(lambda _s: None).result(30)
+        assert a.store.findings(host="h1") == [] and calls[0] == 1       # the insert failed: no row
+        a.writer.call(lambda _s: a._record([("h1", window(1, "memory-bound"), "pid:7 python", {})])).result(30)
+        a.writer.call(lambda _s: None).result(30)
+        rows = a.store.findings(host="h1")
+        assert [(r["windows"], r["end"]) for r in rows] == [(2, None)]    # owed again and upserted, once
+        # opened and closed in one go on another GPU: one row, closed
+        a.writer.call(lambda _s: a._record([("h1", window(2, "compute-bound", gpu=1), "", {}),
+                                            ("h1", window(3, "idle", gpu=1), "", {})])).result(30)
+        a.writer.call(lambda _s: None).result(30)
+        rows = a.store.findings(host="h1", gpu=1)
+        assert [(r["verdict"], r["windows"], r["end"]) for r in rows] == [("compute-bound", 1, T0 + 15)]
+        assert len(rows[0]["id"]) == 20
+    finally:
+        a.close()

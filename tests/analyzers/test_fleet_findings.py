@@ -81,7 +81,10 @@ def test_findings_from_before_kinds_read_as_bottlenecks(tmp_path):
                                         confidence=1.0, windows=1, evidence={}, flags=[], summary="",
                                         alternatives=[], decided_by="counters"))])
     s.close()
-    con = duckdb.connect(path)
+    con = duckdb.connect(path)        # as a file from before kinds was: one findings table (schema 8)
+    con.execute("DROP VIEW findings")
+    con.execute("DROP TABLE findings_history")
+    con.execute("ALTER TABLE findings_hot RENAME TO findings")
     con.execute("ALTER TABLE findings DROP COLUMN kind")
     con.execute("ALTER TABLE findings DROP COLUMN condition_key")
     con.close()

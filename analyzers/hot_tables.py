@@ -1,0 +1,78 @@
+"""The records the analyzer makes and rewrites (findings, anomalies,
+decisions) live in two tables each: `<name>_hot`, keyed by id, where they
+are written, and `<name>_history`, without a key, where they go once they
+can no longer change. The view `<name>` reads both, so every query is as
+before.
+
+Why: DuckDB keeps a primary key's index (an ART) in memory, about 45 bytes
+a row, and does not give it back while the file is open. One table holding
+a year of records grew it without bound: 4 million anomalies filled a 200MB
+cap, and the checkpoint failed with a FATAL error (bench/index_memory.py).
+At 2,000 agents the analysis writes ~900 such rows a second. A hot table
+holds the open findings, pending decisions and the last minutes of the
+rest, so its index stays a few tens of MB whatever the history holds.
+
+Rows move on the writer thread, a bounded number at a time, with the
+retention pass (analyzers/retention.py).
+"""
+from __future__ import annotations
+
+import duckdb
+
+# a row that cannot change any more, older than the cut-off: (condition, its time, for the oldest first)
+MOVABLE = {
+    "findings": ('"end" IS NOT NULL AND "end" < $cut', '"end"'),
+    "anomalies": ("t < $cut", "t"),
+    # a pending decision waits for its capture's report (Analyzer._decided updates it)
+    "decisions": ("status <> 'pending' AND coalesce(updated, t) < $cut", "coalesce(updated, t)"),
+}
+HOT_S = 600.0            # rows this recent stay hot: nothing rewrites a closed one, this is margin
+MOVE_ROWS = 20_000       # per table and transaction: ~0.1 s of the writer's time
+
+
+def hot(name: str) -> str:
+    return f"{name}_hot"
+
+
+def history(name: str) -> str:
+    return f"{name}_history"
+
+
+def adopt_old_tables(con: duckdb.DuckDBPyConnection) -> None:
+    """A file from before schema 11 holds each as one keyed table under the
+    view's name: it becomes the hot table (the next moves empty it)."""
+    for name in MOVABLE:
+        kind = con.execute("SELECT table_type FROM information_schema.tables WHERE table_name = ?",
+                           [name]).fetchall()
+        if kind and kind[0][0] == "BASE TABLE":
+            con.execute(f"ALTER TABLE {name} RENAME TO {hot(name)}")
+
+
+def make_views(con: duckdb.DuckDBPyConnection) -> None:
+    """After the hot tables have their columns: the history tables with the
+    same, and the views over both."""
+    for name in MOVABLE:
+        con.execute(f"CREATE TABLE IF NOT EXISTS {history(name)} AS SELECT * FROM {hot(name)} WITH NO DATA")
+        have = {r[0] for r in con.execute("SELECT column_name FROM information_schema.columns WHERE table_name = ?",
+                                          [history(name)]).fetchall()}
+        for col, kind in con.execute("SELECT column_name, data_type FROM information_schema.columns "
+                                     "WHERE table_name = ? ORDER BY ordinal_position", [hot(name)]).fetchall():
+            if col not in have:
+                con.execute(f'ALTER TABLE {history(name)} ADD COLUMN "{col}" {kind}')
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {hot(name)} "
+                    f"UNION ALL BY NAME SELECT * FROM {history(name)}")
+
+
+def move(con: duckdb.DuckDBPyConnection, cut: float, limit: int = MOVE_ROWS) -> dict[str, int]:
+    """Moves up to `limit` rows of each table that can no longer change and
+    are older than `cut` to its history, oldest first, in the caller's
+    transaction. Returns the rows moved by table."""
+    out = {}
+    for name, (where, when) in MOVABLE.items():
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _moving AS SELECT id FROM {hot(name)} WHERE {where} "
+                    f"ORDER BY {when} LIMIT $limit", {"cut": cut, "limit": limit})
+        con.execute(f"INSERT INTO {history(name)} BY NAME SELECT h.* FROM {hot(name)} h SEMI JOIN _moving m "
+                    f"ON h.id = m.id")
+        out[name] = int(con.execute(f"DELETE FROM {hot(name)} WHERE id IN (SELECT id FROM _moving)").fetchall()[0][0])
+    con.execute("DROP TABLE IF EXISTS _moving")
+    return out
