@@ -349,8 +349,8 @@ class Store:
     def upsert_decisions(self, decisions: Sequence[dict], new: bool = False) -> None:
         """`new`: decisions just made (ids.new_id), inserted; a decision's
         later states replace its row."""
-        self._rows(hot_tables.hot("decisions"), DECISION_COLUMNS, [tuple(d.get(k) for k in DECISION_COLUMNS) for d in decisions],
-                   replace=not new)
+        rows = [tuple(d.get(k) for k in DECISION_COLUMNS) for d in decisions]
+        self._rows(hot_tables.hot("decisions"), DECISION_COLUMNS, rows, replace=not new)
 
     def add_calibration(self, calibration: dict, ceilings: Sequence[dict]) -> str:
         """Stores one checked calibration (analyzers/calibrations.py) and its
