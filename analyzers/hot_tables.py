@@ -23,10 +23,16 @@ import duckdb
 MOVABLE = {
     "findings": ('"end" IS NOT NULL AND "end" < $cut', '"end"'),
     "anomalies": ("t < $cut", "t"),
-    # a pending decision waits for its capture's report (Analyzer._decided updates it)
-    "decisions": ("status <> 'pending' AND coalesce(updated, t) < $cut", "coalesce(updated, t)"),
+    # a pending decision waits for its capture's report (Analyzer._decided updates it), minutes at most; one a
+    # day old was left by an analyzer that stopped before the report came, and never changes
+    "decisions": ("(status <> 'pending' OR coalesce(updated, t) < $cut - 86400) AND coalesce(updated, t) < $cut",
+                  "coalesce(updated, t)"),
 }
-HOT_S = 600.0            # rows this recent stay hot: nothing rewrites a closed one, this is margin
+# Rows whose time is older than this move. The times are the agents' (a finding's end, an anomaly's
+# window), not when the row was written, so a row can move soon after its last write; nothing rewrites
+# a closed finding, a finished decision or an anomaly, and if something did, the view shows the hot row
+# and hides the moved one (make_views), so a rewrite can never show twice.
+HOT_S = 600.0
 # per table and transaction: moving a row costs ~14 us, most of it the commit deleting its key from the
 # index, so a transaction of three tables' rows holds the writer ~0.2 s (bench/index_memory.py)
 MOVE_ROWS = 5_000
@@ -61,14 +67,16 @@ def make_views(con: duckdb.DuckDBPyConnection) -> None:
                                      "WHERE table_name = ? ORDER BY ordinal_position", [hot(name)]).fetchall():
             if col not in have:
                 con.execute(f'ALTER TABLE {history(name)} ADD COLUMN "{col}" {kind}')
-        con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {hot(name)} "
-                    f"UNION ALL BY NAME SELECT * FROM {history(name)}")
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {hot(name)} UNION ALL BY NAME "
+                    f"SELECT * FROM {history(name)} h WHERE NOT EXISTS (SELECT 1 FROM {hot(name)} k WHERE k.id = h.id)")
 
 
 def move(con: duckdb.DuckDBPyConnection, cut: float, limit: int = MOVE_ROWS) -> dict[str, int]:
     """Moves the oldest rows of each table that can no longer change and
-    are older than `cut` to its history, about `limit` of them (rows tied at
-    the last one's time go too), in the caller's transaction. Returns the
+    are older than `cut` to its history, about `limit` of them, in the
+    caller's transaction. Rows tied at the last one's time go too: a
+    fleet-wide storm's anomalies share their window's end, so a chunk can
+    hold one more row per GPU. Returns the
     rows moved by table. The rows are chosen by their time, not their ids:
     rows are written about in time order, so DuckDB's zone maps skip the
     newer part of the table (a join on ids read all of it, three times)."""

@@ -6,7 +6,7 @@ store holding 14 days of a 2,000-agent fleet holds ~4e8 findings: about
 older row without a word (rows are upserted by id). With 80 bits the chance
 of a single collision in such a store is below one in a million, so a record
 the analyzer has just made is inserted as new, which costs DuckDB a fifth of
-an upsert. The CLI shows the first 8 digits and takes any unique prefix."""
+an upsert. The CLI takes any unique prefix of 4 digits or more."""
 import os
 
 ID_HEX_DIGITS = 20

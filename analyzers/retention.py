@@ -104,7 +104,11 @@ class Retention:
         horizon = self.horizon()
         oldest = store.oldest_before(horizon)
         if oldest is None:
-            moved = store.move_to_history(self._clock() - HOT_S, MOVE_ROWS)
+            try:
+                moved = store.move_to_history(self._clock() - HOT_S, MOVE_ROWS)
+            except Exception as exc:  # e.g. a full disk (a move copies rows): the deletes below still run
+                log.warning("records not moved to history", error=f"{type(exc).__name__}: {exc}"[:300])
+                moved = {}
             counts = {f"{table}_moved": n for table, n in moved.items()}
             if max(moved.values(), default=0) >= MOVE_ROWS:        # more to move: another chunk
                 return dict(counts, more=True, seconds=time.perf_counter() - t0, lo=None, hi=None)

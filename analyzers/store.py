@@ -239,6 +239,13 @@ class Store:
 
     def _migrate(self) -> None:
         con = self._con
+        written = self._schema_written()
+        if written > SCHEMA_VERSION:
+            # an older gpuscope would write into a layout it does not know (schema 11 turned tables into
+            # views: an older one's writes all fail); refuse before touching the file
+            con.close()
+            raise RuntimeError(f"{self.config.path} was written by a newer gpuscope (schema {written}; this one "
+                               f"knows up to {SCHEMA_VERSION}): run that version, or start on a new --db")
         hot_tables.adopt_old_tables(con)
         for stmt in _ddl():
             con.execute(stmt)
@@ -260,6 +267,16 @@ class Store:
         con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?)",
                         [(m.name, m.unit, m.kind.value, m.help) for m in cat.METRICS])
         con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+
+    def _schema_written(self) -> int:
+        """The schema version the file was last opened with (0: a new file)."""
+        if not self._con.execute("SELECT 1 FROM information_schema.tables WHERE table_name = 'meta'").fetchall():
+            return 0
+        row = self._con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
+        try:
+            return int(row[0][0]) if row else 0
+        except ValueError:
+            return 0
 
     def reader(self) -> duckdb.DuckDBPyConnection:
         cur, gen = getattr(self._local, "cursor", (None, -1))

@@ -111,3 +111,61 @@ def test_a_file_from_before_schema_11_is_taken_over(tmp_path):
         assert s.count("findings") == 3
     finally:
         s.close()
+
+
+def test_a_file_from_a_newer_gpuscope_is_refused_untouched(tmp_path):
+    """From schema 11 on, an older gpuscope's writes into a newer layout
+    fail (the tables it knows are views): the store says so at open instead."""
+    import pytest
+    path = str(tmp_path / "new.duckdb")
+    Store(StoreConfig(path, memory_limit="128MB")).close()
+    con = duckdb.connect(path)
+    con.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    con.close()
+    with pytest.raises(RuntimeError, match=r"newer gpuscope \(schema 99; this one knows up to 11\)"):
+        Store(StoreConfig(path, memory_limit="128MB"))
+    con = duckdb.connect(path)
+    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [("99",)]
+    con.close()
+
+
+def test_a_row_written_again_after_it_moved_shows_once_as_written_last(tmp_path):
+    """Nothing rewrites a settled record, but if something did, the hot row
+    is the newer one: the view never shows an id twice."""
+    s = Store(StoreConfig(str(tmp_path / "w.duckdb"), memory_limit="128MB"))
+    try:
+        _fill(s)
+        s.move_to_history(NOW + 10 ** 6)
+        s.upsert_findings([_finding("closed-old", 0, OLD - 60, OLD, windows=77)])
+        rows = [f for f in s.findings(host="h1") if f["id"] == "closed-old"]
+        assert [r["windows"] for r in rows] == [77] and s.finding("closed-old")["windows"] == 77
+        assert s.count("findings") == 3
+    finally:
+        s.close()
+
+
+def test_a_decision_left_pending_by_an_earlier_run_moves_after_a_day(tmp_path):
+    s = Store(StoreConfig(str(tmp_path / "p.duckdb"), memory_limit="128MB"))
+    try:
+        s.upsert_decisions([_decision("d-stale", NOW - 2 * 86400, "pending"), _decision("d-wait", OLD, "pending")],
+                           new=True)
+        assert s.move_to_history(NOW - 600)["decisions"] == 1
+        assert _ids(s, history("decisions")) == ["d-stale"] and _ids(s, hot("decisions")) == ["d-wait"]
+    finally:
+        s.close()
+
+
+def test_a_move_that_fails_is_logged_and_the_pass_still_prunes(tmp_path, monkeypatch):
+    """A move copies rows, so a full disk fails it first; the deletes of the
+    long horizon, which free space, must still run."""
+    s = Store(StoreConfig(str(tmp_path / "f.duckdb"), memory_limit="128MB"))
+    try:
+        s.insert_anomalies([_anomaly("ancient", NOW - 400 * 86400)])
+
+        def full(*_a, **_k):
+            raise duckdb.IOException("No space left on device (injected)")
+        monkeypatch.setattr(s, "move_to_history", full)
+        result = Retention(RetentionConfig(retention_s=86400)).run_pass(lambda fn: _done(fn(s)), breather=False)
+        assert result.complete and result.counts["anomalies_deleted"] == 1 and s.count("anomalies") == 0
+    finally:
+        s.close()
