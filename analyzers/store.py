@@ -6,6 +6,7 @@ appended as Arrow tables, never row by row.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -301,6 +302,18 @@ class Store:
         except duckdb.Error:
             pass
 
+    @contextlib.contextmanager
+    def transaction(self):
+        """All or nothing: committed at the end of the block, rolled back
+        if it raises."""
+        self.begin()
+        try:
+            yield self._con
+            self.commit()
+        except BaseException:
+            self.rollback()
+            raise
+
     def append(self, table: str, rows: pa.Table, replace: bool = False) -> None:
         """Columnar insert; replace=True upserts on the table's primary key.
         (executemany costs ~100 us a row in DuckDB; an Arrow scan does not.
@@ -373,17 +386,12 @@ class Store:
         """Stores one checked calibration (analyzers/calibrations.py) and its
         ceilings; returns its id. Sending the same run again replaces it."""
         cid = hashlib.sha256(f"{calibration['uuid']}\0{calibration['started_at']!r}".encode()).hexdigest()[:16]
-        self.begin()            # all or nothing: a half-stored run would stand as the GPU's current one
-        try:
+        with self.transaction():            # all or nothing: a half-stored run would stand as the GPU's current one
             self._con.execute("DELETE FROM ceilings WHERE calibration_id = ?", [cid])
             self._rows("calibrations", CALIBRATION_COLUMNS,
                        [tuple(cid if k == "id" else calibration.get(k) for k in CALIBRATION_COLUMNS)], replace=True)
             self._rows("ceilings", CEILING_COLUMNS,
                        [tuple(cid if k == "calibration_id" else c.get(k) for k in CEILING_COLUMNS) for c in ceilings])
-            self.commit()
-        except BaseException:
-            self.rollback()
-            raise
         return cid
 
     def ceilings(self, host: str | None = None, model: str | None = None, uuid: str | None = None,
@@ -885,8 +893,7 @@ class Store:
         con = self._con
         out = dict(samples_deleted=0, minutes_written=0, processes_deleted=0, health_deleted=0,
                    windows_deleted=0)
-        self.begin()
-        try:
+        with self.transaction():
             if rollup:
                 self.ensure_rollup_columns()
                 names = [m.name for m in cat.METRICS]
@@ -915,10 +922,6 @@ class Store:
             con.execute("DELETE FROM gpu_owners WHERE t_end < ?", [hi]).fetchall()
             out["health_deleted"] = int(con.execute("DELETE FROM health WHERE t < ?", [hi]).fetchall()[0][0])
             out["windows_deleted"] = int(con.execute('DELETE FROM windows WHERE "end" < ?', [hi]).fetchall()[0][0])
-            self.commit()
-        except Exception:
-            self.rollback()
-            raise
         if rollup and out["minutes_written"] and self._rollup_end_known:
             self._rollup_end = max(self._rollup_end or hi, hi)   # unknown: read on the next query
         return out
@@ -927,29 +930,19 @@ class Store:
         """Agent boots last seen before the horizon, unless the newest boot of
         their host; devices not seen since the horizon."""
         con = self._con
-        self.begin()
-        try:
+        with self.transaction():
             agents = con.execute(
                 "DELETE FROM agents WHERE last_seen < ? AND boot_id <> "
                 "(SELECT arg_max(a.boot_id, a.last_seen) FROM agents a WHERE a.host = agents.host)",
                 [horizon]).fetchall()[0][0]
             devices = con.execute("DELETE FROM devices WHERE last_seen < ?", [horizon]).fetchall()[0][0]
             con.execute("DELETE FROM gpu_state WHERE last_arrival < ?", [horizon]).fetchall()
-            self.commit()
-        except Exception:
-            self.rollback()
-            raise
         return dict(agents_deleted=int(agents), devices_deleted=int(devices))
 
     def move_to_history(self, cut: float, limit: int = hot_tables.MOVE_ROWS) -> dict[str, int]:
         """One transaction of hot_tables.move: rows moved by table."""
-        self.begin()
-        try:
+        with self.transaction():
             moved = hot_tables.move(self._con, cut, limit)
-            self.commit()
-        except Exception:
-            self.rollback()
-            raise
         return moved
 
     def prune_history(self, horizon: float) -> dict:
@@ -957,8 +950,7 @@ class Store:
         decisions, captures and verdict pairs older than it."""
         con = self._con
         out = {}
-        self.begin()
-        try:
+        with self.transaction():
             for table, where in (("samples_1m", "t < ?"), ("findings", '"end" IS NOT NULL AND "end" < ?'),
                                  ("anomalies", "t < ?"), ("decisions", "coalesce(updated, t) < ?"),
                                  ("captures", 'coalesce("end", start) < ?'), ("verdict_pairs", "t < ?"),
@@ -967,10 +959,6 @@ class Store:
                 parts = [hot_tables.hot(table), hot_tables.history(table)] if table in hot_tables.MOVABLE else [table]
                 out[f"{table}_deleted"] = sum(int(con.execute(f"DELETE FROM {part} WHERE {where}",
                                                               [horizon]).fetchall()[0][0]) for part in parts)
-            self.commit()
-        except Exception:
-            self.rollback()
-            raise
         return out
 
     # == The fleet tier (analyzers/publish.py) ============================================
