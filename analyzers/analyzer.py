@@ -577,7 +577,7 @@ class Analyzer:
         if len(decisions) <= 10:
             for d in decisions:
                 log.info("capture decision", host=d.host, gpu=d.gpu, action=d.action, status=d.status, reason=d.reason)
-        self.writer.defer(lambda st: st.upsert_decisions(rows, new=new))
+        self.writer.defer(lambda st: st.insert_decisions(rows) if new else st.upsert_decisions(rows))
 
     def report_calibration(self, host: str, record: dict) -> dict:
         """A GPU's measured ceilings: checked (CalibrationInvalid names the bad

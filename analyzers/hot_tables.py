@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import duckdb
 
+STALE_PENDING_S = 86400     # a pending decision this old was left by an analyzer that stopped
 # a row that cannot change any more, older than the cut-off: (condition, its time, for the oldest first)
 MOVABLE = {
     "findings": ('"end" IS NOT NULL AND "end" < $cut', '"end"'),
     "anomalies": ("t < $cut", "t"),
     # a pending decision waits for its capture's report (Analyzer._decided updates it), minutes at most; one a
     # day old was left by an analyzer that stopped before the report came, and never changes
-    "decisions": ("(status <> 'pending' OR coalesce(updated, t) < $cut - 86400) AND coalesce(updated, t) < $cut",
-                  "coalesce(updated, t)"),
+    "decisions": (f"(status <> 'pending' OR coalesce(updated, t) < $cut - {STALE_PENDING_S}) "
+                  "AND coalesce(updated, t) < $cut", "coalesce(updated, t)"),
 }
 # Rows whose time is older than this move. The times are the agents' (a finding's end, an anomaly's
 # window), not when the row was written, so a row can move soon after its last write; nothing rewrites
@@ -91,3 +92,4 @@ def move(con: duckdb.DuckDBPyConnection, cut: float, limit: int = MOVE_ROWS) -> 
         con.execute(f"INSERT INTO {history(name)} BY NAME SELECT * FROM {hot(name)} WHERE {chosen}", args)
         out[name] = int(con.execute(f"DELETE FROM {hot(name)} WHERE {chosen}", args).fetchall()[0][0])
     return out
+

@@ -376,11 +376,13 @@ class Store:
                 for a in anomalies]
         self._rows(hot_tables.hot("anomalies"), ANOMALY_COLUMNS, rows)      # made once, never changed: a plain insert
 
-    def upsert_decisions(self, decisions: Sequence[dict], new: bool = False) -> None:
-        """`new`: decisions just made (ids.new_id), inserted; a decision's
-        later states replace its row."""
-        rows = [tuple(d.get(k) for k in DECISION_COLUMNS) for d in decisions]
-        self._rows(hot_tables.hot("decisions"), DECISION_COLUMNS, rows, replace=not new)
+    def upsert_decisions(self, decisions: Sequence[dict]) -> None:
+        """A decision's later states (finished, expired) replace its row."""
+        self._rows(hot_tables.hot("decisions"), DECISION_COLUMNS, _decision_rows(decisions), replace=True)
+
+    def insert_decisions(self, decisions: Sequence[dict]) -> None:
+        """Decisions just made (ids.new_id): a plain insert, as insert_findings."""
+        self._rows(hot_tables.hot("decisions"), DECISION_COLUMNS, _decision_rows(decisions))
 
     def add_calibration(self, calibration: dict, ceilings: Sequence[dict]) -> str:
         """Stores one checked calibration (analyzers/calibrations.py) and its
@@ -1250,6 +1252,10 @@ def _where_gpus(where: list[str], args: list, gpus: Sequence[tuple[str, int]]) -
     for host, gpu in gpus:
         args += [host, gpu]
     return where, args
+
+
+def _decision_rows(decisions: Sequence[dict]) -> list[tuple]:
+    return [tuple(d.get(k) for k in DECISION_COLUMNS) for d in decisions]
 
 
 def _arrow(names: Sequence[str], rows: Sequence[tuple]) -> pa.Table:

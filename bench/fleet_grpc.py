@@ -647,7 +647,7 @@ def start_profile(pid: int, seconds: int, path: Path, gil: bool = False) -> subp
 COMPONENTS = [
     ("duckdb: agents/devices upsert (INSERT OR REPLACE)", r"upsert_agents|upsert_devices"),
     ("duckdb: windows/findings/anomalies/decisions", r"insert_windows|upsert_findings|insert_anomalies|"
-                                                     r"upsert_decisions|insert_health"),
+                                                     r"upsert_decisions|insert_decisions|insert_findings|insert_health"),
     ("duckdb: samples/processes append", r"Store\.append"),
     ("duckdb: commit/begin", r"Store\.commit|Store\.begin"),
     ("live windows: features+rules (classify)", r"compute_window|classify \(|LiveWindows\._close"),

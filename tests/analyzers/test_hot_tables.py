@@ -34,8 +34,8 @@ def _fill(s: Store) -> None:
     s.insert_findings([_finding("closed-old", 0, OLD - 60, OLD), _finding("open-old", 1, OLD - 60, None),
                        _finding("closed-new", 2, NOW - 60, NOW - 5)])
     s.insert_anomalies([_anomaly("a-old", OLD, "closed-old"), _anomaly("a-new", NOW - 5)])
-    s.upsert_decisions([_decision("d-done", OLD, "done", "a-old"), _decision("d-pending", OLD, "pending"),
-                        _decision("d-new", NOW - 5, "skipped")], new=True)
+    s.insert_decisions([_decision("d-done", OLD, "done", "a-old"), _decision("d-pending", OLD, "pending"),
+                        _decision("d-new", NOW - 5, "skipped")])
 
 
 def _ids(s: Store, table: str) -> list[str]:
@@ -147,8 +147,7 @@ def test_a_row_written_again_after_it_moved_shows_once_as_written_last(tmp_path)
 def test_a_decision_left_pending_by_an_earlier_run_moves_after_a_day(tmp_path):
     s = Store(StoreConfig(str(tmp_path / "p.duckdb"), memory_limit="128MB"))
     try:
-        s.upsert_decisions([_decision("d-stale", NOW - 2 * 86400, "pending"), _decision("d-wait", OLD, "pending")],
-                           new=True)
+        s.insert_decisions([_decision("d-stale", NOW - 2 * 86400, "pending"), _decision("d-wait", OLD, "pending")])
         assert s.move_to_history(NOW - 600)["decisions"] == 1
         assert _ids(s, history("decisions")) == ["d-stale"] and _ids(s, hot("decisions")) == ["d-wait"]
     finally:
