@@ -178,22 +178,19 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         charged = await self._host_share(req, len(data))
         n = len(data) + DECODED_BATCH_BYTES
         budget = self.analyzer.writer.budget
+        acquired = False
         try:
             await budget.acquire(n)
-        except BaseException:
-            self._refund(req.host, charged)
-            raise
-        try:
+            acquired = True
             decoded = await asyncio.get_running_loop().run_in_executor(
                 self._decoding, _in_context(self.analyzer.check), req)    # counts and logs a refusal itself
             fut = asyncio.wrap_future(self.analyzer.submit_decoded(decoded))
-        except BatchError as exc:
-            budget.release(n)
+        except BaseException as exc:   # refused, or the stream cancelled while it waited: nothing queued
+            if acquired:
+                budget.release(n)
             self._refund(req.host, charged)
-            return req, None, str(exc)
-        except BaseException:          # the stream was cancelled while its batch was decoded: nothing queued
-            budget.release(n)
-            self._refund(req.host, charged)
+            if isinstance(exc, BatchError):
+                return req, None, str(exc)
             raise
         host = req.host
 

@@ -5,6 +5,7 @@ import threading
 import time
 
 import grpc
+import numpy as np
 import pytest
 
 from gpuscope.analyzers.flow import HostRate
@@ -151,6 +152,22 @@ def test_what_was_not_stored_is_given_back(srv):
     time.sleep(0.3)
     assert _owes(rate, "g") < 1.1 * size                          # still only batch 2's debt
     assert _rows(srv, "g") == 2 * 300
+
+
+def test_a_batch_refused_after_it_was_charged_is_given_back(srv):
+    """A batch the validation refuses (here: samples before 2001) took its
+    host's share and the byte budget before it was decoded; both come back."""
+    size = _batch("v", 1).ByteSize()
+    rate = srv.servicer.host_rate = HostRate(size / 10, size)         # a batch per 10 s, after one
+    bad = _batch("v", 1)
+    bad.t_f64le = np.arange(1.0, 1.0 + bad.count).astype("<f8").tobytes()    # as large, refused by its times
+    stub = analyzer_pb2_grpc.AnalyzerStub(grpc.insecure_channel(srv.target))
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Push(bad, timeout=10)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert rate._level["v"][0] > 0.9 * size          # the burst is whole again
+    assert srv.analyzer.writer.budget.used == 0
+    assert stub.Push(_batch("v", 2), timeout=3).status == pb.BatchAck.COMMITTED
 
 
 def test_a_refund_never_fills_past_the_burst():
