@@ -43,7 +43,8 @@ DEFAULT_QUEUE_BYTES = 64 << 20
 # second at 2,000 agents, but the gRPC process's event loop then stalled for
 # 0.4-1.9 s every few seconds and GetStatus p95 went from 0.4-0.7 to 1.3-2.0 s
 # (docs/benchmarks.md, 2026-12-03); with decoding off the loop, still ~1.05 s.
-# Kept at 256 until the rest of those bursts is found.
+# Kept at 256 until the rest of those bursts is found; 512 again on 2026-12-07: +0.7 % at saturation,
+# GetStatus p95 doubled.
 MAX_GROUP = 256
 log = structlog.get_logger("gpuscope.writer")
 
