@@ -28,6 +28,7 @@ resend), queries fail, and the parent starts a new child on the same file.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import gc
 import itertools
 import multiprocessing as mp
@@ -379,6 +380,16 @@ class EngineClient:
         """Starts the child and waits until its store is open; raises
         RuntimeError with the child's own error when it cannot start."""
         self._spawn()
+        # A process that exits without close() (an error past every handler) would otherwise hang in
+        # multiprocessing's own exit hook, which waits for the child, and the child ignores SIGTERM
+        # (its parent stops it): found in a trial, only kill -9 ended such an analyzer.
+        atexit.register(self._kill_child)
+
+    def _kill_child(self) -> None:
+        proc = self._proc
+        if proc is not None and proc.is_alive():
+            proc.kill()
+            proc.join(5)
 
     def _spawn(self, restart: bool = False) -> None:
         parent, child = self._ctx.Pipe(duplex=True)
@@ -619,5 +630,5 @@ class EngineClient:
         if self._proc is not None:
             self._proc.join(2)
             if self._proc.is_alive():      # stalled: stop within the 10 s a stop may take
-                self._proc.kill()
-                self._proc.join(5)
+                self._kill_child()
+        atexit.unregister(self._kill_child)

@@ -13,10 +13,39 @@ import structlog
 _JSON = False
 
 
+class LossyStream:
+    """A log stream whose writes never raise. A daemon whose log reader went
+    away (`| head`, a closed pipe, a full disk) keeps running and drops its
+    lines: found in a trial, the analyzer's first log line after the pipe
+    closed raised in its shutdown path, which then never stopped the
+    analysis process, and nothing but kill -9 ended it."""
+
+    def __init__(self, out):
+        self._out = out
+
+    def write(self, text: str) -> int:
+        try:
+            return self._out.write(text)
+        except (OSError, ValueError):        # EPIPE, ENOSPC, EIO; ValueError: the file was closed
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._out.flush()
+        except (OSError, ValueError):
+            pass
+
+    def isatty(self) -> bool:
+        try:
+            return self._out.isatty()
+        except (OSError, ValueError):
+            return False
+
+
 def configure(level: str = "info", json_logs: bool | None = None, file=None) -> None:
     """`file`: where logs go instead of stderr (the live view's terminal)."""
     global _JSON
-    out = file or sys.stderr
+    out = LossyStream(file or sys.stderr)
     if json_logs is None:
         json_logs = not out.isatty()
     _JSON = json_logs
@@ -49,4 +78,4 @@ def say(text: str, level: str = "info", **fields) -> None:
     if _JSON:
         getattr(structlog.get_logger("gpuscope"), level)(text, **fields)
     else:
-        print(f"gpuscope: {text}", file=sys.stderr, flush=True)
+        print(f"gpuscope: {text}", file=LossyStream(sys.stderr), flush=True)

@@ -175,6 +175,36 @@ def test_a_stop_sent_to_the_whole_process_group_is_a_clean_stop(tmp_path):
     wait_for(lambda: not os.path.exists(f"/proc/{child}"), timeout=10)
 
 
+def test_an_analyzer_whose_log_reader_went_away_still_serves_and_stops(tmp_path):
+    """Found in a trial: `gpuscope analyzer ... 2>&1 | head -3`. Once the pipe
+    closed, a log line raised in the shutdown path, the analysis process was
+    never stopped, and only kill -9 ended the analyzer."""
+    import os
+    port = free_port()
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-m", "gpuscope.daemon.cli", "analyzer", "--db", str(tmp_path / "p.duckdb"),
+                             "--listen", f"127.0.0.1:{port}", "--insecure"], stdout=write_end, stderr=write_end)
+    os.close(write_end)
+    try:
+        os.read(read_end, 100)           # its first line, then the reader goes away, as `head` does
+        os.close(read_end)
+        _ready(port)
+        stub = analyzer_pb2_grpc.AnalyzerStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+        batch = encode_batch("piped", "b", 1, [GpuSample(0, time.time() - 1, {"power_watts": 90.0})],
+                             [DeviceInfo(gpu=0, name="NVIDIA H200")])
+        assert stub.Push(batch, timeout=20).status == pb.BatchAck.COMMITTED     # it logs, and carries on
+        child = _analysis_child(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode in (0, 120)   # 120: Python could not flush stderr at exit, nothing else
+    wait_for(lambda: not os.path.exists(f"/proc/{child}"), timeout=10)
+    con = duckdb.connect(str(tmp_path / "p.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*) FROM samples WHERE host = 'piped'").fetchone()[0] == 1
+
+
 def test_ctrl_c_at_any_moment_of_start_up_stops_quietly(tmp_path):
     """Found in a trial: Ctrl-C in the first second of `gpuscope up` printed a
     traceback from an import; later in start-up a KeyboardInterrupt could leave
