@@ -7,9 +7,12 @@ Jobs are launched with their credentials on the command line
 What is removed here is gone everywhere downstream.
 
 A name counts as a secret's when one of its words (split at `-`, `_`, `.`)
-is a secret word: token, key, secret, password, passwd, credential(s),
-auth, private, or a word ending in token/secret/password/passwd/credential
-(`HFTOKEN`, `PGPASSWORD`), or apikey/accesskey/privatekey/secretkey. Whole
+is a secret word: token, key, secret, password, passwd, pass, pw,
+credential(s), auth, private, or a word ending in token/secret/password/
+passwd/passphrase/pwd/credential (`HFTOKEN`, `PGPASSWORD`, `MYSQL_PWD`), or
+apikey/accesskey/privatekey/secretkey. The user:password of `-u`/`--user`
+(curl) and tokens of a recognisable issuer's format (`hf_...`, `ghp_...`,
+`sk-...`, `AKIA...`) go wherever they stand. Whole
 words only, so the ML flags that merely mention tokens keep their values:
 `--max-num-batched-tokens 8192`, `--tokenizer gpt2`, `--keyboard`,
 `--author`. Short flags (`-p 8080`) are never matched. When in doubt we
@@ -37,8 +40,8 @@ from gpuscope.collectors.records import POD_JOB_PREFIX
 REDACTED = "<redacted>"
 
 _WORD = r"[a-z0-9]+"
-_SECRET_WORD = (r"(?:[a-z0-9]*(?:token|secret|password|passwd|credentials?)"
-                r"|(?:api|access|private|secret)?key|auth|private)")
+_SECRET_WORD = (r"(?:[a-z0-9]*(?:token|secret|password|passwd|passphrase|pwd|credentials?)"
+                r"|(?:api|access|private|secret)?key|auth|private|pass|pw)")
 # A name with a secret word in it, whole words only (the next character after
 # the secret word is a separator or the end of the name).
 _NAME = rf"(?:{_WORD}[-_.])*{_SECRET_WORD}(?:[-_.]{_WORD})*"
@@ -62,10 +65,18 @@ _KEYED = re.compile(rf"""(["']{_NAME}["']{_SEP}*[:=]{_SEP}*)(?:"[^"]*"|'[^']*'|[
 _USERINFO = re.compile(r"(://[^\s/@:]*:)[^\s/@]+(?=@)")
 # curl -H "Authorization: Bearer abc"
 _BEARER = re.compile(r"(\bbearer\s+)[\w.~+/=-]+", _FLAGS)
-_PATTERNS = (_KEYED, _ASSIGNED, _SPACED, _USERINFO, _BEARER)
+# curl -u user:pass, --user=user:pass (the name stays, as in a URL; docker's -u uid:gid loses its gid)
+_USER = re.compile(rf"""{_START}((?:-u|--user)(?:{_SEP}+|=)(?:(?P<dq>")|(?P<sq>'))?[^\s:'"]+:)"""
+                   r"""(?(dq)[^"]*|(?(sq)[^']*|\S+))""")
+# tokens whose issuers made them recognisable, wherever they stand (`huggingface-cli login hf_...`):
+# Hugging Face, GitHub, GitLab, OpenAI-style, Slack, an AWS access key id
+_ISSUED = re.compile(r"()(?<![\w-])(?:hf_[A-Za-z0-9]{30,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{30,}"
+                     r"|glpat-[\w-]{20,}|sk-[\w-]{20,}|xox[abposr]-[\w-]{10,}|AKIA[0-9A-Z]{16})(?![\w-])")
+_PATTERNS = (_KEYED, _ASSIGNED, _SPACED, _USERINFO, _BEARER, _USER, _ISSUED)
 # Every pattern needs one of these (lower case): most command lines have
 # none, and str.find is ~50x cheaper than running the patterns.
-_CLUES = ("token", "key", "secret", "passw", "credential", "auth", "private", "://", "bearer")
+_CLUES = ("token", "key", "secret", "pass", "pw", "credential", "auth", "private", "://", "bearer", "-u",
+          "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "sk-", "xox", "akia")
 
 
 # A distributed job as its launcher names it (collectors/ranks.py), alone or as a straggler's

@@ -38,6 +38,14 @@ R = REDACTED
     ("psql postgres://app:p:w@db:5432/x", f"psql postgres://app:{R}@db:5432/x"),
     ("x --url=https://:tok@host/", f"x --url=https://:{R}@host/"),
     ('curl -H "Authorization: Bearer eyJ.abc.def" https://h', f'curl -H "Authorization: Bearer {R}" https://h'),
+    # found in a trial: short names of passwords, curl's user:password, tokens standing alone
+    ("x --db-pass=hunter2 --pw hunter2 --passphrase=abc", f"x --db-pass={R} --pw {R} --passphrase={R}"),
+    ("MYSQL_PWD=hunter2 mysql -u app db", f"MYSQL_PWD={R} mysql -u app db"),
+    ("curl -u user:hunter2 https://h", f"curl -u user:{R} https://h"),
+    ('curl --user="user:two words" https://h', f'curl --user="user:{R}" https://h'),
+    ("curl -u 'user:two words' -u u:p", f"curl -u 'user:{R}' -u u:{R}"),
+    ("huggingface-cli login hf_" + "a1B2" * 9, f"huggingface-cli login {R}"),
+    ("x ghp_" + "z" * 36 + " AKIAABCDEFGHIJKLMNOP", f"x {R} {R}"),
     # case does not matter
     ("X --HF-TOKEN=abc Hf_ToKeN=abc", f"X --HF-TOKEN={R} Hf_ToKeN={R}"),
 ])
@@ -55,6 +63,7 @@ def test_secrets_are_redacted(cmdline, expected):
     "x--token=abc",                                                # inside another word
     "https://host:8080/path@v2 ssh://git@github.com",             # a port is not a password; a login stays
     "python -m torch.distributed.run --nproc-per-node 8 train.py",
+    "python -u train.py --compass 3 --bypass-cache --sk-learn hf_small",   # -u without user:, words inside words
     "",
 ])
 def test_ordinary_command_lines_are_left_alone(cmdline):
