@@ -481,6 +481,11 @@ def main(argv: list[str] | None = None) -> int:
     _served = ns.command in SERVERS
     if _served and interrupted():       # Ctrl-C while loading: nothing has started yet
         return 130
+    if _served:
+        # what a server writes (the DB and its WAL, snapshots, captures, spools) holds job command lines
+        # that only operators may read: readable by its own user only, as the systemd units' UMask=0077,
+        # whatever the shell's umask (found in a trial: a 0644 DB beside a 0700 tls/)
+        os.umask(os.umask(0o077) | 0o077)
     try:
         if hasattr(ns, "server"):
             client_config.apply(ns)
