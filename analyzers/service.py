@@ -263,6 +263,14 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             return pb.BatchAck(seq=seq, status=pb.BatchAck.REJECTED, error=f"batch seq={seq}: {exc}")
         return pb.BatchAck(seq=seq, status=_ACK.get(result, pb.BatchAck.DUPLICATE))
 
+    def _not_stored(self, exc: Exception) -> str:
+        """UNAVAILABLE's details for a batch not stored: the store's own words
+        say it already (the writer's "commit failed, resend later: ..."); a
+        timeout says nothing by itself."""
+        if isinstance(exc, StoreUnavailable) and "resend later" in str(exc):
+            return str(exc)
+        return f"commit failed, resend later: {str(exc) or f'not stored within {self._timeout:.0f} s'}"
+
     async def Push(self, request: bytes, context):
         try:
             req, fut, error = await self._admit(request, context, "Push")
@@ -273,7 +281,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         try:
             ack = await self._ack(req.seq, fut)
         except (StoreUnavailable, asyncio.TimeoutError) as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"commit failed, resend later: {exc}")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, self._not_stored(exc))
         if ack.status == pb.BatchAck.REJECTED:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, ack.error)
         return ack
@@ -323,7 +331,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                 try:
                     yield await self._ack(seq, fut)
                 except (StoreUnavailable, asyncio.TimeoutError) as exc:
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, f"commit failed, resend later: {exc}")
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, self._not_stored(exc))
             await reader      # surfaces what reading raised
         finally:
             self.agent_streams -= 1

@@ -14,6 +14,7 @@ import math
 import re
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import duckdb
@@ -98,7 +99,7 @@ CAPTURE_COLUMNS = ("id", "host", "target", "pid", "gpus", "job", "start", "end",
                    "status", "error", "trigger", "verdict", "confidence", "summary", "finding_id", "kind")
 
 
-_MEMORY_LIMIT = re.compile(r"\d+(\.\d+)?\s*([KMGT]i?B|B)", re.IGNORECASE)
+MEMORY_SIZE = re.compile(r"\d+(\.\d+)?\s*([KMGT]i?B|B)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -217,12 +218,12 @@ class Store:
         try:
             con = duckdb.connect(self.config.path)
         except duckdb.Error as exc:
-            raise RuntimeError(f"cannot open DuckDB file {self.config.path}: {exc}") from exc
-        if not _MEMORY_LIMIT.fullmatch(self.config.memory_limit):
+            raise RuntimeError(f"cannot open DuckDB file {self.config.path}: {exc}{_advice(exc)}") from exc
+        if not MEMORY_SIZE.fullmatch(self.config.memory_limit):
             raise ValueError(f"memory limit: {self.config.memory_limit!r}, expected a size like 1GB or 512MiB")
         con.execute(f"SET memory_limit='{self.config.memory_limit}'")
         con.execute(f"SET threads={int(self.config.threads)}")
-        if not _MEMORY_LIMIT.fullmatch(self.config.checkpoint_threshold):
+        if not MEMORY_SIZE.fullmatch(self.config.checkpoint_threshold):
             raise ValueError(f"checkpoint threshold: {self.config.checkpoint_threshold!r}, expected a size like 64MB")
         con.execute(f"SET checkpoint_threshold='{self.config.checkpoint_threshold}'")
         return con
@@ -1346,3 +1347,23 @@ def _json(v: Any, key: str) -> str:
 
 def _json_dict(text: str | None) -> dict:
     return json.loads(text) if text and text != "{}" else {}
+
+
+def _advice(exc: duckdb.Error) -> str:
+    """What to do about a DB that will not open, where DuckDB's words do not say."""
+    text = str(exc)
+    held = re.search(r"Conflicting lock is held in .* \(PID (\d+)\)", text)
+    if held:
+        pid = held = held.group(1)
+        try:        # a gpuscope analyzer holds its DB in its analysis process: name the analyzer itself
+            parent = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1]
+            argv = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
+            if any(a.endswith(b"gpuscope") or a == b"gpuscope.daemon.cli" for a in argv):
+                held = f"{pid} is the analysis process of gpuscope PID {parent}:"
+                pid = parent
+        except (OSError, IndexError):
+            pass
+        return f" ({'PID ' + held if held != pid else 'another process holds it:'} stop PID {pid}, or pass another --db)"
+    if "not a valid DuckDB database file" in text:
+        return " (not a gpuscope database: pass another --db, or move this file away)"
+    return ""

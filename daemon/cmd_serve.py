@@ -145,8 +145,11 @@ def parse_serving(items: list[str]) -> tuple[dict[str, str], dict[str, list[int]
 
 def _analyzer_config(ns, dry_run: bool):
     from gpuscope.analyzers.analyzer import AnalyzerConfig
+    from gpuscope.analyzers.store import MEMORY_SIZE
     from gpuscope.analyzers.trigger import TriggerConfig
 
+    if not MEMORY_SIZE.fullmatch(ns.memory_limit):     # said now, not by the analysis process at start-up
+        raise UsageError(f"--memory-limit {ns.memory_limit!r}: expected a size like 1GB or 512MiB", exit_status=2)
     trigger = TriggerConfig(dry_run=dry_run, host_cooldown_s=ns.host_cooldown, job_captures_per_hour=ns.job_captures,
                             fleet_fraction=ns.fleet_fraction, capture_duration_ms=ns.capture_duration_ms)
     return AnalyzerConfig(ns.db, window_s=ns.window, memory_limit=ns.memory_limit,
@@ -354,7 +357,7 @@ def _server_security(ns, name: str, listen: str) -> dict:
                              "127.0.0.1/::1 only (use --tls-dir for the fleet, see docs/security.md)")
         if getattr(ns, "oncall_listen", None):
             raise UsageError("--oncall-listen is a TLS port for bearer tokens; it cannot be used with --insecure")
-        logs.say(f"INSECURE: {listen} serves without TLS or authentication (--insecure, loopback only)")
+        logs.say(f"INSECURE: {listen} serves without TLS or authentication (--insecure, loopback only)", "warning")
         return {}
     tokens = server_tokens(ns)
 

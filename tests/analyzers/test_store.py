@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import duckdb
 import pytest
 
@@ -10,6 +13,23 @@ def test_memory_cap_is_applied(tmp_path):
     limit = s.reader().execute("SELECT current_setting('memory_limit')").fetchone()[0]
     assert limit.replace(" ", "").upper().startswith(("286.1MIB", "300.0MB", "300MB", "286MIB"))
     s.close()
+
+
+def test_a_db_that_will_not_open_says_what_to_do(tmp_path):
+    garbage = tmp_path / "g.duckdb"
+    garbage.write_text("not a database")
+    with pytest.raises(RuntimeError, match="not a gpuscope database: pass another --db"):
+        Store(StoreConfig(str(garbage)))
+    db = str(tmp_path / "held.duckdb")
+    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb, time; c = duckdb.connect({db!r}); "
+                               "print('open', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(RuntimeError, match=rf"another process holds it: stop PID {holder.pid}, or pass another --db"):
+            Store(StoreConfig(db))
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_checkpoints_wait_for_64mb_of_wal_after_a_reopen_too(tmp_path):
