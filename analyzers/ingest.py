@@ -299,7 +299,9 @@ def decode(batch: pb.SampleBatch, now: float | None = None) -> DecodedBatch:
     _check_health(batch, known, now)
     processes, job, owner = _processes(batch.host, procs, t, gpu, attributions)
     device_owned = _gpu_owners(batch, attributions, job, owner)
-    health = [(batch.host, h.gpu, h.t, _HEALTH_NAMES.get(h.kind, "unspecified"), h.detail,
+    # a kind this analyzer does not know (a newer agent's) is kept by its number, not refused: refusing
+    # would drop the batch's samples with it, and calling it "unspecified" would hide what it was
+    health = [(batch.host, h.gpu, h.t, _HEALTH_NAMES.get(h.kind) or f"kind_{h.kind}", h.detail,
                h.code if h.HasField("code") else None) for h in batch.health]
     return DecodedBatch(batch.host, batch.boot_id, batch.seq, n, t, gpu, names, values, processes,
                         facts, health, batch.dropped_samples, job,

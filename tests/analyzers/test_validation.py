@@ -383,3 +383,12 @@ def test_a_gauge_past_any_gpus_range_is_refused_naming_it():
         decode(one("power_watts", 1e308))
     assert decode(one("power_watts", 700.0)).count == 1
     assert decode(one("energy_joules_total", 1e15)).count == 1        # counters only need to fit BIGINT
+
+
+def test_a_health_kind_this_analyzer_does_not_know_is_kept_by_its_number():
+    """A newer agent's kind: refusing the batch would lose its samples; the
+    trial found it stored as `unspecified`, which hid what it was."""
+    b = make_batch()
+    b.health[0].kind = 99
+    assert decode(b).health[0][3] == "kind_99"
+    assert decode(make_batch()).health[0][3] == "xid"
