@@ -1,6 +1,7 @@
 """gRPC servicer of the agent's own API: status and recent samples."""
 from __future__ import annotations
 
+import math
 import resource
 
 from gpuscope.v1 import agent_pb2 as apb, agent_pb2_grpc
@@ -47,8 +48,15 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             source_errors=s["errors"], attribution=s["attribution"])
 
     def RecentSamples(self, request, context):
+        if not math.isfinite(request.seconds) or request.seconds < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"seconds: {request.seconds!r}; give the newest seconds of the ring, or 0 for all of it")
+        devices = self.agent.devices()
+        if request.HasField("gpu") and request.gpu not in {d.gpu for d in devices}:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"gpu: {request.gpu}; this host's GPUs are "
+                          f"{', '.join(str(d.gpu) for d in devices) or 'none'}")
         samples = self.agent.recent(request.seconds, request.gpu if request.HasField("gpu") else None)
-        batch = encode_batch(self.agent.config.host, self.agent.boot_id, 0, samples, self.agent.devices())
+        batch = encode_batch(self.agent.config.host, self.agent.boot_id, 0, samples, devices)
         if _reader_only():
             for p in batch.processes:
                 p.command = command_label(p.command)

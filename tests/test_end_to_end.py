@@ -157,6 +157,12 @@ def test_health_service_and_agent_api(tmp_path):
             wait_for(lambda: agent.samples >= 5)
             recent = agent_pb2_grpc.AgentStub(ch).RecentSamples(agent_pb2.RecentSamplesRequest(seconds=60))
             assert recent.count >= 5 and np.frombuffer(recent.t_f64le, "<f8")[-1] <= time.time()
+            assert agent_pb2_grpc.AgentStub(ch).RecentSamples(agent_pb2.RecentSamplesRequest(gpu=0)).count >= 5
+            for bad, said in ((dict(seconds=float("nan")), "seconds: nan"), (dict(seconds=-5), "seconds: -5"),
+                              (dict(gpu=4294967295), "gpu: 4294967295; this host's GPUs are 0")):
+                with pytest.raises(grpc.RpcError) as refused:        # found in a trial: all three answered OK
+                    agent_pb2_grpc.AgentStub(ch).RecentSamples(agent_pb2.RecentSamplesRequest(**bad))
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and said in refused.value.details()
         st = clients.status(f"127.0.0.1:{port}")
         assert st["kind"] == "agent" and st["devices"][0]["name"] == "NVIDIA H200"
         wait_for(lambda: clients.status(f"127.0.0.1:{port}")["uplink_connected"])
