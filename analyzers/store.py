@@ -1352,18 +1352,17 @@ def _json_dict(text: str | None) -> dict:
 def _advice(exc: duckdb.Error) -> str:
     """What to do about a DB that will not open, where DuckDB's words do not say."""
     text = str(exc)
-    held = re.search(r"Conflicting lock is held in .* \(PID (\d+)\)", text)
-    if held:
-        pid = held = held.group(1)
+    lock = re.search(r"Conflicting lock is held in .* \(PID (\d+)\)", text)
+    if lock:
+        pid, who = lock.group(1), "another process holds it"
         try:        # a gpuscope analyzer holds its DB in its analysis process: name the analyzer itself
             parent = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1]
             argv = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
             if any(a.endswith(b"gpuscope") or a == b"gpuscope.daemon.cli" for a in argv):
-                held = f"{pid} is the analysis process of gpuscope PID {parent}:"
-                pid = parent
+                who, pid = f"PID {pid} is the analysis process of gpuscope PID {parent}", parent
         except (OSError, IndexError):
             pass
-        return f" ({'PID ' + held if held != pid else 'another process holds it:'} stop PID {pid}, or pass another --db)"
+        return f" ({who}: stop PID {pid}, or pass another --db)"
     if "not a valid DuckDB database file" in text:
         return " (not a gpuscope database: pass another --db, or move this file away)"
     return ""

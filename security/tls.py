@@ -323,8 +323,9 @@ def explain_failure(exc: grpc.RpcError, target: str, security: ClientSecurity,
         roles = needs.group(1).split(" or ")
         if "reader" in roles or "operator" in roles:
             role = "reader" if "reader" in roles else "operator"      # the least that allows it
-            return (f"the server at {target} refused this call: {details} ({'an' if role == 'operator' else 'a'} {role} certificate or token allows "
-                    f"it: `gpuscope certs client DIR --name NAME --role {role}` or `gpuscope certs token "
+            article = "an" if role == "operator" else "a"
+            return (f"the server at {target} refused this call: {details} ({article} {role} certificate or token "
+                    f"allows it: `gpuscope certs client DIR --name NAME --role {role}` or `gpuscope certs token "
                     f"--tokens FILE --name NAME --role {role}`)")
         return (f"the server at {target} refused this call: {details} (only a GPU host's agent certificate "
                 "may make it: `gpuscope certs agent DIR --host HOST`, passed with --tls-dir or --cert/--key)")
