@@ -1,7 +1,6 @@
 """What a server writes is readable by its own user only, whatever the
 shell's umask: the DB holds job command lines only operators may read
 (found in a trial: `analyzer --db X` made X 0644 beside a 0700 tls/)."""
-import os
 import stat
 import subprocess
 import sys
@@ -11,9 +10,11 @@ from tests.conftest import free_port
 
 def test_the_analyzers_files_are_its_own_under_a_lax_umask(tmp_path):
     db = tmp_path / "a.duckdb"
-    proc = subprocess.run([sys.executable, "-m", "gpuscope.daemon.cli", "--log-level", "warning", "analyzer",
-                           "--db", str(db), "--listen", f"127.0.0.1:{free_port()}", "--insecure", "--duration", "1"],
-                          capture_output=True, text=True, timeout=60, preexec_fn=lambda: os.umask(0o022))
+    # the shell sets the umask: preexec_fn would run Python in a forked copy of this threaded process
+    cmd = [sys.executable, "-m", "gpuscope.daemon.cli", "--log-level", "warning", "analyzer",
+           "--db", str(db), "--listen", f"127.0.0.1:{free_port()}", "--insecure", "--duration", "1"]
+    proc = subprocess.run(["sh", "-c", 'umask 022 && exec "$@"', "sh", *cmd],
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     made = [p for p in tmp_path.rglob("*")]
     assert db in made
