@@ -471,7 +471,7 @@ class EngineClient:
         self._pipe.close()
         with self._lock:
             pending, self._pending = self._pending, {}
-        gone = EngineUnavailable("the analysis process stopped; resend later")
+        gone = EngineUnavailable("the analysis process stopped")
         settle = []
         for fut in pending.values():
             if isinstance(fut, asyncio.Future):
@@ -509,7 +509,7 @@ class EngineClient:
         future of that loop."""
         fut = loop.create_future() if loop is not None else Future()
         if not self._up:
-            fut.set_exception(EngineUnavailable("the analysis process is restarting; resend later"))
+            fut.set_exception(EngineUnavailable("the analysis process is restarting"))
             return fut
         rid = next(self._ids) if rid is None else rid
         with self._lock:

@@ -264,12 +264,9 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         return pb.BatchAck(seq=seq, status=_ACK.get(result, pb.BatchAck.DUPLICATE))
 
     def _not_stored(self, exc: Exception) -> str:
-        """UNAVAILABLE's details for a batch not stored: the store's own words
-        say it already (the writer's "commit failed, resend later: ..."); a
-        timeout says nothing by itself."""
-        if isinstance(exc, StoreUnavailable) and "resend later" in str(exc):
-            return str(exc)
-        return f"commit failed, resend later: {str(exc) or f'not stored within {self._timeout:.0f} s'}"
+        """UNAVAILABLE's details for a batch not stored: what happened, in the
+        store's words (a timeout has none), and what to do, said once here."""
+        return f"not stored, resend later: {str(exc) or f'no commit within {self._timeout:.0f} s'}"
 
     async def Push(self, request: bytes, context):
         try:

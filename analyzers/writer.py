@@ -350,7 +350,7 @@ class Writer:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 log.error("commit failed; agents will resend", batches=len(group), error=self.last_error)
                 for _, fut in group:
-                    fut.set_exception(StoreUnavailable(f"commit failed, resend later: {exc}"))
+                    fut.set_exception(StoreUnavailable(f"commit failed: {exc}"))
                 return
             if len(group) == 1:
                 b, fut = group[0]
