@@ -36,8 +36,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-OUT_DIR = ROOT / "bench" / "out"
+sys.path.insert(0, str(ROOT / "bench"))
 
+from fleet_grpc import OUT_DIR, free_port, git_tree, wait_ready  # noqa: E402
 from gpuscope.v1 import analyzer_pb2_grpc, samples_pb2 as pb  # noqa: E402
 
 
@@ -96,13 +97,12 @@ def main() -> int:
     ns = ap.parse_args()
     env = dict(os.environ, **dict(kv.split("=", 1) for kv in ns.env))
     port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, open(f"{tmp}/analyzer.log", "w") as log:
         analyzer = subprocess.Popen([sys.executable, "-m", "gpuscope.daemon.cli", "--log-level", "warning", "analyzer",
                                      "--insecure", "--db", f"{tmp}/s.duckdb", "--listen", f"127.0.0.1:{port}"],
-                                    env=env, stderr=open(f"{tmp}/analyzer.log", "w"))
+                                    env=env, stderr=log)
         try:
-            with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-                grpc.channel_ready_future(ch).result(timeout=60)
+            wait_ready(f"127.0.0.1:{port}", None)
             time.sleep(2)
             idle = rss_mb(analyzer.pid)
             results: dict = {}
@@ -127,7 +127,7 @@ def main() -> int:
                 analyzer.kill()
     batch_mb = round(ns.samples * 36 / 1e6, 2)
     summary = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=platform.node(),
-                   cpus=os.cpu_count(), streams=ns.streams, seconds=ns.seconds, batch_mb=batch_mb, env=ns.env,
+                   cpus=os.cpu_count(), tree=git_tree(), streams=ns.streams, seconds=ns.seconds, batch_mb=batch_mb, env=ns.env,
                    idle_main_mb=idle, peak_main_mb=max(x["main_mb"] for x in trace),
                    peak_child_mb=max(x["child_mb"] for x in trace), after_main_mb=trace[-1]["main_mb"],
                    after_child_mb=trace[-1]["child_mb"],
@@ -140,13 +140,6 @@ def main() -> int:
     print(json.dumps({k: v for k, v in summary.items() if k != "trace"}, indent=1))
     print(f"written {path}")
     return 0
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 if __name__ == "__main__":
