@@ -248,6 +248,12 @@ class Store:
             con.close()
             raise RuntimeError(f"{self.config.path} was written by a newer gpuscope (schema {written}; this one "
                                f"knows up to {SCHEMA_VERSION}): run that version, or start on a new --db")
+        if not written and not self._ours_or_empty():
+            # found in a trial: pointed at another program's DuckDB file, the analyzer added its tables
+            # and 61 columns to the user's own `samples` before failing; refuse before writing anything
+            con.close()
+            raise RuntimeError(f"{self.config.path} holds tables of another program (not a gpuscope database): "
+                               f"pass another --db")
         hot_tables.adopt_old_tables(con)
         for stmt in _ddl():
             con.execute(stmt)
@@ -269,6 +275,17 @@ class Store:
         con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?)",
                         [(m.name, m.unit, m.kind.value, m.help) for m in cat.METRICS])
         con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+
+    def _ours_or_empty(self) -> bool:
+        """A file without gpuscope's schema mark: new and empty, or one of the first gpuscope's (its
+        samples table keyed by host, gpu and t)."""
+        tables = {r[0] for r in self._con.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()}
+        if not tables:
+            return True
+        cols = {r[0] for r in self._con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'samples'").fetchall()}
+        return {"host", "gpu", "t"} <= cols
 
     def _schema_written(self) -> int:
         """The schema version the file was last opened with (0: a new file)."""

@@ -20,6 +20,15 @@ def test_a_db_that_will_not_open_says_what_to_do(tmp_path):
     garbage.write_text("not a database")
     with pytest.raises(RuntimeError, match="not a gpuscope database: pass another --db"):
         Store(StoreConfig(str(garbage)))
+    other = str(tmp_path / "other.duckdb")
+    with duckdb.connect(other) as con:
+        con.execute("CREATE TABLE samples (x INTEGER)")
+    with pytest.raises(RuntimeError, match="holds tables of another program .*: pass another --db"):
+        Store(StoreConfig(other))
+    with duckdb.connect(other) as con:          # untouched: found in a trial with 24 tables and 61 columns added
+        assert con.execute("SELECT table_name FROM information_schema.tables").fetchall() == [("samples",)]
+        assert con.execute("SELECT count(*) FROM information_schema.columns WHERE table_name = 'samples'"
+                           ).fetchone()[0] == 1
     db = str(tmp_path / "held.duckdb")
     holder = subprocess.Popen([sys.executable, "-c", f"import duckdb, time; c = duckdb.connect({db!r}); "
                                "print('open', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
