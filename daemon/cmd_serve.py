@@ -229,6 +229,21 @@ def _db_directory(ns) -> None:
         why = f"cannot create {Path(ns.db).parent}: {exc.strerror or exc}"
     if why:
         raise UsageError(f"--db {ns.db}: {why}")
+    _private(Path(ns.db))
+    _private(Path(f"{ns.db}.wal"))
+
+
+def _private(path: Path) -> None:
+    """A DB made before the umask was the server's own, or loosened since, is
+    made its owner's alone again (it holds command lines only operators may
+    see), saying so once; found in a trial: a 0644 DB stayed 0644."""
+    try:
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            path.chmod(mode & 0o700)
+            logs.say(f"{path}: was readable by others ({oct(mode)}); now {oct(mode & 0o700)}", "warning")
+    except OSError:          # not there yet, or not ours to change: it is opened as it is
+        pass
 
 
 def _early_checks(ns):
