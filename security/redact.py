@@ -12,7 +12,9 @@ credential(s), auth, private, or a word ending in token/secret/password/
 passwd/passphrase/pwd/credential (`HFTOKEN`, `PGPASSWORD`, `MYSQL_PWD`), or
 apikey/accesskey/privatekey/secretkey. The user:password of `-u`/`--user`
 (curl) and tokens of a recognisable issuer's format (`hf_...`, `ghp_...`,
-`sk-...`, `AKIA...`) go wherever they stand. Whole
+`sk-...`, `AKIA...`, `AIza...`) go wherever they stand, as does the
+credential of any Authorization header. `pass` and `pw` count only as a
+name's last word (`--db-pass`, not `--pass-through`). Whole
 words only, so the ML flags that merely mention tokens keep their values:
 `--max-num-batched-tokens 8192`, `--tokenizer gpt2`, `--keyboard`,
 `--author`. Short flags (`-p 8080`) are never matched. When in doubt we
@@ -41,10 +43,13 @@ REDACTED = "<redacted>"
 
 _WORD = r"[a-z0-9]+"
 _SECRET_WORD = (r"(?:[a-z0-9]*(?:token|secret|password|passwd|passphrase|pwd|credentials?)"
-                r"|(?:api|access|private|secret)?key|auth|private|pass|pw)")
+                r"|(?:api|access|private|secret)?key|auth|private)")
+# Short words that name a password only as a name's last word (`--db-pass`, `--pw`), not `--pass-through`
+# or `--pw-length` (found in a trial: a torchrun script name redacted after --pass-through)
+_LAST_WORD = r"(?:pass|pw)"
 # A name with a secret word in it, whole words only (the next character after
 # the secret word is a separator or the end of the name).
-_NAME = rf"(?:{_WORD}[-_.])*{_SECRET_WORD}(?:[-_.]{_WORD})*"
+_NAME = rf"(?:(?:{_WORD}[-_.])*{_SECRET_WORD}(?:[-_.]{_WORD})*|(?:{_WORD}[-_.])*{_LAST_WORD}(?![-_.\w]))"
 # Quoted values whole (a shell string), else up to the next blank.
 _VALUE = r"""(?:"[^"]*"|'[^']*'|\S+)"""
 # Not inside another name: the `--token` of `x--token=abc` is not a flag.
@@ -65,18 +70,21 @@ _KEYED = re.compile(rf"""(["']{_NAME}["']{_SEP}*[:=]{_SEP}*)(?:"[^"]*"|'[^']*'|[
 _USERINFO = re.compile(r"(://[^\s/@:]*:)[^\s/@]+(?=@)")
 # curl -H "Authorization: Bearer abc"
 _BEARER = re.compile(r"(\bbearer\s+)[\w.~+/=-]+", _FLAGS)
+# any other scheme of an Authorization header: "Authorization: token abc", "AUTHORIZATION: basic abcd"
+_AUTH_HEADER = re.compile(r"(\bauthorization\s*:\s*(?:(?:basic|token|digest)\s+)?)(?!bearer\b)[^\s\"']+", _FLAGS)
 # curl -u user:pass, --user=user:pass (the name stays, as in a URL; docker's -u uid:gid loses its gid)
 _USER = re.compile(rf"""{_START}((?:-u|--user)(?:{_SEP}+|=)(?:(?P<dq>")|(?P<sq>'))?[^\s:'"]+:)"""
                    r"""(?(dq)[^"]*|(?(sq)[^']*|\S+))""")
 # tokens whose issuers made them recognisable, wherever they stand (`huggingface-cli login hf_...`):
 # Hugging Face, GitHub, GitLab, OpenAI-style, Slack, an AWS access key id
 _ISSUED = re.compile(r"()(?<![\w-])(?:hf_[A-Za-z0-9]{30,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{30,}"
-                     r"|glpat-[\w-]{20,}|sk-[\w-]{20,}|xox[abposr]-[\w-]{10,}|AKIA[0-9A-Z]{16})(?![\w-])")
-_PATTERNS = (_KEYED, _ASSIGNED, _SPACED, _USERINFO, _BEARER, _USER, _ISSUED)
+                     r"|glpat-[\w-]{20,}|sk-[\w-]{20,}|xox[abposr]-[\w-]{10,}|A[KS]IA[0-9A-Z]{16}"
+                     r"|AIza[\w-]{35})(?![\w-])")
+_PATTERNS = (_KEYED, _ASSIGNED, _SPACED, _USERINFO, _BEARER, _AUTH_HEADER, _USER, _ISSUED)
 # Every pattern needs one of these (lower case): most command lines have
 # none, and str.find is ~50x cheaper than running the patterns.
 _CLUES = ("token", "key", "secret", "pass", "pw", "credential", "auth", "private", "://", "bearer", "-u",
-          "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "sk-", "xox", "akia")
+          "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "sk-", "xox", "akia", "asia", "aiza")
 
 
 # A distributed job as its launcher names it (collectors/ranks.py), alone or as a straggler's

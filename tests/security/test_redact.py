@@ -46,6 +46,10 @@ R = REDACTED
     ("curl -u 'user:two words' -u u:p", f"curl -u 'user:{R}' -u u:{R}"),
     ("huggingface-cli login hf_" + "a1B2" * 9, f"huggingface-cli login {R}"),
     ("x ghp_" + "z" * 36 + " AKIAABCDEFGHIJKLMNOP", f"x {R} {R}"),
+    ("x ASIAABCDEFGHIJKLMNOP AIza" + "b" * 35, f"x {R} {R}"),
+    ('curl -H "Authorization: token abc123def" -H "Authorization: Basic YWRtaW4="',
+     f'curl -H "Authorization: token {R}" -H "Authorization: Basic {R}"'),
+    ('git -c http.extraheader="AUTHORIZATION: basic abcd1234" clone x', f'git -c http.extraheader="AUTHORIZATION: basic {R}" clone x'),
     # case does not matter
     ("X --HF-TOKEN=abc Hf_ToKeN=abc", f"X --HF-TOKEN={R} Hf_ToKeN={R}"),
 ])
@@ -64,6 +68,7 @@ def test_secrets_are_redacted(cmdline, expected):
     "https://host:8080/path@v2 ssh://git@github.com",             # a port is not a password; a login stays
     "python -m torch.distributed.run --nproc-per-node 8 train.py",
     "python -u train.py --compass 3 --bypass-cache --sk-learn hf_small",   # -u without user:, words inside words
+    "torchrun --pass-through train.py --pass-rate 0.9 --pw-length 12",    # pass and pw only end a name
     "",
 ])
 def test_ordinary_command_lines_are_left_alone(cmdline):
