@@ -145,11 +145,8 @@ def parse_serving(items: list[str]) -> tuple[dict[str, str], dict[str, list[int]
 
 def _analyzer_config(ns, dry_run: bool):
     from gpuscope.analyzers.analyzer import AnalyzerConfig
-    from gpuscope.analyzers.store import MEMORY_SIZE
     from gpuscope.analyzers.trigger import TriggerConfig
 
-    if not MEMORY_SIZE.fullmatch(ns.memory_limit):     # said now, not by the analysis process at start-up
-        raise UsageError(f"--memory-limit {ns.memory_limit!r}: expected a size like 1GB or 512MiB", exit_status=2)
     trigger = TriggerConfig(dry_run=dry_run, host_cooldown_s=ns.host_cooldown, job_captures_per_hour=ns.job_captures,
                             fleet_fraction=ns.fleet_fraction, capture_duration_ms=ns.capture_duration_ms)
     return AnalyzerConfig(ns.db, window_s=ns.window, memory_limit=ns.memory_limit,
@@ -249,8 +246,11 @@ def _private(path: Path) -> None:
 def _early_checks(ns):
     """What can be refused before anything is said, started or written: plain
     text beyond loopback, and the alert receivers (returned, checked)."""
+    from gpuscope.analyzers.store import MEMORY_SIZE
     from gpuscope.security.tls import is_loopback
 
+    if not MEMORY_SIZE.fullmatch(ns.memory_limit):     # said now, not by the analysis process at start-up
+        raise UsageError(f"--memory-limit {ns.memory_limit!r}: expected a size like 1GB or 512MiB", exit_status=2)
     _metrics_address_free(ns)
     if ns.insecure:
         for flag in ("listen", "metrics_listen"):
