@@ -92,6 +92,63 @@ class ByteBudget:
             w.wake()
 
 
+class ReadGate:
+    """Bytes read from agents' streams and not yet queued for the writer.
+
+    The writer's budget bounds what is queued; a stream that waits for it
+    holds the message it read (its bytes and the parsed batch), and gRPC
+    reads a whole message once a read is pending. So a stream whose last
+    message was large reserves that much here before its next read, and a
+    message larger than reserved waits here, its bytes read but not yet
+    parsed: at most `limit` bytes of large messages are parsed and waiting
+    for the writer at once, however many streams send them. Streams of small
+    batches (an agent's few seconds of samples) never wait here: a
+    reservation held across an idle agent's seconds between batches would
+    block the others' reads for nothing.
+    """
+
+    def __init__(self, limit_bytes: int, free_bytes: int):
+        self.budget = ByteBudget(limit_bytes)
+        self.free = free_bytes
+
+    def stream(self) -> "GateSlot":
+        return GateSlot(self)
+
+
+class GateSlot:
+    """One stream's place at the read gate: what it holds, and the size of
+    its last message."""
+    __slots__ = ("gate", "held", "last")
+
+    def __init__(self, gate: ReadGate):
+        self.gate, self.held, self.last = gate, 0, 0
+
+    async def reserve(self) -> None:
+        """Before a read: room for a message like the last, if that was large."""
+        if self.last > self.gate.free:
+            await self.gate.budget.acquire(self.last)
+            self.held = self.last
+
+    async def read(self, size: int) -> None:
+        """After a read of `size` bytes: waits for room for all of it if it
+        is large and more than reserved. The reservation is given back while
+        it waits, or streams holding part and waiting for more would wait
+        for each other."""
+        self.last = size
+        if size <= max(self.held, self.gate.free):
+            return
+        self.release()
+        await self.gate.budget.acquire(size)
+        self.held = size
+
+    def release(self) -> None:
+        """Once the message is queued for the writer (whose budget then
+        holds it), refused, or abandoned."""
+        held, self.held = self.held, 0
+        if held:
+            self.gate.budget.release(held)
+
+
 def _resolve(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_result(None)

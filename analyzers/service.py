@@ -36,7 +36,7 @@ from .events import Watch
 from .batch_size import SCREEN_ABOVE_BYTES, check_size, screen
 from .capture_upload import (MAX_OPEN_UPLOADS, MAX_OPEN_UPLOADS_PER_HOST, MAX_UPLOADS, UPLOAD_RECEIVE_S, UPLOAD_WAIT_S, TraceAssembly,
                              UploadError)
-from .flow import HostRate
+from .flow import HostRate, ReadGate
 from .ingest import BatchError, validate_capture_record
 from .throttle import Throttle
 from .store import AGGREGATES, FINDING_GROUPS, FINDING_KINDS, PROCESS_GROUPS
@@ -55,6 +55,11 @@ _ACK = {COMMITTED: pb.BatchAck.COMMITTED}
 # Arrow's pool); the byte budget charges this with margin, so that 64 MiB of
 # budget bounds what the queue really holds.
 DECODED_BATCH_BYTES = 32 << 10
+# Large messages read from agents' streams and waiting for the writer's budget, at most (flow.ReadGate);
+# a stream whose last message was at most READ_FREE_BYTES reads its next without waiting. An agent's
+# batch of a few seconds is ~40 KB at 8 GPUs; one catching up after an outage sends up to 8 MiB.
+READ_GATE_BYTES = 64 << 20
+READ_FREE_BYTES = 256 << 10
 # Agents' batches reach the servicer as bytes (add_to_server), so that their
 # size is known without ByteSize(), which serializes the message again (100 ms
 # for 50 MB, on the event loop).
@@ -139,6 +144,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         self._rate_log = Throttle(10.0)
         self.max_agent_streams = max_agent_streams
         self.agent_streams = 0
+        self._reading = ReadGate(READ_GATE_BYTES, READ_FREE_BYTES)
         self._timeout = commit_timeout_s
         self._oncall = ThreadPoolExecutor(max_workers=oncall_threads, thread_name_prefix="oncall")
         self._captures = ThreadPoolExecutor(max_workers=2, thread_name_prefix="capture-report")
@@ -298,13 +304,22 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
             # frame, and this frame held them and the parsed message (~130 KiB at 8 GPUs x 5 s
             # in all), which at 2,000 agents was a third of the gRPC process. So each message
             # is read from the context, and let go of once queued.
+            # A stream sending large batches waits at the read gate (flow.ReadGate).
+            slot = self._reading.stream()
             try:
-                while (data := await context.read()) is not grpc.aio.EOF:
+                while True:
+                    await slot.reserve()
                     try:
-                        req, fut, error = await self._admit(data, context, "Ingest")
-                    except _Refused as exc:
-                        await pending.put(exc.with_traceback(None))     # its frames hold the message
-                        return
+                        if (data := await context.read()) is grpc.aio.EOF:
+                            return
+                        await slot.read(len(data))
+                        try:
+                            req, fut, error = await self._admit(data, context, "Ingest")
+                        except _Refused as exc:
+                            await pending.put(exc.with_traceback(None))     # its frames hold the message
+                            return
+                    finally:
+                        slot.release()      # queued (the writer's budget holds it now), refused, or cancelled
                     del data
                     seq, req = req.seq, None
                     await pending.put((seq, fut, error))

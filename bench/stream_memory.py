@@ -13,7 +13,8 @@ samples of one GPU (3 metrics: 36 bytes a sample, 7.2 MB at the default)
 back to back for `--seconds`, and reads the resident memory of the
 analyzer's main (gRPC) process and of its analysis process every 2 s, then
 for 10 s after the streams end. `--env MALLOC_MMAP_THRESHOLD_=1048576` and
-the like run the analyzer with that environment.
+the like run the analyzer with that environment, `--analyzer-args
+'--memory-limit 200MB'` with those flags.
 
 Prints one line every 2 s and a summary; writes bench/out/stream_memory-<time>.json.
 """
@@ -23,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import signal
 import subprocess
 import sys
@@ -94,12 +96,14 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--samples", type=int, default=200_000, help="samples a batch (36 bytes each)")
     ap.add_argument("--env", action="append", default=[], metavar="K=V", help="the analyzer's environment")
+    ap.add_argument("--analyzer-args", default="", metavar="ARGS", help="more flags for `gpuscope analyzer`")
     ns = ap.parse_args()
     env = dict(os.environ, **dict(kv.split("=", 1) for kv in ns.env))
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp, open(f"{tmp}/analyzer.log", "w") as log:
         analyzer = subprocess.Popen([sys.executable, "-m", "gpuscope.daemon.cli", "--log-level", "warning", "analyzer",
-                                     "--insecure", "--db", f"{tmp}/s.duckdb", "--listen", f"127.0.0.1:{port}"],
+                                     "--insecure", "--db", f"{tmp}/s.duckdb", "--listen", f"127.0.0.1:{port}",
+                                     *shlex.split(ns.analyzer_args)],
                                     env=env, stderr=log)
         try:
             wait_ready(f"127.0.0.1:{port}", None)
@@ -127,7 +131,7 @@ def main() -> int:
                 analyzer.kill()
     batch_mb = round(ns.samples * 36 / 1e6, 2)
     summary = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=platform.node(),
-                   cpus=os.cpu_count(), tree=git_tree(), streams=ns.streams, seconds=ns.seconds, batch_mb=batch_mb, env=ns.env,
+                   cpus=os.cpu_count(), tree=git_tree(), streams=ns.streams, analyzer_args=ns.analyzer_args, seconds=ns.seconds, batch_mb=batch_mb, env=ns.env,
                    idle_main_mb=idle, peak_main_mb=max(x["main_mb"] for x in trace),
                    peak_child_mb=max(x["child_mb"] for x in trace), after_main_mb=trace[-1]["main_mb"],
                    after_child_mb=trace[-1]["child_mb"],

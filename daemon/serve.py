@@ -105,7 +105,13 @@ class Server:
             migration_thread_pool=self._pool, interceptors=interceptors,
             options=[("grpc.max_receive_message_length", receive_bytes),
                      ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.so_reuseport", 0)],
+                     ("grpc.so_reuseport", 0),
+                     # gRPC's bandwidth-delay probing grows each stream's window for large messages,
+                     # and gRPC then reads that far ahead of the stream's handler, outside any budget
+                     # of ours: 12 streams of 7 MB batches held ~45 MB each (docs/benchmarks.md,
+                     # "Streams of large batches"). Without it a stream buffers 64 KiB ahead, and a
+                     # pending read still takes its whole message at once.
+                     ("grpc.http2.bdp_probe", 0)],
             maximum_concurrent_rpcs=max_concurrent_rpcs)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         for add, servicer, _name in self._register:
