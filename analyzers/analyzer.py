@@ -154,6 +154,7 @@ class Analyzer:
         self.live = LiveWindows(self.window_s)
         self.live.hbm_measured = self.store.measured_hbm()
         self.gpus: dict[tuple[str, int], GpuState] = {}
+        self._host_gpus: dict[str, list[int]] = {}     # host -> its GPUs in self.gpus (note_held)
         self._names: dict[tuple[str, int], str] = {}
         self._sources: dict[tuple[str, int], str] = {}     # where each GPU's samples come from
         self._uuids: dict[tuple[str, int], str] = {}
@@ -441,7 +442,22 @@ class Analyzer:
         st = self.gpus.get((host, gpu))
         if st is None:
             st = self.gpus[(host, gpu)] = GpuState(host, gpu)
+            self._host_gpus.setdefault(host, []).append(gpu)
         return st
+
+    def note_held(self, host: str) -> None:
+        """A batch of `host` is held back by its ingest rate (--host-rate):
+        its agent is heard from, not silent, and its GPUs are not stale nor
+        their findings closed while our own policy delays its samples (as
+        a backlog of the writer's is not silence either)."""
+        def run(_store: Store) -> None:
+            now = self._clock()
+            if host in self._host_arrival:
+                self._host_arrival[host] = max(self._host_arrival[host], now)
+            for g in self._host_gpus.get(host, ()):
+                self.gpus[(host, g)].last_arrival = now
+                self._status_dirty.add((host, g))
+        self.writer.call(run)
 
     def _record(self, results: list[tuple[str, Classification, str, dict[str, str]]]) -> None:
         if not results:

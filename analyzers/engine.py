@@ -231,6 +231,8 @@ class _Child:
             self._watching(msg[1])
         elif kind == "undelivered":
             self._undelivered(msg[1])
+        elif kind == "held":
+            self.a.note_held(msg[1])
         elif kind == "rejected":
             self.a.count_rejected(pb.SampleBatch(host=msg[1], seq=msg[2]) if msg[1] else None, msg[3])
         elif kind == "drain":
@@ -537,6 +539,9 @@ class EngineClient:
         except RuntimeError:
             loop = None
         return self._request(lambda rid: ("batch", rid, decoded), loop=loop)
+
+    def note_held(self, host: str) -> None:
+        self._tell(("held", host))
 
     def count_rejected(self, batch: pb.SampleBatch | None, error: str) -> None:
         self._tell(("rejected", batch.host[:253] if batch is not None else "", batch.seq if batch is not None else 0,

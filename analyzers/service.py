@@ -55,6 +55,7 @@ _ACK = {COMMITTED: pb.BatchAck.COMMITTED}
 # Arrow's pool); the byte budget charges this with margin, so that 64 MiB of
 # budget bounds what the queue really holds.
 DECODED_BATCH_BYTES = 32 << 10
+HELD_NOTE_S = 2.0           # a batch held by its host's rate tells the analyzer its host is alive this often
 # Large messages read from agents' streams and waiting for the writer's budget, at most (flow.ReadGate);
 # a stream whose last message was at most READ_FREE_BYTES reads its next without waiting. An agent's
 # batch of a few seconds is ~40 KB at 8 GPUs; one catching up after an outage sends up to 8 MiB.
@@ -251,7 +252,11 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                            f"({self.host_rate.rate / 1024:.0f} KiB/s, --host-rate): it owes more than "
                            f"{self.host_rate.max_debt / (1 << 20):.0f} MiB; resend later")
         try:
-            await asyncio.sleep(wait)
+            # said while it waits, so that a host held longer than the staleness horizon is not taken for silent
+            until = time.monotonic() + wait
+            while (left := until - time.monotonic()) > 0:
+                self.analyzer.note_held(req.host)
+                await asyncio.sleep(min(left, HELD_NOTE_S))
         except BaseException:
             self._refund(req.host, wire_bytes)
             raise

@@ -191,3 +191,39 @@ def test_an_ingest_stream_too_far_over_is_ended_after_the_acks_before(srv):
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "over its ingest rate" in err.value.details()
     assert [(a.seq, a.status) for a in acks] == [(1, pb.BatchAck.COMMITTED), (2, pb.BatchAck.COMMITTED)]
     assert _rows(srv, "deep") == 2 * 300
+
+
+@pytest.mark.parametrize("engine", [False, True])
+def test_a_host_held_back_by_its_rate_is_not_taken_for_silent(tmp_path, engine):
+    """Found in a trial: a host held longer than the staleness horizon
+    (3 windows, 3 s here) showed as stale and its finding closed with
+    "agent went silent", while its batches waited on our own policy."""
+    srv = AnalyzerServer(tmp_path / "a.duckdb", engine=engine)
+    try:
+        _held_is_heard(srv)
+    finally:
+        srv.stop()
+
+
+def _held_is_heard(srv):
+    size = _batch("held", 1).ByteSize()
+    srv.servicer.host_rate = HostRate(size / 6, size, max_debt=2 * size)   # the third batch waits ~6 s
+    stub = analyzer_pb2_grpc.AnalyzerStub(grpc.insecure_channel(srv.target))
+    acked = threading.Event()
+    acks: list = []
+
+    def send():
+        for a in stub.Ingest(iter([_batch("held", seq) for seq in (1, 2, 3)]), timeout=30):
+            acks.append(a.status)
+            if len(acks) == 2:
+                acked.set()
+    th = threading.Thread(target=send)
+    th.start()
+    assert acked.wait(10)
+    time.sleep(4.5)                     # past the horizon since the second batch, the third still held
+    status = stub.GetStatus(apb.StatusRequest(host="held"), timeout=10)
+    assert len(acks) == 2
+    assert status.hosts_stale == 0 and [g.stale for g in status.gpus] == [False]
+    th.join(20)
+    assert acks == [pb.BatchAck.COMMITTED] * 3
+    assert stub.GetStatus(apb.StatusRequest(host="held"), timeout=10).samples_committed == 3 * 300
