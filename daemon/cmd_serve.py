@@ -379,9 +379,12 @@ def _server_security(ns, name: str, listen: str) -> dict:
     def authenticate(method: str, auth_context: dict, metadata: tuple):
         caller = caller_from(auth_context, metadata, tokens)
         denial = authorize(method, caller)
-        if method in OPERATOR_ACTIONS:
-            audit(caller, method, outcome="denied" if denial else "allowed")
-        return caller, denial
+        if method not in OPERATOR_ACTIONS:
+            return caller, denial, None
+        if denial:
+            audit(caller, method, outcome="denied")
+            return caller, denial, None
+        return caller, None, lambda outcome: audit(caller, method, outcome=outcome)     # once it has ended
     security = dict(credentials=server_credentials(files, require_client_cert=True), authenticate=authenticate)
     oncall = getattr(ns, "oncall_listen", None)
     if oncall:

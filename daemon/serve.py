@@ -41,8 +41,10 @@ MAX_RECEIVE_BYTES = 32 * 1024 * 1024
 # allocator keeps (docs/benchmarks.md), and there the caller may be anyone.
 EXTRA_PORT_RECEIVE_BYTES = 1024 * 1024
 
-# authenticate(method, auth_context, metadata) -> (caller, None) or (None, (code, message))
-Authenticate = Callable[[str, dict, tuple], tuple[object, tuple[grpc.StatusCode, str] | None]]
+# authenticate(method, auth_context, metadata) -> (caller, denial, done): denial None or (code, message);
+# done None or a callable told how an allowed call ended ("ok" or its status code's name), for the audit log
+Authenticate = Callable[[str, dict, tuple], tuple[object, tuple[grpc.StatusCode, str] | None,
+                                                 Callable[[str], None] | None]]
 
 
 class ListenError(RuntimeError):
@@ -317,54 +319,94 @@ class _AuthInterceptor(grpc.aio.ServerInterceptor):
 
 
 def _guard(behavior, method: str, authenticate: Authenticate, streams_out: bool):
-    """The handler wrapped: authenticate, refuse, or run it with CALLER set.
+    """The handler wrapped: authenticate, refuse, or run it with CALLER set,
+    and say how it ended to whoever asked (the audit log of operator
+    actions: "allowed" alone would not say whether the capture happened).
     One wrapper per handler kind, because gRPC tells them apart by kind."""
     def enter(context):
-        caller, denial = authenticate(method, context.auth_context(), tuple(context.invocation_metadata() or ()))
-        return denial, (None if denial else CALLER.set(caller))
+        caller, denial, done = authenticate(method, context.auth_context(),
+                                            tuple(context.invocation_metadata() or ()))
+        return denial, (None if denial else CALLER.set(caller)), done
+
+    def leave(token, done, context, error: BaseException | None) -> None:
+        CALLER.reset(token)
+        if done is not None:
+            done(_ended(context, error))
 
     if inspect.isasyncgenfunction(behavior):
         async def agen(request, context):
-            denial, token = enter(context)
+            denial, token, done = enter(context)
             if denial:
                 await context.abort(*denial)
+            error = None
             try:
                 async for item in behavior(request, context):
                     yield item
+            except BaseException as exc:
+                error = exc
+                raise
             finally:
-                CALLER.reset(token)
+                leave(token, done, context, error)
         return agen
     if inspect.iscoroutinefunction(behavior):
         async def coro(request, context):
-            denial, token = enter(context)
+            denial, token, done = enter(context)
             if denial:
                 await context.abort(*denial)
+            error = None
             try:
                 return await behavior(request, context)
+            except BaseException as exc:
+                error = exc
+                raise
             finally:
-                CALLER.reset(token)
+                leave(token, done, context, error)
         return coro
 
     if streams_out:                    # a sync generator on the thread pool
         def gen(request, context):
-            denial, token = enter(context)
+            denial, token, done = enter(context)
             if denial:
                 context.abort(*denial)
+            error = None
             try:
                 yield from behavior(request, context)
+            except BaseException as exc:
+                error = exc
+                raise
             finally:
-                CALLER.reset(token)
+                leave(token, done, context, error)
         return gen
 
     def call(request, context):
-        denial, token = enter(context)
+        denial, token, done = enter(context)
         if denial:
             context.abort(*denial)
+        error = None
         try:
             return behavior(request, context)
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
-            CALLER.reset(token)
+            leave(token, done, context, error)
     return call
+
+
+def _ended(context, error: BaseException | None) -> str:
+    """How a call ended: "ok", the status code its handler set or aborted
+    with, "cancelled" when its caller went away, or "failed"."""
+    try:
+        code = context.code()
+    except Exception:           # a context that keeps no code
+        code = None
+    if isinstance(code, grpc.StatusCode) and code != grpc.StatusCode.OK:
+        return code.name
+    if error is None:
+        return "ok"
+    if isinstance(error, (asyncio.CancelledError, GeneratorExit)):
+        return "cancelled"
+    return "failed"
 
 
 # -- a busy port ---------------------------------------------------------------------------

@@ -306,9 +306,10 @@ def add_token(path: str | os.PathLike, name: str, role: str) -> str:
 
 # -- audit --------------------------------------------------------------------------------------
 
-def audit(caller: Caller | None, method: str, detail: Mapping | str | None = None, outcome: str = "allowed") -> None:
-    """One structured line on logger 'gpuscope.audit' per operator action
-    (and per refusal the server chooses to record)."""
+def audit(caller: Caller | None, method: str, detail: Mapping | str | None = None, outcome: str = "ok") -> None:
+    """One structured line on logger 'gpuscope.audit' per operator action,
+    once it has ended: `outcome` is "ok", "denied", or how it failed (its
+    status code's name, "cancelled", "failed")."""
     fields = dict(method=method, outcome=outcome,
                   caller=caller.name if caller else None, role=caller.role if caller else None,
                   caller_host=caller.host if caller else None, via=caller.via if caller else None)

@@ -1,6 +1,7 @@
 """The analyzer over mutual TLS, as an attacker and as its users meet it:
 no certificate, another CA, another host's agent certificate, a reader
 calling an operator's RPC. Certificates are made in the test."""
+import asyncio
 import time
 
 import grpc
@@ -20,7 +21,7 @@ from tests.conftest import free_port
 
 def _authenticate(method, auth_context, metadata):
     caller = caller_from(auth_context, metadata, None)
-    return caller, authorize(method, caller)
+    return caller, authorize(method, caller), None
 
 
 @pytest.fixture(scope="module")
@@ -217,3 +218,52 @@ def test_programs_show_a_reader_the_executable_and_an_operator_the_command(pki, 
     with _client(pki, "h1").channel(target) as ch:
         assert _code(lambda: analyzer_pb2_grpc.AnalyzerStub(ch).ListPrograms(req, timeout=10)) == \
             grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_an_operator_action_is_audited_with_how_it_ended(pki, tmp_path):
+    """The audit line is written once the action has ended and says how
+    (found in a trial: `outcome: allowed` was written before the call ran,
+    for captures that then failed)."""
+    import structlog
+
+    from gpuscope.daemon.cli import build_parser
+    from gpuscope.daemon.cmd_serve import _server_security
+    ns = build_parser().parse_args(["analyzer", "--tls-dir", str(pki / "ca"), "--db", str(tmp_path / "a.duckdb")])
+    security = _server_security(ns, "analyzer", "127.0.0.1:0")
+    a = Analyzer(AnalyzerConfig(str(tmp_path / "a.duckdb"), memory_limit="256MB"))
+    servicer = AnalyzerServicer(a)
+    server, port, _ = build_server("127.0.0.1:0", [(add_to_server, servicer, "gpuscope.v1.Analyzer")], **security)
+    a.start()
+    server.start()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            for who, req in (("operator", apb.CaptureJobRequest(job="no-such-job")),
+                             ("operator", apb.CaptureJobRequest(job="j", duration_ms=10 ** 9)),
+                             ("reader", apb.CaptureJobRequest(job="j"))):
+                with _client(pki, who).channel(f"localhost:{port}") as ch:
+                    _code(lambda: analyzer_pb2_grpc.AnalyzerStub(ch).CaptureJob(req, timeout=10))
+            with _client(pki, "reader").channel(f"localhost:{port}") as ch:     # not an operator action: no line
+                analyzer_pb2_grpc.AnalyzerStub(ch).GetStatus(apb.StatusRequest(), timeout=10)
+    finally:
+        shutdown(server, grace_s=0.2)
+        servicer.close()
+        a.close()
+    audits = [(x["method"], x["role"], x["outcome"]) for x in logs if x["event"] == "audit"]
+    assert audits == [("/gpuscope.v1.Analyzer/CaptureJob", "operator", "NOT_FOUND"),
+                      ("/gpuscope.v1.Analyzer/CaptureJob", "operator", "INVALID_ARGUMENT"),
+                      ("/gpuscope.v1.Analyzer/CaptureJob", "reader", "denied")]
+
+
+def test_how_a_call_ended():
+    from gpuscope.daemon.serve import _ended
+
+    class Context:
+        def __init__(self, code):
+            self._code = code
+
+        def code(self):
+            return self._code
+    assert _ended(Context(None), None) == "ok" and _ended(Context(grpc.StatusCode.OK), None) == "ok"
+    assert _ended(Context(grpc.StatusCode.NOT_FOUND), Exception("aborted")) == "NOT_FOUND"
+    assert _ended(Context(None), asyncio.CancelledError()) == "cancelled"
+    assert _ended(Context(None), RuntimeError("bug")) == "failed"
