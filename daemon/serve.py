@@ -239,8 +239,9 @@ def _clear(exc: BaseException | None) -> None:
 
 class _WireErrors(grpc.aio.ServerInterceptor):
     """Bytes that are not the method's message get INVALID_ARGUMENT naming
-    the method, not grpc's UNKNOWN "Unexpected DecodeError" (async handlers:
-    the analyzer's, which agents and anyone on the network reach)."""
+    the method, not grpc's UNKNOWN "Unexpected DecodeError": async handlers
+    (the analyzer's, which agents and anyone on the network reach) and sync
+    ones (the agent's API, run on the pool)."""
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -248,10 +249,11 @@ class _WireErrors(grpc.aio.ServerInterceptor):
             return handler
         for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
             behavior = getattr(handler, k)
-            if behavior is not None and (inspect.iscoroutinefunction(behavior)
-                                         or inspect.isasyncgenfunction(behavior)):
+            if behavior is not None:
+                check = (_checked if inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)
+                         else _checked_sync)
                 return handler._replace(request_deserializer=_tolerant(handler.request_deserializer),
-                                        **{k: _checked(behavior, details.method, k.startswith("stream"))})
+                                        **{k: check(behavior, details.method, k.startswith("stream"))})
         return handler
 
 
@@ -294,6 +296,31 @@ def _checked(behavior, method: str, streams_in: bool):
             await refuse(context, request)
         return await behavior(request, context)
     return coro
+
+
+def _checked_sync(behavior, method: str, streams_in: bool):
+    """_checked for a sync handler: its context's abort raises, in the pool's thread."""
+    def refuse(context, bad: _Undecodable):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: the request is not a valid message ({bad.error})")
+
+    def requests(source, context):
+        for item in source:
+            if isinstance(item, _Undecodable):
+                refuse(context, item)
+            yield item
+
+    def call(request, context):
+        if streams_in:
+            request = requests(request, context)
+        elif isinstance(request, _Undecodable):
+            refuse(context, request)
+        return behavior(request, context)
+
+    if inspect.isgeneratorfunction(behavior):           # grpc tells a sync stream of replies by its kind
+        def gen(request, context):
+            yield from call(request, context)
+        return gen
+    return call
 
 
 # -- authentication ------------------------------------------------------------------------
