@@ -100,6 +100,17 @@ CAPTURE_COLUMNS = ("id", "host", "target", "pid", "gpus", "job", "start", "end",
 
 
 MEMORY_SIZE = re.compile(r"\d+(\.\d+)?\s*([KMGT]i?B|B)", re.IGNORECASE)
+# as DuckDB reads them: KB, MB... are powers of 1000, KiB, MiB... of 1024
+_SIZE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def memory_size_bytes(text: str) -> int:
+    """Bytes in a size MEMORY_SIZE matches (ValueError otherwise)."""
+    m = MEMORY_SIZE.fullmatch(text)
+    if m is None:
+        raise ValueError(f"{text!r}: expected a size like 1GB or 512MiB")
+    return int(float(text[:m.start(2)]) * _SIZE_UNITS[m.group(2).lower()])
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--db", default=default_db(), help=f"DuckDB file (default {default_db()})")
         sp.add_argument("--window", type=number(1, 60, unit=" s"), default=5.0,
                         help="classification window in seconds, 1-60 (default 5)")
-        sp.add_argument("--memory-limit", default="1GB", help="DuckDB memory cap (default 1GB)")
+        sp.add_argument("--memory-limit", default="1GB",
+                        help="DuckDB memory cap, from 64MB to this machine's memory (default 1GB)")
         sp.add_argument("--dry-run", action="store_true", help="record capture decisions, start none")
         sp.add_argument("--host-cooldown", type=duration, default=600.0, help="between captures on a host (default 10m)")
         sp.add_argument("--job-captures", type=number(0, 10_000, int), default=3, help="captures per job per hour (default 3)")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gpuscope.v1 import agent_pb2_grpc
 
-from . import clients, logs
+from . import clients, config_file, logs
 from .agent import Agent, AgentConfig
 from .cliutil import UsageError, default_db
 from .entry import interrupted
@@ -246,11 +246,9 @@ def _private(path: Path) -> None:
 def _early_checks(ns):
     """What can be refused before anything is said, started or written: plain
     text beyond loopback, and the alert receivers (returned, checked)."""
-    from gpuscope.analyzers.store import MEMORY_SIZE
     from gpuscope.security.tls import is_loopback
 
-    if not MEMORY_SIZE.fullmatch(ns.memory_limit):     # said now, not by the analysis process at start-up
-        raise UsageError(f"--memory-limit {ns.memory_limit!r}: expected a size like 1GB or 512MiB", exit_status=2)
+    _memory_limit(ns)
     _metrics_address_free(ns)
     if ns.insecure:
         for flag in ("listen", "metrics_listen"):
@@ -260,6 +258,39 @@ def _early_checks(ns):
                                  f"text is allowed on 127.0.0.1/::1 only (use --tls-dir for the fleet, see "
                                  f"docs/security.md)")
     return _alert_config(ns)
+
+
+# DuckDB's cap, the least it is given. At start-up alone the analyzer's DuckDB needs more than 4 MB;
+# one replayed host ran out of memory at 16 MB (an OutOfMemoryException that ended `up`), 32 MB held
+# with nothing to spare for reports and larger commit groups; twice that is the floor.
+MEMORY_LIMIT_FLOOR = 64 * 10**6
+
+
+def _memory_limit(ns) -> None:
+    """--memory-limit as DuckDB would take it, from the floor above to the
+    machine's memory (more than it has is no cap at all). Said now, not by
+    the analysis process at start-up, nor by its first query."""
+    from gpuscope.analyzers.store import MEMORY_SIZE, memory_size_bytes
+
+    value = ns.memory_limit
+    if not MEMORY_SIZE.fullmatch(value):
+        raise UsageError(f"--memory-limit {value!r}: expected a size like 1GB or 512MiB", exit_status=2)
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    size = memory_size_bytes(value)
+    if size < MEMORY_LIMIT_FLOOR:
+        why = "less than DuckDB needs to hold the analyzer's tables and a commit"
+    elif size > physical and _given(ns, "memory_limit"):   # the default on a small machine is DuckDB's to cap
+        why = "more than this machine's memory"
+    else:
+        return
+    raise UsageError(f"--memory-limit {value}: {why}; give {MEMORY_LIMIT_FLOOR // 10**6}MB to {physical >> 20}MiB "
+                     f"(this machine's memory), e.g. 1GB", exit_status=2)
+
+
+def _given(ns, key: str) -> bool:
+    """Whether a setting came from a flag, the environment or a file (not its default)."""
+    res = getattr(ns, "configuration", None)
+    return res is None or key not in res.settings or res.settings[key].kind != config_file.DEFAULT
 
 
 def _alert_config(ns):
