@@ -40,6 +40,7 @@ import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
+import duckdb
 import structlog
 
 from gpuscope.v1 import analyzer_pb2 as apb, samples_pb2 as pb
@@ -183,7 +184,7 @@ def _child_main(conn, config, init: Callable | None, init_args: tuple) -> None:
                 time.sleep(0.25)
                 continue
             try:
-                conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+                conn.send(("failed", said(exc)))
             except OSError:          # the parent is gone already
                 pass
             return
@@ -195,6 +196,18 @@ def _child_main(conn, config, init: Callable | None, init_args: tuple) -> None:
         analyzer.close()
         return
     _Child(_Pipe(conn, "engine-sender"), analyzer).serve()
+
+
+def said(exc: BaseException) -> str:
+    """An error as a person reads it at start-up: its own words where they
+    explain themselves (ours, which say what to do; an OSError's errno and
+    file; DuckDB's, which name their kind, e.g. "IO Error: ..."), the class
+    name only where the words alone would not (a KeyError's bare key)."""
+    text = str(exc)
+    if text and (type(exc) in (RuntimeError, ValueError) or isinstance(exc, (OSError, duckdb.Error))
+                 or type(exc).__module__.startswith("gpuscope.")):
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class _Child:

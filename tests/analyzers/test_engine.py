@@ -4,10 +4,11 @@ happens while the child is away."""
 import os
 import signal
 
+import duckdb
 import pytest
 
 from gpuscope.analyzers.analyzer import AnalyzerConfig
-from gpuscope.analyzers.engine import EngineClient
+from gpuscope.analyzers.engine import EngineClient, said
 from gpuscope.daemon import clients
 from tests.helpers import AnalyzerServer, wait_for
 
@@ -18,7 +19,21 @@ def test_a_store_that_cannot_open_ends_start_up_with_the_childs_error(tmp_path):
     with pytest.raises(RuntimeError) as err:
         engine.start()
     assert "dir.duckdb" in str(err.value)
+    # found by a tester: "RuntimeError: cannot open ...", the class name before words that say it all
+    assert str(err.value).startswith(f"cannot open DuckDB file {tmp_path / 'dir.duckdb'}: IO Error: "), err.value
     engine.close()
+
+
+@pytest.mark.parametrize("exc, shown", [
+    (RuntimeError("cannot open DuckDB file x: held"), "cannot open DuckDB file x: held"),
+    (PermissionError(13, "Permission denied", "/var/lib/g.duckdb"), "[Errno 13] Permission denied: '/var/lib/g.duckdb'"),
+    (duckdb.IOException("IO Error: No space left on device"), "IO Error: No space left on device"),
+    (ValueError("memory limit: '1 apple', expected a size like 1GB or 512MiB"),
+     "memory limit: '1 apple', expected a size like 1GB or 512MiB"),
+    (KeyError("host"), "KeyError: 'host'"), (AssertionError(), "AssertionError"),
+])
+def test_start_up_errors_are_said_in_their_own_words_unless_those_need_the_class(exc, shown):
+    assert said(exc) == shown
 
 
 def _note_gc(path):

@@ -41,6 +41,23 @@ def test_a_db_that_will_not_open_says_what_to_do(tmp_path):
         holder.wait()
 
 
+def _analyzer_on(db, timeout=120):
+    return subprocess.run([sys.executable, "-m", "gpuscope.daemon.cli", "--log-level", "error", "analyzer",
+                           "--insecure", "--listen", "127.0.0.1:0", "--db", str(db), "--duration", "1s"],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_analyzer_says_why_a_db_will_not_open_without_a_class_name(tmp_path):
+    """Found by a tester: `error: RuntimeError: ...` before words that say it all."""
+    other = tmp_path / "other.duckdb"
+    with duckdb.connect(str(other)) as con:
+        con.execute("CREATE TABLE samples (x INTEGER)")
+    r = _analyzer_on(other)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
+        f"gpuscope analyzer: error: {other} holds tables of another program (not a gpuscope database): "
+        "pass another --db"), r.stderr
+
+
 def test_checkpoints_wait_for_64mb_of_wal_after_a_reopen_too(tmp_path):
     """DuckDB's 16 MB default checkpoints every few seconds under a fleet,
     each re-reading the unfinished row group of samples."""
