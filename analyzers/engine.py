@@ -88,7 +88,7 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-LOCK_WAIT_S = 20.0            # how long a new child waits for the store's lock held by a dying one
+LOCK_WAIT_S = 20.0            # how long a new child waits for the store's lock held by an orphaned one
 # What the parent may call in the child, by name: nothing else crosses.
 CALLS = {"status", "list_findings", "findings_payload", "finding", "report", "range_report", "report_capture",
          "report_calibration", "top", "list_programs", "list_jobs", "job_ranks", "job_skew", "store.captures", "store.ceilings", "store.metric", "store.records",
@@ -169,17 +169,20 @@ def _child_main(conn, config, init: Callable | None, init_args: tuple) -> None:
     if init is not None:
         init(*init_args)
     from .analyzer import Analyzer
+    from .store import lock_holder
     deadline, waited = time.monotonic() + LOCK_WAIT_S, False
     while True:
         try:
             analyzer = Analyzer(config)
             break
         except Exception as exc:  # reported to the parent, which says it and exits
-            # a predecessor that lost its parent to a kill -9 closes the file on its way out
-            if "lock" in str(exc).lower() and time.monotonic() < deadline:
+            # the analysis process of an analyzer killed -9 closes the store on its way out: worth a wait;
+            # any other holder (a running analyzer, another program) is refused at once, naming it
+            holder = lock_holder(str(exc))
+            if holder is not None and holder.orphan and time.monotonic() < deadline:
                 if not waited:
-                    log.warning("the store is locked by another process; waiting for it",
-                                seconds=LOCK_WAIT_S, error=str(exc)[:300])
+                    log.warning("the store is held by the analysis process of an analyzer that is gone; "
+                                "waiting for it to close", pid=holder.pid, seconds=LOCK_WAIT_S)
                     waited = True
                 time.sleep(0.25)
                 continue

@@ -1377,20 +1377,41 @@ def _json_dict(text: str | None) -> dict:
     return json.loads(text) if text and text != "{}" else {}
 
 
+@dataclass(frozen=True)
+class LockHolder:
+    """Who holds a DB's lock, as DuckDB names it and /proc tells."""
+    pid: int
+    analyzer: int | None = None     # the gpuscope analyzer whose analysis process it is, if one
+    orphan: bool = False            # a multiprocessing child whose parent is no gpuscope process: the
+    #                                 analysis process of an analyzer that is gone, closing the store
+
+
+def lock_holder(text: str, proc: str = "/proc") -> LockHolder | None:
+    """The holder of the lock that DuckDB's error `text` is about, or None."""
+    lock = re.search(r"Conflicting lock is held in .* \(PID (\d+)\)", text)
+    if not lock:
+        return None
+    pid = int(lock.group(1))
+    try:
+        parent = int(Path(f"{proc}/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+        argv = Path(f"{proc}/{parent}/cmdline").read_bytes().split(b"\0")
+        child = b"multiprocessing" in Path(f"{proc}/{pid}/cmdline").read_bytes()
+    except (OSError, IndexError, ValueError):       # gone meanwhile, or not ours to see
+        return LockHolder(pid)
+    if any(a.endswith(b"gpuscope") or a == b"gpuscope.daemon.cli" for a in argv):
+        return LockHolder(pid, analyzer=parent)
+    return LockHolder(pid, orphan=child)
+
+
 def _advice(exc: duckdb.Error) -> str:
     """What to do about a DB that will not open, where DuckDB's words do not say."""
     text = str(exc)
-    lock = re.search(r"Conflicting lock is held in .* \(PID (\d+)\)", text)
-    if lock:
-        pid, who = lock.group(1), "another process holds it"
-        try:        # a gpuscope analyzer holds its DB in its analysis process: name the analyzer itself
-            parent = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1]
-            argv = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
-            if any(a.endswith(b"gpuscope") or a == b"gpuscope.daemon.cli" for a in argv):
-                who, pid = f"PID {pid} is the analysis process of gpuscope PID {parent}", parent
-        except (OSError, IndexError):
-            pass
-        return f" ({who}: stop PID {pid}, or pass another --db)"
+    holder = lock_holder(text)
+    if holder is not None:
+        if holder.analyzer is not None:      # a gpuscope analyzer holds its DB in its analysis process
+            return (f" (PID {holder.pid} is the analysis process of gpuscope PID {holder.analyzer}: "
+                    f"stop PID {holder.analyzer}, or pass another --db)")
+        return f" (another process holds it: stop PID {holder.pid}, or pass another --db)"
     if "not a valid DuckDB database file" in text:
         return " (not a gpuscope database: pass another --db, or move this file away)"
     return ""

@@ -123,6 +123,57 @@ def _analysis_child(pid: int) -> int:
     raise AssertionError(f"no analysis process under pid {pid}")
 
 
+def test_a_second_analyzer_on_a_db_in_use_is_refused_at_once_naming_the_first(tmp_path):
+    """Found by a tester: it waited 20 s before saying so."""
+    db, port = tmp_path / "a.duckdb", free_port()
+    first = _analyzer(db, port)
+    try:
+        _ready(port)
+        t0 = time.monotonic()
+        second = subprocess.run([sys.executable, "-m", "gpuscope.daemon.cli", "--log-level", "warning", "analyzer",
+                                 "--insecure", "--db", str(db), "--listen", "127.0.0.1:0"],
+                                capture_output=True, text=True, timeout=60)
+        took = time.monotonic() - t0
+        child = _analysis_child(first.pid)
+        assert first.poll() is None
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=20)
+    assert second.returncode == 1 and second.stderr.strip().splitlines()[-1].endswith(
+        f"(PID {child} is the analysis process of gpuscope PID {first.pid}: stop PID {first.pid}, or pass "
+        "another --db)"), second.stderr
+    assert "waiting" not in second.stderr and took < 15, took     # start-up alone takes 2-5 s here
+
+
+def test_the_analysis_process_of_an_analyzer_killed_9_is_waited_for(tmp_path):
+    """The one holder worth waiting for: the analysis process of an analyzer
+    killed -9 closes the store on its way out (held here, stopped, until the
+    new analyzer says it waits)."""
+    import os
+    db, port = tmp_path / "k.duckdb", free_port()
+    first = _analyzer(db, port)
+    _ready(port)
+    orphan = _analysis_child(first.pid)
+    os.kill(orphan, signal.SIGSTOP)
+    first.kill()
+    first.wait(20)                  # not its pipes: the orphan holds them
+    first.stdout.close()
+    first.stderr.close()
+    second = _analyzer(db, free_port(), "--duration", "1s")
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(second.stderr), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: any("waiting for it to close" in line for line in lines), timeout=60)
+        assert second.poll() is None
+    finally:
+        os.kill(orphan, signal.SIGCONT)
+    second.wait(60)
+    reader.join(10)
+    assert second.returncode == 0, "".join(lines)[-2000:]
+    assert f'"pid": {orphan}' in "".join(lines)
+
+
 def test_kill_9_of_the_analysis_process_loses_no_acked_batch_and_the_analyzer_carries_on(tmp_path):
     """The store and live analysis run in a child process (--engine process):
     when it dies, batches in flight are refused UNAVAILABLE, the agent

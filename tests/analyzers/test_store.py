@@ -1,5 +1,6 @@
 import subprocess
 import sys
+import time
 
 import duckdb
 import pytest
@@ -56,6 +57,33 @@ def test_the_analyzer_says_why_a_db_will_not_open_without_a_class_name(tmp_path)
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
         f"gpuscope analyzer: error: {other} holds tables of another program (not a gpuscope database): "
         "pass another --db"), r.stderr
+
+
+def test_a_db_another_process_holds_is_refused_at_once_naming_it(tmp_path):
+    """Found by a tester: the analyzer waited 20 s before saying so (a wait
+    meant for the analysis process of an analyzer killed -9, closing the
+    store on its way out). Bounded by another refusal of the same start-up
+    path: both processes started, the store opened and refused."""
+    other = tmp_path / "other.duckdb"
+    with duckdb.connect(str(other)) as con:
+        con.execute("CREATE TABLE samples (x INTEGER)")
+    t0 = time.monotonic()
+    assert _analyzer_on(other).returncode == 1
+    baseline = time.monotonic() - t0
+    db = tmp_path / "held.duckdb"
+    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb, time; c = duckdb.connect({str(db)!r}); "
+                               "print('open', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        t0 = time.monotonic()
+        r = _analyzer_on(db)
+        took = time.monotonic() - t0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert r.returncode == 1 and f"another process holds it: stop PID {holder.pid}, or pass another --db" in r.stderr, \
+        r.stderr
+    assert "waiting" not in r.stderr and took < baseline + 2.0, (took, baseline)
 
 
 def test_checkpoints_wait_for_64mb_of_wal_after_a_reopen_too(tmp_path):
