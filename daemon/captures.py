@@ -128,11 +128,13 @@ class CaptureRunner:
         self._lock = threading.Lock()
         self._running: set[str] = set()
         self.records: list[CaptureRecord] = []
-        if os.path.lexists(config.directory):
-            try:
+        try:
+            if os.path.lexists(config.directory):
                 os.close(safe_files.open_root(config.directory, create=False))
-            except OSError as exc:
-                raise ValueError(f"capture directory: {exc}") from None
+            else:                        # made at the first capture: a link on its way is refused now
+                safe_files.walk(Path(config.directory), create=False)
+        except OSError as exc:
+            raise ValueError(f"capture directory: {exc}") from None
 
     def capture(self, target: str, duration_ms: int, pid: int | None = None, gpus: list[int] | None = None,
                 job: str = "", trigger: str = "on-call", kind: str = "jax",

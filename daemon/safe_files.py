@@ -11,7 +11,9 @@ creates are 0700, files 0600, and a file is only ever created new
 The capture root itself (`--capture-dir`) is trusted up to its parent (the
 operator chose it); the root must be a real directory, owned by the agent's
 user and not writable by group or others, else it is refused. Its read bits
-are left as the operator set them; what is below it is private.
+are left as the operator set them; what is below it is private. A root that
+is missing is made 0700 with its missing parents, never through a symbolic
+link anywhere on its path.
 """
 from __future__ import annotations
 
@@ -75,24 +77,21 @@ def _refused(exc: OSError, name: str, dir_fd: int, where: str, action: str) -> O
 
 
 def open_root(path: str | os.PathLike, create: bool = True) -> int:
-    """The capture root as a directory descriptor, created 0700 when missing.
-    Refused (UnsafePath) when it is a symbolic link or not a directory, owned
-    by another user, or writable by group or others. The caller closes it."""
+    """The capture root as a directory descriptor, created 0700 when missing
+    (with its missing parents, see `walk`). Refused (UnsafePath) when it is a
+    symbolic link or not a directory, owned by another user, or writable by
+    group or others. The caller closes it."""
     path = Path(path)
-    if create and not os.path.lexists(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
+    fd = walk(path, create=True) if create and not os.path.lexists(path) else None
+    if fd is None:
         try:
-            os.mkdir(path, DIR_MODE)
-        except FileExistsError:
-            pass                                    # made meanwhile: checked below like any other
-    try:
-        fd = os.open(path, _DIR_FLAGS)
-    except OSError as exc:
-        if os.path.islink(path):
-            raise UnsafePath(f"{path} is a symbolic link; give the directory itself") from None
-        if exc.errno in (errno.ENOTDIR, errno.ELOOP):
-            raise UnsafePath(f"{path} is not a directory") from None
-        raise
+            fd = os.open(path, _DIR_FLAGS)
+        except OSError as exc:
+            if os.path.islink(path):
+                raise UnsafePath(f"{path} is a symbolic link; give the directory itself") from None
+            if exc.errno in (errno.ENOTDIR, errno.ELOOP):
+                raise UnsafePath(f"{path} is not a directory") from None
+            raise
     try:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid():
@@ -105,6 +104,59 @@ def open_root(path: str | os.PathLike, create: bool = True) -> int:
     except BaseException:
         os.close(fd)
         raise
+
+
+def walk(path: Path, create: bool) -> int | None:
+    """A root that does not exist yet, reached one component at a time from
+    / (or the working directory), none followed if it is a symbolic link:
+    directories are never made through one (in a shared directory such as
+    /tmp, anyone may plant one where the root's parents will be). With
+    `create`, the missing components are made 0700 whatever the umask, and
+    the root's descriptor is returned; without, None once a component is
+    missing (what is there is checked). UnsafePath names the link."""
+    fd = os.open("/" if path.is_absolute() else ".", _DIR_FLAGS)
+    here = Path(path.anchor or ".")
+    try:
+        for name in path.parts[1:] if path.is_absolute() else path.parts:
+            made = False
+            try:
+                nxt = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    return None
+                try:
+                    os.mkdir(name, DIR_MODE, dir_fd=fd)
+                    made = True
+                except FileExistsError:
+                    pass                            # made meanwhile: opened below like any other
+                try:
+                    nxt = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    raise _unwalkable(exc, here / name, path) from None
+            except OSError as exc:
+                raise _unwalkable(exc, here / name, path) from None
+            os.close(fd)
+            fd, here = nxt, here / name
+            if made:
+                os.fchmod(fd, DIR_MODE)             # exactly 0700: the umask may neither widen nor narrow it
+                if os.fstat(fd).st_uid != os.geteuid():
+                    raise UnsafePath(f"{here} was replaced by another user's directory")
+        if not create:
+            return None
+        done, fd = fd, None
+        return done
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _unwalkable(exc: OSError, at: Path, path: Path) -> OSError:
+    if os.path.islink(at):
+        return UnsafePath(f"{at} is a symbolic link; directories are not created through one: give the path "
+                          f"it leads to ({os.path.realpath(path)}), or create {path} first")
+    if exc.errno in (errno.ENOTDIR, errno.ELOOP):
+        return UnsafePath(f"cannot create {path}: {at} is not a directory")
+    return exc
 
 
 def make_private_dir(parent_fd: int, name: str, where: str = "") -> int:

@@ -24,6 +24,7 @@ from gpuscope.collectors.nvml import NvmlCollector
 from gpuscope.collectors.serving_profiler import TorchProfilerHttp
 from gpuscope.collectors.xla_profiler import XlaProfilerClient
 from gpuscope.daemon.agent import Agent, AgentConfig
+from gpuscope.daemon import safe_files
 from gpuscope.daemon.captures import CaptureConfig, CaptureRunner
 from gpuscope.daemon.serve import build_server, shutdown
 from gpuscope.daemon.service import AgentServicer
@@ -120,6 +121,8 @@ def test_directories_are_0700_and_files_0600_whatever_the_umask(tmp_path):
     assert rec.status == "ok" and data == XSPACE, rec
     cap_dir = caps / rec.id
     assert mode(caps) == 0o700 and mode(cap_dir) == 0o700
+    # found by a tester: the missing parents were made 0777 less the umask (0755 as usually run)
+    assert mode(tmp_path / "a") == 0o700 and mode(tmp_path / "a" / "b") == 0o700
     assert sorted(p.name for p in cap_dir.iterdir()) == ["capture.json", f"{HOST}.xplane.pb"]
     assert all(mode(p) == 0o600 for p in cap_dir.iterdir())
     assert Path(rec.path).read_bytes() == XSPACE and json.loads((cap_dir / "capture.json").read_text())["id"] == rec.id
@@ -163,6 +166,30 @@ def test_an_unsafe_capture_root_is_refused_at_start_up(tmp_path, outside):
     readable.chmod(0o755)
     CaptureRunner(CaptureConfig(readable), HOST)   # read bits are the operator's choice
     assert mode(readable) == 0o755
+
+
+def test_missing_parents_are_made_0700_under_the_usual_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        os.close(safe_files.open_root(tmp_path / "x" / "a" / "b" / "c"))     # as `--capture-dir /tmp/x/a/b/c`
+    finally:
+        os.umask(old)
+    assert [mode(tmp_path.joinpath(*"xabc"[:i])) for i in range(1, 5)] == [0o700] * 4
+
+
+@pytest.mark.parametrize("link_at", ["x", "x/a"])
+def test_a_missing_root_is_never_made_through_a_symbolic_link(tmp_path, outside, link_at):
+    """Found by a tester: mkdir(parents=True) followed a link anywhere on the
+    way (in /tmp, anyone may plant one where the parents will be)."""
+    (tmp_path / link_at).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / link_at).symlink_to(outside)
+    root = tmp_path / "x" / "a" / "b" / "c"
+    with pytest.raises(ValueError, match=rf"capture directory: {tmp_path / link_at} is a symbolic link; "
+                                         r"directories are not created through one"):
+        CaptureRunner(CaptureConfig(root), HOST)                    # said at start-up
+    with pytest.raises(safe_files.UnsafePath, match="is a symbolic link"):
+        safe_files.open_root(root)                                  # and at the first capture
+    assert tree(outside) == {"precious": b"do not touch"}
 
 
 def test_a_root_made_unsafe_after_start_up_fails_the_capture(caps, outside):
