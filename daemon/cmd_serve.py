@@ -6,6 +6,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import sys
 import threading
 import time
@@ -19,7 +20,8 @@ from .agent import Agent, AgentConfig
 from .cliutil import UsageError, default_db
 from .entry import interrupted
 from .exporter import AgentCollector, AlertCollector, FleetCollector, registry, serve as serve_metrics
-from .security_flags import agent_security, default_tls_dir, server_tls_dir, server_tls_files, server_tokens
+from .security_flags import (agent_host, agent_security, default_tls_dir, server_tls_dir, server_tls_files,
+                             server_tokens)
 from .serve import build_server, ensure_free, parse_hostport, shutdown
 from .service import AgentServicer
 from .sources import make_source
@@ -279,7 +281,7 @@ def _memory_limit(ns) -> None:
     size = memory_size_bytes(value)
     if size < MEMORY_LIMIT_FLOOR:
         why = "less than DuckDB needs to hold the analyzer's tables and a commit"
-    elif size > physical and _given(ns, "memory_limit"):   # the default on a small machine is DuckDB's to cap
+    elif size > physical and _given(ns, "memory_limit", "1GB"):   # the default on a small machine: DuckDB's
         why = "more than this machine's memory"
     else:
         return
@@ -287,10 +289,13 @@ def _memory_limit(ns) -> None:
                      f"(this machine's memory), e.g. 1GB", exit_status=2)
 
 
-def _given(ns, key: str) -> bool:
-    """Whether a setting came from a flag, the environment or a file (not its default)."""
+def _given(ns, key: str, default) -> bool:
+    """Whether a setting came from a flag, the environment or a file, not its
+    default (told by its value where the sources were not resolved)."""
     res = getattr(ns, "configuration", None)
-    return res is None or key not in res.settings or res.settings[key].kind != config_file.DEFAULT
+    if res is None or key not in res.settings:
+        return getattr(ns, key) != default
+    return res.settings[key].kind != config_file.DEFAULT
 
 
 def _alert_config(ns):
@@ -583,6 +588,9 @@ def cmd_agent(ns) -> int:
     collector, source = make_source(ns.source, ns.speed, allow_fallback=ns.source == "auto",
                                     attribution=attribution)
     links = agent_security(ns)
+    ns.host, chosen = agent_host(ns.host, _given(ns, "host", socket.gethostname()), links)
+    if chosen:
+        logs.say(chosen)
     security = _server_security(ns, "agent", ns.listen)
     factory = _uplink_factory(ns, ns.analyzer, links) if ns.analyzer else None
     agent = Agent(AgentConfig(host=ns.host, source=source, interval_s=ns.interval,

@@ -18,7 +18,7 @@ import stat
 from pathlib import Path
 
 from gpuscope.security.auth import TokenStore
-from gpuscope.security.tls import ClientSecurity, TlsConfigError, TlsFiles, tls_files
+from gpuscope.security.tls import ClientSecurity, TlsConfigError, TlsFiles, common_name, tls_files
 
 from .cliutil import UsageError, default_db
 
@@ -182,3 +182,24 @@ def agent_security(ns, server_name: str | None = None) -> ClientSecurity:
         files = tls_files(server_tls_dir(ns), "agent", ca=_given(ns, "ca"))
     return ClientSecurity(ca=str(files.ca), cert=str(files.cert), key=str(files.key),
                           server_name=server_name or _given(ns, "tls_server_name"))
+
+
+def agent_host(host: str, given: bool, links: ClientSecurity) -> tuple[str, str | None]:
+    """The host an agent reports, and a line to say when its certificate
+    chose it. With mutual TLS the analyzer takes batches only for the host
+    the agent's certificate names (its CN): without --host that name is
+    used; a --host that differs is refused (UsageError, exit status 2), or
+    every batch would be."""
+    if not links.cert:
+        return host, None
+    try:
+        cn = common_name(Path(links.cert).read_bytes())
+    except OSError:                  # unreadable: the TLS set-up says so itself
+        return host, None
+    if cn is None or cn == host:
+        return host, None
+    if not given:
+        return cn, f"agent: host {cn}, as its certificate {links.cert} names it (no --host given)"
+    raise UsageError(f"--host {host}: the agent's certificate {links.cert} names host {cn}, and the analyzer takes "
+                     f"batches only for that host; pass --host {cn}, or make a certificate for {host} "
+                     f"(`gpuscope certs agent PKI --host {host}`)", exit_status=2)

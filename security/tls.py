@@ -97,6 +97,16 @@ def check_pair(cert_pem: bytes, key_pem: bytes, cert_path: Path | str = "certifi
     return cert
 
 
+def common_name(cert_pem: bytes) -> str | None:
+    """The subject CN of a PEM certificate (an agent's names its host, the
+    one host the analyzer takes its batches for), or None."""
+    try:
+        cn = x509.load_pem_x509_certificate(cert_pem).subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+    except ValueError:
+        return None
+    return str(cn[0].value) if cn else None
+
+
 def tls_files(directory: str | os.PathLike | None, name: str, ca: str | os.PathLike | None = None,
               cert: str | os.PathLike | None = None, key: str | os.PathLike | None = None) -> TlsFiles:
     """DIR/ca.pem, DIR/NAME.pem, DIR/NAME.key, each replaceable by an
