@@ -108,9 +108,11 @@ def open_root(path: str | os.PathLike, create: bool = True) -> int:
 
 def walk(path: Path, create: bool) -> int | None:
     """A root that does not exist yet, reached one component at a time from
-    / (or the working directory), none followed if it is a symbolic link:
-    directories are never made through one (in a shared directory such as
-    /tmp, anyone may plant one where the root's parents will be). With
+    / (or the working directory). A symbolic link on the way is followed
+    only where nobody else could have planted it: the link is root's or
+    ours, in a directory that only its owner may write to (/home -> /data/home
+    is followed; a link in /tmp, where anyone may plant one where the root's
+    parents will be, is not: directories are never made through it). With
     `create`, the missing components are made 0700 whatever the umask, and
     the root's descriptor is returned; without, None once a component is
     missing (what is there is checked). UnsafePath names the link."""
@@ -120,7 +122,7 @@ def walk(path: Path, create: bool) -> int | None:
         for name in path.parts[1:] if path.is_absolute() else path.parts:
             made = False
             try:
-                nxt = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                nxt = _open_component(fd, name)
             except FileNotFoundError:
                 if not create:
                     return None
@@ -130,7 +132,7 @@ def walk(path: Path, create: bool) -> int | None:
                 except FileExistsError:
                     pass                            # made meanwhile: opened below like any other
                 try:
-                    nxt = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                    nxt = _open_component(fd, name)
                 except OSError as exc:
                     raise _unwalkable(exc, here / name, path) from None
             except OSError as exc:
@@ -150,9 +152,34 @@ def walk(path: Path, create: bool) -> int | None:
             os.close(fd)
 
 
+def _open_component(fd: int, name: str) -> int:
+    """`name` under `fd`, opened as a directory; through a symbolic link only
+    if it is trusted (_trusted_link)."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=fd)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR) or not _trusted_link(fd, name):
+            raise
+    return os.open(name, _DIR_FLAGS & ~os.O_NOFOLLOW, dir_fd=fd)
+
+
+def _trusted_link(fd: int, name: str) -> bool:
+    """A symbolic link nobody but root or us could have made: owned by one
+    of them, in a directory writable by its owner alone (as OpenSSH's
+    StrictModes judges a path)."""
+    try:
+        link = os.lstat(name, dir_fd=fd)
+    except OSError:
+        return False
+    where = os.fstat(fd)
+    return (stat.S_ISLNK(link.st_mode) and link.st_uid in (0, os.geteuid())
+            and where.st_uid in (0, os.geteuid()) and not where.st_mode & 0o022)
+
+
 def _unwalkable(exc: OSError, at: Path, path: Path) -> OSError:
     if os.path.islink(at):
-        return UnsafePath(f"{at} is a symbolic link; directories are not created through one: give the path "
+        return UnsafePath(f"{at} is a symbolic link others could have planted (not root's or yours, or in a "
+                          f"directory others may write to); directories are not created through one: give the path "
                           f"it leads to ({os.path.realpath(path)}), or create {path} first")
     if exc.errno in (errno.ENOTDIR, errno.ELOOP):
         return UnsafePath(f"cannot create {path}: {at} is not a directory")

@@ -178,18 +178,30 @@ def test_missing_parents_are_made_0700_under_the_usual_umask(tmp_path):
 
 
 @pytest.mark.parametrize("link_at", ["x", "x/a"])
-def test_a_missing_root_is_never_made_through_a_symbolic_link(tmp_path, outside, link_at):
+def test_a_missing_root_is_never_made_through_a_planted_symbolic_link(tmp_path, outside, link_at):
     """Found by a tester: mkdir(parents=True) followed a link anywhere on the
     way (in /tmp, anyone may plant one where the parents will be)."""
     (tmp_path / link_at).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / link_at).parent.chmod(0o1777)                       # shared, as /tmp
     (tmp_path / link_at).symlink_to(outside)
     root = tmp_path / "x" / "a" / "b" / "c"
-    with pytest.raises(ValueError, match=rf"capture directory: {tmp_path / link_at} is a symbolic link; "
-                                         r"directories are not created through one"):
+    with pytest.raises(ValueError, match=rf"capture directory: {tmp_path / link_at} is a symbolic link others "
+                                         r"could have planted .* directories are not created through one"):
         CaptureRunner(CaptureConfig(root), HOST)                    # said at start-up
     with pytest.raises(safe_files.UnsafePath, match="is a symbolic link"):
         safe_files.open_root(root)                                  # and at the first capture
     assert tree(outside) == {"precious": b"do not touch"}
+
+
+def test_a_link_only_its_owner_could_have_made_is_followed(tmp_path):
+    """As /home -> /data/home on many clusters: a root-owned link in a
+    directory only root writes to leads to the default capture directory."""
+    real, private = tmp_path / "data", tmp_path / "private"
+    real.mkdir(mode=0o700)
+    private.mkdir(mode=0o755)
+    (private / "home").symlink_to(real, target_is_directory=True)
+    os.close(safe_files.open_root(private / "home" / "state" / "captures"))
+    assert mode(real / "state") == 0o700 and mode(real / "state" / "captures") == 0o700
 
 
 def test_a_root_made_unsafe_after_start_up_fails_the_capture(caps, outside):
