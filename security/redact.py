@@ -8,9 +8,18 @@ What is removed here is gone everywhere downstream.
 
 A name counts as a secret's when one of its words (split at `-`, `_`, `.`)
 is a secret word: token, key, secret, password, passwd, pass, pw,
-credential(s), auth, private, or a word ending in token/secret/password/
-passwd/passphrase/pwd/credential (`HFTOKEN`, `PGPASSWORD`, `MYSQL_PWD`), or
-apikey/accesskey/privatekey/secretkey. The user:password of `-u`/`--user`
+credential(s), auth, private, jwt, cookie, sig, signature, their plurals
+(`--api-keys`, `--tokens`), or a word ending in token/secret/password/
+passwd/passphrase/pwd/credential/cookie/signature (`HFTOKEN`, `PGPASSWORD`,
+`MYSQL_PWD`, `-setcookie`), or apikey/accesskey/privatekey/secretkey/
+accountkey/sharedaccesskey (Azure's `AccountKey=`). Its other words may
+say the value is something else, and then it stays: a last word naming a
+number, a kind, or where or which the secret is (`--key-frames 10`,
+`--auth-type basic`, `--password-stdin`, `--token-file f`, `--secret-name
+n`), a quantity word anywhere (`--max-num-batched-tokens 8192`,
+`--num-key-value-heads 8`, `--tokens-per-sample 512`), or a word before
+`key` that makes it a field of data (`--sort-key name`, `--json-keys
+text`, `--public-key`). The user:password of `-u`/`--user`
 (curl) and tokens of a recognisable issuer's format (`hf_...`, `ghp_...`,
 `sk-...`, `AKIA...`, `AIza...`) go wherever they stand, as does the
 credential of any Authorization header. `pass` and `pw` count only as a
@@ -18,7 +27,9 @@ name's last word (`--db-pass`, not `--pass-through`). Whole
 words only, so the ML flags that merely mention tokens keep their values:
 `--max-num-batched-tokens 8192`, `--tokenizer gpt2`, `--keyboard`,
 `--author`. Short flags (`-p 8080`) are never matched. When in doubt we
-redact: a lost `--key-file` path costs less than a leaked token.
+redact: a name these words do not explain (`--key-id`, `--pad-token-id 0`,
+`--keys 3`) keeps its value hidden, since a lost number costs less than a
+leaked token.
 
 A URL's user name stays (it says who), its password goes. A URL with a user
 name and no password (`https://ghp_x@github.com`) is left as it is: the
@@ -42,14 +53,30 @@ from gpuscope.collectors.records import POD_JOB_PREFIX
 REDACTED = "<redacted>"
 
 _WORD = r"[a-z0-9]+"
-_SECRET_WORD = (r"(?:[a-z0-9]*(?:token|secret|password|passwd|passphrase|pwd|credentials?)"
-                r"|(?:api|access|private|secret)?key|auth|private)")
+_SECRET_WORD = (r"(?:[a-z0-9]*(?:token|secret|password|passwd|passphrase|pwd|credentials?|cookie|signature)"
+                r"|(?:tokens|secrets|passwords|passphrases|cookies|signatures)"
+                r"|(?:api|access|private|secret|account|sharedaccess)?keys?|auth|private|jwt|sig)")
 # Short words that name a password only as a name's last word (`--db-pass`, `--pw`), not `--pass-through`
 # or `--pw-length` (found in a trial: a torchrun script name redacted after --pass-through)
 _LAST_WORD = r"(?:pass|pw)"
 # A name with a secret word in it, whole words only (the next character after
-# the secret word is a separator or the end of the name).
+# the secret word is a separator or the end of the name); _names_a_secret has the last word.
 _NAME = rf"(?:(?:{_WORD}[-_.])*{_SECRET_WORD}(?:[-_.]{_WORD})*|(?:{_WORD}[-_.])*{_LAST_WORD}(?![-_.\w]))"
+# A name's last word that says its value is not the secret but a number, a kind, or where or which
+# the secret is (`--key-frames 10`, `--auth-type basic`, `--password-stdin`, `--token-file f`).
+_NOT_THE_SECRET = frozenset((
+    "size", "len", "length", "limit", "threshold", "budget", "bits", "ttl", "timeout", "interval",
+    "retries", "heads", "frames", "dim", "dims", "layers",
+    "type", "kind", "mode", "format", "algorithm", "method", "scheme", "version",
+    "file", "path", "dir", "stdin", "fd", "env", "url", "uri", "endpoint", "host", "port", "name", "prefix"))
+# A word anywhere in a name that makes its value a number: `--max-num-batched-tokens`,
+# `--num-key-value-heads`, `--tokens-per-sample` (a plural is as much a count as a secret's list).
+_QUANTITY = frozenset(("max", "min", "num", "n", "number", "total", "count", "per"))
+# Words before `key` that make it a field of data, not a secret: `--sort-key`, `--json-keys text`.
+_DATA_KEY = frozenset((
+    "sort", "group", "partition", "primary", "foreign", "public", "shard", "routing", "cache", "dict", "lookup",
+    "join", "index", "label", "metric", "column", "field", "json", "text", "input", "output", "image", "prompt",
+    "response", "data", "dataset", "target", "feature"))
 # Quoted values whole (a shell string), else up to the next blank.
 _VALUE = r"""(?:"[^"]*"|'[^']*'|\S+)"""
 # Not inside another name: the `--token` of `x--token=abc` is not a flag.
@@ -60,12 +87,12 @@ _FLAGS = re.IGNORECASE | re.ASCII     # names are ASCII; no KELVIN SIGN matching
 # width, U+FFFD once cleaned): a separator an attacker of our redaction may pick.
 _SEP = "[\\s\x00\x7f\u00a0\u2000-\u200b\u3000\ufeff\ufffd]"
 # --hf-token=abc, --hf-token= abc, --hf-token:abc, -Dssl.keyStorePassword=abc, HF_TOKEN=abc
-_ASSIGNED = re.compile(rf"{_START}(-{{0,2}}{_NAME}{_SEP}*[=:\uff1a\uff1d]{_SEP}*){_VALUE}", _FLAGS)
+_ASSIGNED = re.compile(rf"{_START}(-{{0,2}}(?P<name>{_NAME}){_SEP}*[=:\uff1a\uff1d]{_SEP}*){_VALUE}", _FLAGS)
 # --hf-token abc, -token abc (Go's flags); a following long flag is not a value,
 # a value that starts with one dash is redacted (when in doubt we redact).
-_SPACED = re.compile(rf"{_START}(-{{1,2}}{_NAME}{_SEP}+)(?!--){_VALUE}", _FLAGS)
+_SPACED = re.compile(rf"{_START}(-{{1,2}}(?P<name>{_NAME}){_SEP}+)(?!--){_VALUE}", _FLAGS)
 # JSON or Python literals: {"hf_token": "abc"}, {'api_key': abc}
-_KEYED = re.compile(rf"""(["']{_NAME}["']{_SEP}*[:=]{_SEP}*)(?:"[^"]*"|'[^']*'|[^\s,}}\]]+)""", _FLAGS)
+_KEYED = re.compile(rf"""(["'](?P<name>{_NAME})["']{_SEP}*[:=]{_SEP}*)(?:"[^"]*"|'[^']*'|[^\s,}}\]]+)""", _FLAGS)
 # https://user:pass@host; the password may hold ':' but never '/', '@' or blanks.
 _USERINFO = re.compile(r"(://[^\s/@:]*:)[^\s/@]+(?=@)")
 # curl -H "Authorization: Bearer abc"
@@ -84,6 +111,7 @@ _PATTERNS = (_KEYED, _ASSIGNED, _SPACED, _USERINFO, _BEARER, _AUTH_HEADER, _USER
 # Every pattern needs one of these (lower case): most command lines have
 # none, and str.find is ~50x cheaper than running the patterns.
 _CLUES = ("token", "key", "secret", "pass", "pw", "credential", "auth", "private", "://", "bearer", "-u",
+          "cookie", "jwt", "sig",
           "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "sk-", "xox", "akia", "asia", "aiza")
 
 
@@ -113,8 +141,32 @@ def redact_command(cmdline: str) -> str:
     if not any(clue in lower for clue in _CLUES):
         return cmdline
     for pattern in _PATTERNS:
-        cmdline = pattern.sub(lambda m: m.group(1) + REDACTED, cmdline)
+        cmdline = pattern.sub(_redacted, cmdline)
     return cmdline
+
+
+def _redacted(m: re.Match) -> str:
+    """A match with its value (what follows group 1) redacted, unless its name says the value is no secret."""
+    name = m.groupdict().get("name")
+    if name is not None and not _names_a_secret(name):
+        return m.group(0)
+    return m.group(1) + REDACTED
+
+
+_SECRET_WORD_RE = re.compile(_SECRET_WORD, _FLAGS)
+_LAST_WORD_RE = re.compile(_LAST_WORD, _FLAGS)
+
+
+def _names_a_secret(name: str) -> bool:
+    """Whether a name the patterns found (it holds a secret word) is a secret's once all its words are read:
+    the last word may say the value is something else, a quantity word makes it a number, and a data word
+    before `key` makes that key a field's."""
+    words = re.split(r"[-_.]", name.lower())
+    if words[-1] in _NOT_THE_SECRET or not _QUANTITY.isdisjoint(words):
+        return False
+    return any((_SECRET_WORD_RE.fullmatch(w) or (i == len(words) - 1 and _LAST_WORD_RE.fullmatch(w)))
+               and not (w in ("key", "keys") and i and words[i - 1] in _DATA_KEY)
+               for i, w in enumerate(words))
 
 
 # A path segment as long as a key: 16 characters with a digit (GUIDs, most keys), or any 20 (Slack's
