@@ -31,6 +31,11 @@ redact: a name these words do not explain (`--key-id`, `--pad-token-id 0`,
 `--keys 3`) keeps its value hidden, since a lost number costs less than a
 leaked token.
 
+A value ends at the next blank, or with its quotes when quoted
+(`--password 'two words'`); one inside a query or a connection string
+(`?sv=1&sig=abc&se=2`, `;AccountKey=abc;EndpointSuffix=x`) ends at the
+next field, which stays.
+
 A URL's user name stays (it says who), its password goes. A URL with a user
 name and no password (`https://ghp_x@github.com`) is left as it is: the
 name alone is usually a login (`git@`), and guessing which are tokens would
@@ -86,11 +91,14 @@ _FLAGS = re.IGNORECASE | re.ASCII     # names are ASCII; no KELVIN SIGN matching
 # Blanks, including those /proc shows for odd bytes (NUL, DEL, NBSP, zero
 # width, U+FFFD once cleaned): a separator an attacker of our redaction may pick.
 _SEP = "[\\s\x00\x7f\u00a0\u2000-\u200b\u3000\ufeff\ufffd]"
+# A field of a query or a connection string (`?sig=abc&se=1`, `;AccountKey=abc;EndpointSuffix=x`): its
+# value ends at the next field, which _ASSIGNED would take as part of it.
+_FIELD = re.compile(rf"""(?<=[?&;#])((?P<name>{_NAME})=)(?:"[^"]*"|'[^']*'|[^\s&;#"']+)""", _FLAGS)
 # --hf-token=abc, --hf-token= abc, --hf-token:abc, -Dssl.keyStorePassword=abc, HF_TOKEN=abc
-_ASSIGNED = re.compile(rf"{_START}(-{{0,2}}(?P<name>{_NAME}){_SEP}*[=:\uff1a\uff1d]{_SEP}*){_VALUE}", _FLAGS)
-# --hf-token abc, -token abc (Go's flags); a following long flag is not a value,
-# a value that starts with one dash is redacted (when in doubt we redact).
-_SPACED = re.compile(rf"{_START}(-{{1,2}}(?P<name>{_NAME}){_SEP}+)(?!--){_VALUE}", _FLAGS)
+_ASSIGNED = re.compile(rf"(?<![\w.?&;#-])(-{{0,2}}(?P<name>{_NAME}){_SEP}*[=:\uff1a\uff1d]{_SEP}*){_VALUE}", _FLAGS)
+# --hf-token abc, -token abc (Go's flags), '--hf-token' 'abc' (a script's); a following long flag is not
+# a value, a value that starts with one dash is redacted (when in doubt we redact).
+_SPACED = re.compile(rf"""{_START}(-{{1,2}}(?P<name>{_NAME})["']?{_SEP}+)(?!--){_VALUE}""", _FLAGS)
 # JSON or Python literals: {"hf_token": "abc"}, {'api_key': abc}
 _KEYED = re.compile(rf"""(["'](?P<name>{_NAME})["']{_SEP}*[:=]{_SEP}*)(?:"[^"]*"|'[^']*'|[^\s,}}\]]+)""", _FLAGS)
 # https://user:pass@host; the password may hold ':' but never '/', '@' or blanks.
@@ -107,7 +115,7 @@ _USER = re.compile(rf"""{_START}((?:-u|--user)(?:{_SEP}+|=)(?:(?P<dq>")|(?P<sq>'
 _ISSUED = re.compile(r"()(?<![\w-])(?:hf_[A-Za-z0-9]{30,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{30,}"
                      r"|glpat-[\w-]{20,}|sk-[\w-]{20,}|xox[abposr]-[\w-]{10,}|A[KS]IA[0-9A-Z]{16}"
                      r"|AIza[\w-]{35})(?![\w-])")
-_PATTERNS = (_KEYED, _ASSIGNED, _SPACED, _USERINFO, _BEARER, _AUTH_HEADER, _USER, _ISSUED)
+_PATTERNS = (_KEYED, _FIELD, _ASSIGNED, _SPACED, _USERINFO, _BEARER, _AUTH_HEADER, _USER, _ISSUED)
 # Every pattern needs one of these (lower case): most command lines have
 # none, and str.find is ~50x cheaper than running the patterns.
 _CLUES = ("token", "key", "secret", "pass", "pw", "credential", "auth", "private", "://", "bearer", "-u",
@@ -150,7 +158,18 @@ def _redacted(m: re.Match) -> str:
     name = m.groupdict().get("name")
     if name is not None and not _names_a_secret(name):
         return m.group(0)
-    return m.group(1) + REDACTED
+    return m.group(1) + REDACTED + _closing_quote(m)
+
+
+def _closing_quote(m: re.Match) -> str:
+    """The quote an unquoted value ends with when it closes a shell string opened before the value
+    (`bash -c "x --token=abc"`, `"--hf-token=abc"`): the script's, so it stays. A quote that closes
+    nothing is the secret's own and goes with it."""
+    value = m.string[m.end(1):m.end()]
+    quote = value[-1:]
+    if quote in ("'", '"') and value[0] != quote and m.string.count(quote, 0, m.end(1)) % 2:
+        return quote
+    return ""
 
 
 _SECRET_WORD_RE = re.compile(_SECRET_WORD, _FLAGS)

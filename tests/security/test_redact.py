@@ -60,6 +60,25 @@ R = REDACTED
     # a name's other words say nothing against it, so its value stays a secret's
     ("x --secret-key-base abc DB_PASSWORD_PROD=pw --api-key-v2 k", f"x --secret-key-base {R} DB_PASSWORD_PROD={R} --api-key-v2 {R}"),
     ("x --key-id k1 --public-key-pass pw", f"x --key-id {R} --public-key-pass {R}"),
+    # found by a tester: Azure's connection strings and SAS URLs; a field's value ends at the next field
+    ("az storage blob upload --connection-string "
+     "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=abc123==;EndpointSuffix=core.windows.net",
+     "az storage blob upload --connection-string "
+     f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={R};EndpointSuffix=core.windows.net"),
+    ("x Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=Root;SharedAccessKey=abc=",
+     f"x Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=Root;SharedAccessKey={R}"),
+    ('azcopy copy "https://acct.blob.core.windows.net/c/b?sv=2021-08-06&se=2024-01-01&sp=r&sig=abc%2Bdef%3D" /tmp',
+     f'azcopy copy "https://acct.blob.core.windows.net/c/b?sv=2021-08-06&se=2024-01-01&sp=r&sig={R}" /tmp'),
+    ("curl https://b.s3.amazonaws.com/k?X-Amz-Credential=AKIA/20240101/us-east-1/s3/aws4_request"
+     "&X-Amz-Date=20240101T000000Z&X-Amz-Signature=abcdef0123",
+     f"curl https://b.s3.amazonaws.com/k?X-Amz-Credential={R}&X-Amz-Date=20240101T000000Z&X-Amz-Signature={R}"),
+    ("x https://app/cb#access_token=abc&token_type=bearer&expires_in=3600",
+     f"x https://app/cb#access_token={R}&token_type=bearer&expires_in=3600"),
+    # found by a tester: quoted names (a script's); the quote that closes a string stays, a secret's own goes
+    ("""x "--hf-token=abc" '--api-key' 'abc' "--token" "a b" """, f"""x "--hf-token={R}" '--api-key' {R} "--token" {R} """),
+    ('bash -c "python x.py --token=abc" && docker run -e "HF_TOKEN=abc" img',
+     f'bash -c "python x.py --token={R}" && docker run -e "HF_TOKEN={R}" img'),
+    ('x --password=abc" --next', f"x --password={R} --next"),
 ])
 def test_secrets_are_redacted(cmdline, expected):
     assert redact_command(cmdline) == expected
