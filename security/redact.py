@@ -36,7 +36,8 @@ A value ends at the next blank, or with its quotes when quoted
 (`?sv=1&sig=abc&se=2`, `;AccountKey=abc;EndpointSuffix=x`) ends at the
 next field, which stays.
 
-A URL's user name stays (it says who), its password goes. A URL with a user
+A URL's user name stays (it says who), its password goes, up to the last
+`@` before the host (`https://user:p@ss@host`, as URL parsers read it). A URL with a user
 name and no password (`https://ghp_x@github.com`) is left as it is: the
 name alone is usually a login (`git@`), and guessing which are tokens would
 be wrong both ways.
@@ -101,8 +102,9 @@ _ASSIGNED = re.compile(rf"(?<![\w.?&;#-])(-{{0,2}}(?P<name>{_NAME}){_SEP}*[=:\uf
 _SPACED = re.compile(rf"""{_START}(-{{1,2}}(?P<name>{_NAME})["']?{_SEP}+)(?!--){_VALUE}""", _FLAGS)
 # JSON or Python literals: {"hf_token": "abc"}, {'api_key': abc}
 _KEYED = re.compile(rf"""(["'](?P<name>{_NAME})["']{_SEP}*[:=]{_SEP}*)(?:"[^"]*"|'[^']*'|[^\s,}}\]]+)""", _FLAGS)
-# https://user:pass@host; the password may hold ':' but never '/', '@' or blanks.
-_USERINFO = re.compile(r"(://[^\s/@:]*:)[^\s/@]+(?=@)")
+# https://user:pass@host; the user info ends at the authority's last '@' (found by a tester:
+# https://user:p@ss@host showed `ss`), so the password may hold ':' and '@' but never '/', '?', '#' or blanks.
+_USERINFO = re.compile(r"(://[^\s/:?#]*:)[^\s/?#]+(?=@[^\s/?#@]*(?:[\s/?#]|$))")
 # curl -H "Authorization: Bearer abc"
 _BEARER = re.compile(r"(\bbearer\s+)[\w.~+/=-]+", _FLAGS)
 # any other scheme of an Authorization header: "Authorization: token abc", "AUTHORIZATION: basic abcd"

@@ -37,6 +37,9 @@ R = REDACTED
     ("git clone https://user:pass@github.com/org/repo", f"git clone https://user:{R}@github.com/org/repo"),
     ("psql postgres://app:p:w@db:5432/x", f"psql postgres://app:{R}@db:5432/x"),
     ("x --url=https://:tok@host/", f"x --url=https://:{R}@host/"),
+    # found by a tester: the user info ends at the last '@' before the host
+    ("git clone https://user:p@ss@host/path?q=1@2", f"git clone https://user:{R}@host/path?q=1@2"),
+    ("x https://me@corp.com:pw@host:8443 'https://u:a@b@h'", f"x https://me@corp.com:{R}@host:8443 'https://u:{R}@h'"),
     ('curl -H "Authorization: Bearer eyJ.abc.def" https://h', f'curl -H "Authorization: Bearer {R}" https://h'),
     # found in a trial: short names of passwords, curl's user:password, tokens standing alone
     ("x --db-pass=hunter2 --pw hunter2 --passphrase=abc", f"x --db-pass={R} --pw {R} --passphrase={R}"),
