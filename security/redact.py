@@ -7,29 +7,38 @@ Jobs are launched with their credentials on the command line
 What is removed here is gone everywhere downstream.
 
 A name counts as a secret's when one of its words (split at `-`, `_`, `.`)
-is a secret word: token, key, secret, password, passwd, pass, pw,
-credential(s), auth, private, jwt, cookie, sig, signature, their plurals
-(`--api-keys`, `--tokens`), or a word ending in token/secret/password/
-passwd/passphrase/pwd/credential/cookie/signature (`HFTOKEN`, `PGPASSWORD`,
-`MYSQL_PWD`, `-setcookie`), or apikey/accesskey/privatekey/secretkey/
-accountkey/sharedaccesskey (Azure's `AccountKey=`). Its other words may
-say the value is something else, and then it stays: a last word naming a
-number, a kind, or where or which the secret is (`--key-frames 10`,
-`--auth-type basic`, `--password-stdin`, `--token-file f`, `--secret-name
-n`), a quantity word anywhere (`--max-num-batched-tokens 8192`,
-`--num-key-value-heads 8`, `--tokens-per-sample 512`), or a word before
-`key` that makes it a field of data (`--sort-key name`, `--json-keys
-text`, `--public-key`). The user:password of `-u`/`--user`
-(curl) and tokens of a recognisable issuer's format (`hf_...`, `ghp_...`,
-`sk-...`, `AKIA...`, `AIza...`) go wherever they stand, as does the
-credential of any Authorization header. `pass` and `pw` count only as a
-name's last word (`--db-pass`, not `--pass-through`). Whole
-words only, so the ML flags that merely mention tokens keep their values:
-`--max-num-batched-tokens 8192`, `--tokenizer gpt2`, `--keyboard`,
-`--author`. Short flags (`-p 8080`) are never matched. When in doubt we
-redact: a name these words do not explain (`--key-id`, `--pad-token-id 0`,
-`--keys 3`) keeps its value hidden, since a lost number costs less than a
-leaked token.
+is a secret word: token, key, secret, password, passwd, credential(s),
+auth, private, jwt, cookie, sig, signature, their plurals (`--api-keys`,
+`--tokens`), a word ending in token/secret/password/passwd/passphrase/pwd/
+credential/cookie/signature (`HFTOKEN`, `PGPASSWORD`, `MYSQL_PWD`,
+`-setcookie`), apikey/accesskey/privatekey/secretkey/accountkey/
+sharedaccesskey (Azure's `AccountKey=`), or pass or pw as its last word
+(`--db-pass`, not `--pass-through`). Whole words only, so the ML flags that
+merely mention tokens keep their values: `--tokenizer gpt2`, `--keyboard`,
+`--author`. Its other words may say the value is something else, and then
+it stays: a last word naming a number, a kind, or where or which the secret
+is (`--key-frames 10`, `--auth-type basic`, `--password-stdin`,
+`--token-file f`, `--secret-name n`), a quantity word anywhere
+(`--max-num-batched-tokens 8192`, `--num-key-value-heads 8`,
+`--tokens-per-sample 512`), or a word before `key` that makes it a field
+of data (`--sort-key name`, `--json-keys text`, `--public-key`). When in
+doubt we redact: a name these words do not explain (`--key-id`,
+`--pad-token-id 0`, `--keys 3`) keeps its value hidden, since a lost number
+costs less than a leaked token.
+
+A short flag means what its program says (`-p` is mysql's password, ssh's
+port), so one is read only after a program known to take a password there,
+among that program's words: mysql's and mariadb's tools' `-pPASSWORD`
+(glued: `-p db` asks, then names a database), a `login` subcommand's `-p`
+(`docker login`, `oc login`, `az login`), curl's `-u`/`-U user:password`
+(its name stays) and `-b name=value` cookies, sshpass's `-p`, redis-cli's
+`-a`, the mongo tools' `-p`, the ldap tools' `-w`, sqlcmd's and bcp's `-P`,
+smbclient's `-U user%password` and openssl's `pass:PASSWORD`. Elsewhere
+short flags keep their values (`-p 8080`, `docker run -u 1000:1000`).
+
+Tokens of a recognisable issuer's format (`hf_...`, `ghp_...`, `sk-...`,
+`AKIA...`, `AIza...`) go wherever they stand, as does the credential of any
+Authorization header.
 
 A value ends at the next blank, or with its quotes when quoted
 (`--password 'two words'`); one inside a query or a connection string
@@ -37,10 +46,10 @@ A value ends at the next blank, or with its quotes when quoted
 next field, which stays.
 
 A URL's user name stays (it says who), its password goes, up to the last
-`@` before the host (`https://user:p@ss@host`, as URL parsers read it). A URL with a user
-name and no password (`https://ghp_x@github.com`) is left as it is: the
-name alone is usually a login (`git@`), and guessing which are tokens would
-be wrong both ways.
+`@` before the host (`https://user:p@ss@host`, as URL parsers read it). A
+URL with a user name and no password (`https://ghp_x@github.com`) is left
+as it is: the name alone is usually a login (`git@`), and guessing which
+are tokens would be wrong both ways.
 
 A URL that is logged (an alert receiver's) is shown by `redact_url`, which
 is stricter: webhooks carry their key in the user info, the query or a
@@ -74,7 +83,7 @@ _NOT_THE_SECRET = frozenset((
     "size", "len", "length", "limit", "threshold", "budget", "bits", "ttl", "timeout", "interval",
     "retries", "heads", "frames", "dim", "dims", "layers",
     "type", "kind", "mode", "format", "algorithm", "method", "scheme", "version",
-    "file", "path", "dir", "stdin", "fd", "env", "url", "uri", "endpoint", "host", "port", "name", "prefix"))
+    "file", "path", "dir", "jar", "stdin", "fd", "env", "url", "uri", "endpoint", "host", "port", "name", "prefix"))
 # A word anywhere in a name that makes its value a number: `--max-num-batched-tokens`,
 # `--num-key-value-heads`, `--tokens-per-sample` (a plural is as much a count as a secret's list).
 _QUANTITY = frozenset(("max", "min", "num", "n", "number", "total", "count", "per"))
@@ -109,20 +118,68 @@ _USERINFO = re.compile(r"(://[^\s/:?#]*:)[^\s/?#]+(?=@[^\s/?#@]*(?:[\s/?#]|$))")
 _BEARER = re.compile(r"(\bbearer\s+)[\w.~+/=-]+", _FLAGS)
 # any other scheme of an Authorization header: "Authorization: token abc", "AUTHORIZATION: basic abcd"
 _AUTH_HEADER = re.compile(r"(\bauthorization\s*:\s*(?:(?:basic|token|digest)\s+)?)(?!bearer\b)[^\s\"']+", _FLAGS)
-# curl -u user:pass, --user=user:pass (the name stays, as in a URL; docker's -u uid:gid loses its gid)
-_USER = re.compile(rf"""{_START}((?:-u|--user)(?:{_SEP}+|=)(?:(?P<dq>")|(?P<sq>'))?[^\s:'"]+:)"""
-                   r"""(?(dq)[^"]*|(?(sq)[^']*|\S+))""")
 # tokens whose issuers made them recognisable, wherever they stand (`huggingface-cli login hf_...`):
 # Hugging Face, GitHub, GitLab, OpenAI-style, Slack, an AWS access key id
 _ISSUED = re.compile(r"()(?<![\w-])(?:hf_[A-Za-z0-9]{30,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{30,}"
                      r"|glpat-[\w-]{20,}|sk-[\w-]{20,}|xox[abposr]-[\w-]{10,}|A[KS]IA[0-9A-Z]{16}"
                      r"|AIza[\w-]{35})(?![\w-])")
-_PATTERNS = (_KEYED, _FIELD, _ASSIGNED, _SPACED, _USERINFO, _BEARER, _AUTH_HEADER, _USER, _ISSUED)
+_PATTERNS = (_KEYED, _FIELD, _ASSIGNED, _SPACED, _USERINFO, _BEARER, _AUTH_HEADER, _ISSUED)
+
+# A short option means what its program says: `-p` is mysql's password but ssh's port, `-u` curl's
+# user:password but docker's uid:gid. So a short option's value goes only after a program known to take
+# a password there, and only among that program's words.
+_OPTION = r"""(?<![^\s"'])"""     # an option starts a word, or a script's quoted string
+# A program's words run to the end of its command in a script: a line's end, `&&`, `||`, or a `|` or `;`
+# and a blank before a word that is no `name=value`. /proc's lines have no shell, and their `&`, `;` and `|`
+# are arguments' (`-b a=1; b=2`, a URL's query), so a command ends late rather than early: the next
+# command's short options may lose a value, the program's never keep one.
+_ARGS = r"(?:(?!\n|&&|\|\||[|;]\s+(?![^\s=]+=))[\s\S])*"
+# curl's cookies: `name=value` pairs joined by `;` (a blank may follow, the argument holding it all)
+_COOKIES = r"""(?:"[^"]*"|'[^']*'|(?:[^\s;"']+;[\s\x00]*)*[^\s;"']+;?)"""
+_PROGRAM_OPTIONS = (
+    # clue, the program's names, its own words, its options that carry a password (group 1 stays)
+    # mysql, mariadb and their tools (mysqldump, mariadb-admin): glued, `-pPASSWORD`; `-p db` asks
+    # for the password, then names a database
+    ("mysql", r"mysql[\w-]*", _ARGS, (rf"(-p)(?=\S){_VALUE}",)),
+    ("mariadb", r"mariadb[\w-]*", _ARGS, (rf"(-p)(?=\S){_VALUE}",)),
+    # a `login` subcommand (docker, podman, helm registry, nerdctl, oc, az, cf login): `-p PASSWORD`;
+    # not the login program (`login -p` keeps the environment)
+    ("login", r"(?<=[\w.-]\s)login", _ARGS, (rf"(-p(?:{_SEP}+|=)?)(?!--){_VALUE}",)),
+    # curl's user:password (-u) and its proxy's (-U): the name stays, as in a URL; its cookies
+    # (`-b name=value`; without `=` it names a file)
+    ("curl", "curl", _ARGS, (
+        rf"""((?:-[uU]{_SEP}*|--(?:proxy-)?user(?:{_SEP}+|=))(?:(?P<dq>")|(?P<sq>'))?[^\s:'"]*:)"""
+        r"""(?(dq)[^"]*|(?(sq)[^']*|\S+))""",
+        rf"""(-b{_SEP}*|--cookie(?:{_SEP}+|=))(?=["']?[^\s;"']*=){_COOKIES}""")),
+    # sshpass's own options, before the command it runs (whose `-p` is ssh's port)
+    ("sshpass", "sshpass", rf"(?:{_SEP}+(?:-[pfdP]{_SEP}*\S+|-\S+))*", (rf"(-p{_SEP}*){_VALUE}",)),
+    ("redis-", r"redis-(?:cli|benchmark)", _ARGS, (rf"(-a{_SEP}*)(?!--){_VALUE}",)),
+    ("mongo", r"mongo(?:sh|dump|restore|export|import|stat|top|files)?", _ARGS,
+     (rf"(-p(?:{_SEP}+|=)?)(?!--){_VALUE}",)),
+    ("ldap", r"ldap(?:search|add|modify|delete|modrdn|compare|whoami|passwd|exop|url)", _ARGS,
+     (rf"(-w{_SEP}*){_VALUE}",)),
+    # Microsoft SQL Server's tools: `-P PASSWORD`
+    ("sqlcmd", "sqlcmd", _ARGS, (rf"(-P{_SEP}*){_VALUE}",)),
+    ("bcp", "bcp", _ARGS, (rf"(-P{_SEP}*){_VALUE}",)),
+    # Samba's user%password
+    ("smb", r"smbclient|smbcacls|smbget", _ARGS,
+     (rf"""((?:-U{_SEP}*|--user(?:name)?(?:{_SEP}+|=))[^\s%"']*%){_VALUE}""",)),
+    # openssl's password sources (`-passin pass:PASSWORD`; `env:`, `file:` name where it is) and keys
+    ("openssl", "openssl", _ARGS,
+     (rf"(-pass(?:in|out)?{_SEP}+pass:){_VALUE}", rf"(-(?:k|K|hmac){_SEP}+){_VALUE}")),
+)
+# each program with one of its options: (clue, program, option)
+_BY_PROGRAM = tuple(
+    (clue, re.compile(rf"""(?<![\w.-])(?:{names})(?=[\s"']|$)(?P<args>{args})""", re.IGNORECASE),
+     re.compile(_OPTION + option, re.ASCII))
+    for clue, names, args, options in _PROGRAM_OPTIONS for option in options)
+
 # Every pattern needs one of these (lower case): most command lines have
 # none, and str.find is ~50x cheaper than running the patterns.
-_CLUES = ("token", "key", "secret", "pass", "pw", "credential", "auth", "private", "://", "bearer", "-u",
+_CLUES = ("token", "key", "secret", "pass", "pw", "credential", "auth", "private", "://", "bearer",
           "cookie", "jwt", "sig",
-          "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "sk-", "xox", "akia", "asia", "aiza")
+          "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "sk-", "xox", "akia", "asia", "aiza",
+          *{clue for clue, _, _, _ in _PROGRAM_OPTIONS})
 
 
 # A distributed job as its launcher names it (collectors/ranks.py), alone or as a straggler's
@@ -150,9 +207,24 @@ def redact_command(cmdline: str) -> str:
     lower = cmdline.lower()
     if not any(clue in lower for clue in _CLUES):
         return cmdline
+    # programs' own options first, read as the program reads them (mysql's `-password x` is `-p assword`)
+    for clue, program, option in _BY_PROGRAM:
+        if clue in lower:
+            cmdline = program.sub(lambda p: _options(p, option), cmdline)
     for pattern in _PATTERNS:
         cmdline = pattern.sub(_redacted, cmdline)
     return cmdline
+
+
+def _options(program: re.Match, option: re.Pattern) -> str:
+    """A program's name and its words, with its option's values redacted; the option's matches see the
+    whole command line around them (the quote a script's string opened before the program)."""
+    text, at, end = program.string, program.start("args"), program.end()
+    pieces = [text[program.start():at]]
+    for m in option.finditer(text, at, end):
+        pieces += [text[at:m.start()], _redacted(m)]
+        at = m.end()
+    return "".join(pieces) + text[at:end]
 
 
 def _redacted(m: re.Match) -> str:

@@ -45,6 +45,7 @@ R = REDACTED
     ("x --db-pass=hunter2 --pw hunter2 --passphrase=abc", f"x --db-pass={R} --pw {R} --passphrase={R}"),
     ("MYSQL_PWD=hunter2 mysql -u app db", f"MYSQL_PWD={R} mysql -u app db"),
     ("curl -u user:hunter2 https://h", f"curl -u user:{R} https://h"),
+    ("curl https://h?a=1&b=2 -uuser:pw -U proxy:pw2", f"curl https://h?a=1&b=2 -uuser:{R} -U proxy:{R}"),
     ('curl --user="user:two words" https://h', f'curl --user="user:{R}" https://h'),
     ("curl -u 'user:two words' -u u:p", f"curl -u 'user:{R}' -u u:{R}"),
     ("huggingface-cli login hf_" + "a1B2" * 9, f"huggingface-cli login {R}"),
@@ -82,6 +83,22 @@ R = REDACTED
     ('bash -c "python x.py --token=abc" && docker run -e "HF_TOKEN=abc" img',
      f'bash -c "python x.py --token={R}" && docker run -e "HF_TOKEN={R}" img'),
     ('x --password=abc" --next', f"x --password={R} --next"),
+    # found by a tester: a password glued to mysql's -p, a login command's -p, curl's cookies; short
+    # options only where their program takes a password there
+    ("mysql -uroot -phunter2 db", f"mysql -uroot -p{R} db"),
+    ('mysqldump -u app -p"two words" db && mariadb -psecret', f"mysqldump -u app -p{R} db && mariadb -p{R}"),
+    ("kubectl exec db-0 -- /usr/bin/mysql -uroot -phunter2 -e select", f"kubectl exec db-0 -- /usr/bin/mysql -uroot -p{R} -e select"),
+    ("docker login -u me -p s3cr3t registry.example.com", f"docker login -u me -p {R} registry.example.com"),
+    ("docker login --password s3cr3t r && docker run -p 8080:80 img", f"docker login --password {R} r && docker run -p 8080:80 img"),
+    ("oc login -u dev -p=pw https://api:6443", f"oc login -u dev -p={R} https://api:6443"),
+    ("curl -b session=abc https://h --cookie a=1; b=2 -ba=1", f"curl -b {R} https://h --cookie {R} -b{R}"),
+    ("sshpass -p hunter2 ssh -p 2222 host", f"sshpass -p {R} ssh -p 2222 host"),
+    ("redis-cli -h r -p 6379 -a pw GET k", f"redis-cli -h r -p 6379 -a {R} GET k"),
+    ("mongosh -u admin -p pw --authenticationDatabase admin", f"mongosh -u admin -p {R} --authenticationDatabase admin"),
+    ("ldapsearch -x -D cn=admin -w pw -b dc=x", f"ldapsearch -x -D cn=admin -w {R} -b dc=x"),
+    ("sqlcmd -S srv -U sa -P pw -Q x", f"sqlcmd -S srv -U sa -P {R} -Q x"),
+    ("smbclient //srv/share -U user%pw", f"smbclient //srv/share -U user%{R}"),
+    ("openssl pkcs12 -passout pass:x -passin file:p.txt", f"openssl pkcs12 -passout pass:{R} -passin file:p.txt"),
 ])
 def test_secrets_are_redacted(cmdline, expected):
     assert redact_command(cmdline) == expected
@@ -98,6 +115,14 @@ def test_secrets_are_redacted(cmdline, expected):
     "https://host:8080/path@v2 ssh://git@github.com",             # a port is not a password; a login stays
     "python -m torch.distributed.run --nproc-per-node 8 train.py",
     "python -u train.py --compass 3 --bypass-cache --sk-learn hf_small",   # -u without user:, words inside words
+    # found by a tester: -u is a user:password only to curl; a program's short options are its own
+    "docker run -u 1000:1000 img",
+    "docker exec --user 0:0 c sh && sudo -u svc python x.py -p8080",
+    "mysql -h db -P 3306 -u root -p app",                          # -p then a blank asks; app is the database
+    "docker run --name db -p 3306:3306 -d mysql:8 && ssh -p 22 h && login -p user",
+    "sshpass -f pw.txt ssh -p 22 h",
+    "curl -b cookies.txt -c jar.txt --cookie-jar jar.txt --user-agent a:b https://h",
+    "openssl rsa -passin env:PW -in k.pem && mongod -p 27017",
     "torchrun --pass-through train.py --pass-rate 0.9 --pw-length 12",    # pass and pw only end a name
     # found by a tester: names whose other words say the value is a number, a kind, or where the secret is
     "docker login --password-stdin -u me registry",
