@@ -38,7 +38,7 @@ short flags keep their values (`-p 8080`, `docker run -u 1000:1000`).
 
 Tokens of a recognisable issuer's format (`hf_...`, `ghp_...`, `sk-...`,
 `AKIA...`, `AIza...`) go wherever they stand, as does the credential of any
-Authorization header.
+Authorization header and any Cookie header's cookies.
 
 A value ends at the next blank, or with its quotes when quoted
 (`--password 'two words'`); one inside a query or a connection string
@@ -114,6 +114,12 @@ _KEYED = re.compile(rf"""(["'](?P<name>{_NAME})["']{_SEP}*[:=]{_SEP}*)(?:"[^"]*"
 # https://user:pass@host; the user info ends at the authority's last '@' (found by a tester:
 # https://user:p@ss@host showed `ss`), so the password may hold ':' and '@' but never '/', '?', '#' or blanks.
 _USERINFO = re.compile(r"(://[^\s/:?#]*:)[^\s/?#]+(?=@[^\s/?#@]*(?:[\s/?#]|$))")
+# Cookies: `name=value` pairs joined by `;`, a blank after it in one argument (`-H Cookie: a=1; b=2`
+# from /proc, which has no quotes to end the header)
+_COOKIES = r"""(?:"[^"]*"|'[^']*'|(?:[^\s;"']+;[\s\x00]*)*[^\s;"']+;?)"""
+# curl -H 'Cookie: session=abc; id=2', Set-Cookie: (found by a tester); before _ASSIGNED and _FIELD,
+# which would end the value at the first blank or `;`
+_COOKIE_HEADER = re.compile(rf"(\bcookie{_SEP}*:{_SEP}*){_COOKIES}", _FLAGS)
 # curl -H "Authorization: Bearer abc"
 _BEARER = re.compile(r"(\bbearer\s+)[\w.~+/=-]+", _FLAGS)
 # any other scheme of an Authorization header: "Authorization: token abc", "AUTHORIZATION: basic abcd"
@@ -123,7 +129,7 @@ _AUTH_HEADER = re.compile(r"(\bauthorization\s*:\s*(?:(?:basic|token|digest)\s+)
 _ISSUED = re.compile(r"()(?<![\w-])(?:hf_[A-Za-z0-9]{30,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{30,}"
                      r"|glpat-[\w-]{20,}|sk-[\w-]{20,}|xox[abposr]-[\w-]{10,}|A[KS]IA[0-9A-Z]{16}"
                      r"|AIza[\w-]{35})(?![\w-])")
-_PATTERNS = (_KEYED, _FIELD, _ASSIGNED, _SPACED, _USERINFO, _BEARER, _AUTH_HEADER, _ISSUED)
+_PATTERNS = (_COOKIE_HEADER, _KEYED, _FIELD, _ASSIGNED, _SPACED, _USERINFO, _BEARER, _AUTH_HEADER, _ISSUED)
 
 # A short option means what its program says: `-p` is mysql's password but ssh's port, `-u` curl's
 # user:password but docker's uid:gid. So a short option's value goes only after a program known to take
@@ -134,8 +140,6 @@ _OPTION = r"""(?<![^\s"'])"""     # an option starts a word, or a script's quote
 # are arguments' (`-b a=1; b=2`, a URL's query), so a command ends late rather than early: the next
 # command's short options may lose a value, the program's never keep one.
 _ARGS = r"(?:(?!\n|&&|\|\||[|;]\s+(?![^\s=]+=))[\s\S])*"
-# curl's cookies: `name=value` pairs joined by `;` (a blank may follow, the argument holding it all)
-_COOKIES = r"""(?:"[^"]*"|'[^']*'|(?:[^\s;"']+;[\s\x00]*)*[^\s;"']+;?)"""
 _PROGRAM_OPTIONS = (
     # clue, the program's names, its own words, its options that carry a password (group 1 stays)
     # mysql, mariadb and their tools (mysqldump, mariadb-admin): glued, `-pPASSWORD`; `-p db` asks

@@ -54,6 +54,10 @@ R = REDACTED
     ('curl -H "Authorization: token abc123def" -H "Authorization: Basic YWRtaW4="',
      f'curl -H "Authorization: token {R}" -H "Authorization: Basic {R}"'),
     ('git -c http.extraheader="AUTHORIZATION: basic abcd1234" clone x', f'git -c http.extraheader="AUTHORIZATION: basic {R}" clone x'),
+    # found by a tester: a Cookie header's cookies, all of them (from /proc the header has no quotes)
+    ("curl -H 'Cookie: session=abc; id=2' https://h", f"curl -H 'Cookie: {R}' https://h"),
+    ("curl -H Cookie: session=abc; id=2 https://h", f"curl -H Cookie: {R} https://h"),
+    ("wget --header=Cookie:sid=abc https://h -O - | x Set-Cookie: a=b", f"wget --header=Cookie:{R} https://h -O - | x Set-Cookie: {R}"),
     # case does not matter
     ("X --HF-TOKEN=abc Hf_ToKeN=abc", f"X --HF-TOKEN={R} Hf_ToKeN={R}"),
     # found by a tester: plural names (a list of secrets), JWTs, cookies
