@@ -13,18 +13,20 @@ auth, private, jwt, cookie, sig, signature, their plurals (`--api-keys`,
 credential/cookie/signature (`HFTOKEN`, `PGPASSWORD`, `MYSQL_PWD`,
 `-setcookie`), apikey/accesskey/privatekey/secretkey/accountkey/
 sharedaccesskey (Azure's `AccountKey=`), or pass or pw as its last word
-(`--db-pass`, not `--pass-through`). Whole words only, so the ML flags that
-merely mention tokens keep their values: `--tokenizer gpt2`, `--keyboard`,
-`--author`. Its other words may say the value is something else, and then
+(`--db-pass`, not `--pass-through`; keytool's `-storepass`, `-keypass`).
+Whole words only, so the ML flags that merely mention tokens keep their
+values: `--tokenizer gpt2`, `--keyboard`, `--author`. Its other words may say the value is something else, and then
 it stays: a last word naming a number, a kind, or where or which the secret
 is (`--key-frames 10`, `--auth-type basic`, `--password-stdin`,
 `--token-file f`, `--secret-name n`), a quantity word anywhere
 (`--max-num-batched-tokens 8192`, `--num-key-value-heads 8`,
-`--tokens-per-sample 512`), or a word before `key` that makes it a field
-of data (`--sort-key name`, `--json-keys text`, `--public-key`). When in
-doubt we redact: a name these words do not explain (`--key-id`,
-`--pad-token-id 0`, `--keys 3`) keeps its value hidden, since a lost number
-costs less than a leaked token.
+`--tokens-per-sample 512`), a word before `key` that makes it a field of
+data (`--sort-key name`, `--json-keys text`, `--public-key`), or one before
+`token` that makes it a model's (`--pad-token-id 0`, `--eos-token '</s>'`,
+`--output-tokens-mean 256`). A switch's `true`/`false` stays
+(`--use_auth_token True`). When in doubt we redact: a name these words do
+not explain (`--key-id`, `--token-id 3`, `--keys 3`) keeps its value hidden,
+since a lost number costs less than a leaked token.
 
 A short flag means what its program says (`-p` is mysql's password, ssh's
 port), so one is read only after a program known to take a password there,
@@ -33,7 +35,9 @@ among that program's words: mysql's and mariadb's tools' `-pPASSWORD`
 (`docker login`, `oc login`, `az login`), curl's `-u`/`-U user:password`
 (its name stays) and `-b name=value` cookies, sshpass's `-p`, redis-cli's
 `-a`, the mongo tools' `-p`, the ldap tools' `-w`, sqlcmd's and bcp's `-P`,
-smbclient's `-U user%password` and openssl's `pass:PASSWORD`. Elsewhere
+smbclient's `-U user%password`, openssl's `pass:PASSWORD`, ssh-keygen's
+`-N`/`-P`, 7z's and rar's `-pPASSWORD`, zip's `-P`, Oracle's
+`user/password@db` (sqlplus) and the key `wandb login` takes. Elsewhere
 short flags keep their values (`-p 8080`, `docker run -u 1000:1000`).
 
 Tokens of a recognisable issuer's format (`hf_...`, `ghp_...`, `sk-...`,
@@ -72,8 +76,9 @@ _SECRET_WORD = (r"(?:[a-z0-9]*(?:token|secret|password|passwd|passphrase|pwd|cre
                 r"|(?:tokens|secrets|passwords|passphrases|cookies|signatures)"
                 r"|(?:api|access|private|secret|account|sharedaccess)?keys?|auth|private|jwt|sig)")
 # Short words that name a password only as a name's last word (`--db-pass`, `--pw`), not `--pass-through`
-# or `--pw-length` (found in a trial: a torchrun script name redacted after --pass-through)
-_LAST_WORD = r"(?:pass|pw)"
+# or `--pw-length` (found in a trial: a torchrun script name redacted after --pass-through); Java's
+# keytool and jarsigner write theirs as one word (`-storepass`, `-srckeypass`)
+_LAST_WORD = r"(?:(?:src|dest)?(?:store|key)?pass|pw)"
 # A name with a secret word in it, whole words only (the next character after
 # the secret word is a separator or the end of the name); _names_a_secret has the last word.
 _NAME = rf"(?:(?:{_WORD}[-_.])*{_SECRET_WORD}(?:[-_.]{_WORD})*|(?:{_WORD}[-_.])*{_LAST_WORD}(?![-_.\w]))"
@@ -81,7 +86,8 @@ _NAME = rf"(?:(?:{_WORD}[-_.])*{_SECRET_WORD}(?:[-_.]{_WORD})*|(?:{_WORD}[-_.])*
 # the secret is (`--key-frames 10`, `--auth-type basic`, `--password-stdin`, `--token-file f`).
 _NOT_THE_SECRET = frozenset((
     "size", "len", "length", "limit", "threshold", "budget", "bits", "ttl", "timeout", "interval",
-    "retries", "heads", "frames", "dim", "dims", "layers",
+    "retries", "heads", "frames", "dim", "dims", "layers", "mean", "stddev", "rate", "ratio", "fraction",
+    "factor", "scale", "weight", "penalty", "dropout",
     "type", "kind", "mode", "format", "algorithm", "method", "scheme", "version",
     "file", "path", "dir", "jar", "stdin", "fd", "env", "url", "uri", "endpoint", "host", "port", "name", "prefix"))
 # A word anywhere in a name that makes its value a number: `--max-num-batched-tokens`,
@@ -92,6 +98,14 @@ _DATA_KEY = frozenset((
     "sort", "group", "partition", "primary", "foreign", "public", "shard", "routing", "cache", "dict", "lookup",
     "join", "index", "label", "metric", "column", "field", "json", "text", "input", "output", "image", "prompt",
     "response", "data", "dataset", "target", "feature"))
+# Words before `token` that make it a piece of text, a model's: `--pad-token-id 0`, `--eos-token '</s>'`,
+# `--stop-token-ids`, `--output-tokens-mean 256`, `--speculative-token-map f`.
+_TEXT_TOKEN = frozenset((
+    "pad", "eos", "bos", "unk", "sep", "mask", "cls", "eot", "special", "stop", "start", "end", "input", "output",
+    "prompt", "image", "audio", "video", "vision", "new", "draft", "speculative", "prefill", "decode",
+    "generated", "extra", "added", "vocab", "chat", "system", "reasoning"))
+# A switch's value says whether, not what (`--use_auth_token True`, HF's examples).
+_BOOLEAN = frozenset(("true", "false"))
 # Quoted values whole (a shell string), else up to the next blank.
 _VALUE = r"""(?:"[^"]*"|'[^']*'|\S+)"""
 # Not inside another name: the `--token` of `x--token=abc` is not a flag.
@@ -140,6 +154,7 @@ _OPTION = r"""(?<![^\s"'])"""     # an option starts a word, or a script's quote
 # are arguments' (`-b a=1; b=2`, a URL's query), so a command ends late rather than early: the next
 # command's short options may lose a value, the program's never keep one.
 _ARGS = r"(?:(?!\n|&&|\|\||[|;]\s+(?![^\s=]+=))[\s\S])*"
+_ORACLE_LOGIN = r"""((?:userid=)?[^\s/@"'=-][^\s/@"'=]*/)[^\s@"']+"""
 _PROGRAM_OPTIONS = (
     # clue, the program's names, its own words, its options that carry a password (group 1 stays)
     # mysql, mariadb and their tools (mysqldump, mariadb-admin): glued, `-pPASSWORD`; `-p db` asks
@@ -171,6 +186,17 @@ _PROGRAM_OPTIONS = (
     # openssl's password sources (`-passin pass:PASSWORD`; `env:`, `file:` name where it is) and keys
     ("openssl", "openssl", _ARGS,
      (rf"(-pass(?:in|out)?{_SEP}+pass:){_VALUE}", rf"(-(?:k|K|hmac){_SEP}+){_VALUE}")),
+    # ssh-keygen's new and old passphrases
+    ("ssh-keygen", "ssh-keygen", _ARGS, (rf"(-[NP]{_SEP}*){_VALUE}",)),
+    # archives: 7-Zip's and rar's glued `-pPASSWORD`, zip's `-P PASSWORD`
+    ("7z", "7z[arz]?", _ARGS, (rf"(-p)(?=\S){_VALUE}",)),
+    ("rar", "un?rar", _ARGS, (rf"(-p)(?=\S){_VALUE}",)),
+    ("zip", "(?:un)?zip", _ARGS, (rf"(-P{_SEP}*){_VALUE}",)),
+    # Oracle's user/password[@db], alone or as userid= (`sqlplus scott/tiger@orcl`; `/nolog`, `@script` stay)
+    ("sql", "sqlplus|sqlldr", _ARGS, (_ORACLE_LOGIN,)),
+    ("pdp", "expdp|impdp", _ARGS, (_ORACLE_LOGIN,)),
+    # wandb's API key, login's argument (`wandb login --relogin KEY`)
+    ("wandb", "wandb", _ARGS, (rf"(login(?:{_SEP}+(?:--host(?:{_SEP}+|=)\S+|-[\w-]+))*{_SEP}+)(?!-){_VALUE}",)),
 )
 # each program with one of its options: (clue, program, option)
 _BY_PROGRAM = tuple(
@@ -234,7 +260,7 @@ def _options(program: re.Match, option: re.Pattern) -> str:
 def _redacted(m: re.Match) -> str:
     """A match with its value (what follows group 1) redacted, unless its name says the value is no secret."""
     name = m.groupdict().get("name")
-    if name is not None and not _names_a_secret(name):
+    if name is not None and (not _names_a_secret(name) or m.group(0)[len(m.group(1)):].lower() in _BOOLEAN):
         return m.group(0)
     return m.group(1) + REDACTED + _closing_quote(m)
 
@@ -256,14 +282,19 @@ _LAST_WORD_RE = re.compile(_LAST_WORD, _FLAGS)
 
 def _names_a_secret(name: str) -> bool:
     """Whether a name the patterns found (it holds a secret word) is a secret's once all its words are read:
-    the last word may say the value is something else, a quantity word makes it a number, and a data word
-    before `key` makes that key a field's."""
+    the last word may say the value is something else, a quantity word makes it a number, and a word
+    before `key` or `token` may make it a field of data or a piece of text."""
     words = re.split(r"[-_.]", name.lower())
     if words[-1] in _NOT_THE_SECRET or not _QUANTITY.isdisjoint(words):
         return False
     return any((_SECRET_WORD_RE.fullmatch(w) or (i == len(words) - 1 and _LAST_WORD_RE.fullmatch(w)))
-               and not (w in ("key", "keys") and i and words[i - 1] in _DATA_KEY)
+               and not (i and _explained(words[i - 1], w))
                for i, w in enumerate(words))
+
+
+def _explained(before: str, word: str) -> bool:
+    """Whether the word before a secret word makes it no secret: a data field's key, a model's token."""
+    return (word in ("key", "keys") and before in _DATA_KEY) or (word in ("token", "tokens") and before in _TEXT_TOKEN)
 
 
 # A path segment as long as a key: 16 characters with a digit (GUIDs, most keys), or any 20 (Slack's

@@ -103,6 +103,15 @@ R = REDACTED
     ("sqlcmd -S srv -U sa -P pw -Q x", f"sqlcmd -S srv -U sa -P {R} -Q x"),
     ("smbclient //srv/share -U user%pw", f"smbclient //srv/share -U user%{R}"),
     ("openssl pkcs12 -passout pass:x -passin file:p.txt", f"openssl pkcs12 -passout pass:{R} -passin file:p.txt"),
+    # more programs that take a password in a short option or a word of their own
+    ("ssh-keygen -p -P old -N new -f k && 7z x -pSECRET a.7z && unzip -P pw a.zip",
+     f"ssh-keygen -p -P {R} -N {R} -f k && 7z x -p{R} a.7z && unzip -P {R} a.zip"),
+    ("sqlplus -s scott/tiger@orcl @run.sql && expdp userid=system/manager@db dumpfile=x.dmp",
+     f"sqlplus -s scott/{R}@orcl @run.sql && expdp userid=system/{R}@db dumpfile=x.dmp"),
+    ("wandb login --relogin 0123abcd && wandb login --host https://w.example k",
+     f"wandb login --relogin {R} && wandb login --host https://w.example {R}"),
+    ("keytool -importkeystore -srcstorepass a -deststorepass b -keypass c", f"keytool -importkeystore -srcstorepass {R} -deststorepass {R} -keypass {R}"),
+    ("x --use_auth_token abc", f"x --use_auth_token {R}"),
 ])
 def test_secrets_are_redacted(cmdline, expected):
     assert redact_command(cmdline) == expected
@@ -127,6 +136,11 @@ def test_secrets_are_redacted(cmdline, expected):
     "sshpass -f pw.txt ssh -p 22 h",
     "curl -b cookies.txt -c jar.txt --cookie-jar jar.txt --user-agent a:b https://h",
     "openssl rsa -passin env:PW -in k.pem && mongod -p 27017",
+    "sqlplus / as sysdba && sqlplus -s /nolog @x.sql && 7z a -t7z out.7z dir && wandb agent ent/proj/sweep",
+    # a model's tokens, a distribution's numbers, a switch's value
+    "x --pad-token-id 0 --eos-token </s> --stop-token-ids 1,2 --speculative-token-map m.pt --add-special-tokens",
+    "genai-perf profile -m m --synthetic-input-tokens-mean 550 --output-tokens-mean 256 --output-tokens-stddev 10",
+    "python run_clm.py --use_auth_token True --use-auth-token false --bypass 1 --compass 3",
     "torchrun --pass-through train.py --pass-rate 0.9 --pw-length 12",    # pass and pw only end a name
     # found by a tester: names whose other words say the value is a number, a kind, or where the secret is
     "docker login --password-stdin -u me registry",
