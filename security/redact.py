@@ -6,7 +6,8 @@ Jobs are launched with their credentials on the command line
 /proc to the analyzer's store, findings, events and the on-call's terminal.
 What is removed here is gone everywhere downstream.
 
-A name counts as a secret's when one of its words (split at `-`, `_`, `.`)
+A name counts as a secret's when one of its words (split at `-`, `_`, `.`
+and camelCase's capitals)
 is a secret word: token, key, secret, password, passwd, credential(s),
 auth, private, jwt, cookie, sig, signature, their plurals (`--api-keys`,
 `--tokens`), a word ending in token/secret/password/passwd/passphrase/pwd/
@@ -74,11 +75,12 @@ REDACTED = "<redacted>"
 _WORD = r"[a-z0-9]+"
 _SECRET_WORD = (r"(?:[a-z0-9]*(?:token|secret|password|passwd|passphrase|pwd|credentials?|cookie|signature)"
                 r"|(?:tokens|secrets|passwords|passphrases|cookies|signatures)"
-                r"|(?:api|access|private|secret|account|sharedaccess)?keys?|auth|private|jwt|sig)")
+                r"|(?:api|access|private|secret|account|sharedaccess)?keys?|auth|private|jwt|sig"
+                r"|[a-z0-9]*[a-z0-9](?-i:Keys?))")     # camelCase (`encryptionKey`); `monkey` stays one word
 # Short words that name a password only as a name's last word (`--db-pass`, `--pw`), not `--pass-through`
 # or `--pw-length` (found in a trial: a torchrun script name redacted after --pass-through); Java's
 # keytool and jarsigner write theirs as one word (`-storepass`, `-srckeypass`)
-_LAST_WORD = r"(?:(?:src|dest)?(?:store|key)?pass|pw)"
+_LAST_WORD = r"(?:(?:src|dest)?(?:store|key)?pass|pw|[a-z0-9]*[a-z0-9](?-i:Pass|Pw))"     # and `dbPass`
 # A name with a secret word in it, whole words only (the next character after
 # the secret word is a separator or the end of the name); _names_a_secret has the last word.
 _NAME = rf"(?:(?:{_WORD}[-_.])*{_SECRET_WORD}(?:[-_.]{_WORD})*|(?:{_WORD}[-_.])*{_LAST_WORD}(?![-_.\w]))"
@@ -277,6 +279,10 @@ def _closing_quote(m: re.Match) -> str:
 
 
 _SECRET_WORD_RE = re.compile(_SECRET_WORD, _FLAGS)
+# camelCase and PascalCase words split at their capitals (keyStorePassword: key, store, password;
+# SharedAccessKeyName: ..., name); a word of other cases (`Hf_ToKeN`, `HFTOKEN`) stays whole
+_CAMEL_WORD = re.compile(r"[a-z][a-z0-9]*(?:[A-Z][a-z0-9]+)+|(?:[A-Z][a-z0-9]+){2,}")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _LAST_WORD_RE = re.compile(_LAST_WORD, _FLAGS)
 
 
@@ -284,7 +290,8 @@ def _names_a_secret(name: str) -> bool:
     """Whether a name the patterns found (it holds a secret word) is a secret's once all its words are read:
     the last word may say the value is something else, a quantity word makes it a number, and a word
     before `key` or `token` may make it a field of data or a piece of text."""
-    words = re.split(r"[-_.]", name.lower())
+    words = [w.lower() for word in re.split(r"[-_.]", name)
+             for w in (_CAMEL.split(word) if _CAMEL_WORD.fullmatch(word) else (word,))]
     if words[-1] in _NOT_THE_SECRET or not _QUANTITY.isdisjoint(words):
         return False
     return any((_SECRET_WORD_RE.fullmatch(w) or (i == len(words) - 1 and _LAST_WORD_RE.fullmatch(w)))

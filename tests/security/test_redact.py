@@ -112,6 +112,8 @@ R = REDACTED
      f"wandb login --relogin {R} && wandb login --host https://w.example {R}"),
     ("keytool -importkeystore -srcstorepass a -deststorepass b -keypass c", f"keytool -importkeystore -srcstorepass {R} -deststorepass {R} -keypass {R}"),
     ("x --use_auth_token abc", f"x --use_auth_token {R}"),
+    # camelCase names read word by word
+    ("node s.js --dbPass x --encryptionKey x --storageKey x --hfToken x", f"node s.js --dbPass {R} --encryptionKey {R} --storageKey {R} --hfToken {R}"),
 ])
 def test_secrets_are_redacted(cmdline, expected):
     assert redact_command(cmdline) == expected
@@ -141,6 +143,7 @@ def test_secrets_are_redacted(cmdline, expected):
     "x --pad-token-id 0 --eos-token </s> --stop-token-ids 1,2 --speculative-token-map m.pt --add-special-tokens",
     "genai-perf profile -m m --synthetic-input-tokens-mean 550 --output-tokens-mean 256 --output-tokens-stddev 10",
     "python run_clm.py --use_auth_token True --use-auth-token false --bypass 1 --compass 3",
+    "node s.js --sortKey name --maxNewTokens 64 --tokenFile f --passwordStdin x SharedAccessKeyName=Root",
     "torchrun --pass-through train.py --pass-rate 0.9 --pw-length 12",    # pass and pw only end a name
     # found by a tester: names whose other words say the value is a number, a kind, or where the secret is
     "docker login --password-stdin -u me registry",
