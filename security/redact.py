@@ -116,7 +116,8 @@ _START = r"(?<![\w.-])"
 _FLAGS = re.IGNORECASE | re.ASCII     # names are ASCII; no KELVIN SIGN matching `k`
 # Blanks, including those /proc shows for odd bytes (NUL, DEL, NBSP, zero
 # width, U+FFFD once cleaned): a separator an attacker of our redaction may pick.
-_SEP = "[\\s\x00\x7f\u00a0\u2000-\u200b\u3000\ufeff\ufffd]"
+_BLANKS = "\\s\x00\x7f\u00a0\u2000-\u200b\u3000\ufeff\ufffd"
+_SEP = f"[{_BLANKS}]"
 # A field of a query or a connection string (`?sig=abc&se=1`, `;AccountKey=abc;EndpointSuffix=x`): its
 # value ends at the next field, which _ASSIGNED would take as part of it.
 _FIELD = re.compile(rf"""(?<=[?&;#])((?P<name>{_NAME})=)(?:"[^"]*"|'[^']*'|[^\s&;#"']+)""", _FLAGS)
@@ -150,7 +151,7 @@ _PATTERNS = (_COOKIE_HEADER, _KEYED, _FIELD, _ASSIGNED, _SPACED, _USERINFO, _BEA
 # A short option means what its program says: `-p` is mysql's password but ssh's port, `-u` curl's
 # user:password but docker's uid:gid. So a short option's value goes only after a program known to take
 # a password there, and only among that program's words.
-_OPTION = r"""(?<![^\s"'])"""     # an option starts a word, or a script's quoted string
+_OPTION = rf"""(?<![^{_BLANKS}"'])"""     # an option starts a word, or a script's quoted string
 # A program's words run to the end of its command in a script: a line's end, `&&`, `||`, or a `|` or `;`
 # and a blank before a word that is no `name=value`. /proc's lines have no shell, and their `&`, `;` and `|`
 # are arguments' (`-b a=1; b=2`, a URL's query), so a command ends late rather than early: the next
@@ -202,7 +203,7 @@ _PROGRAM_OPTIONS = (
 )
 # each program with one of its options: (clue, program, option)
 _BY_PROGRAM = tuple(
-    (clue, re.compile(rf"""(?<![\w.-])(?:{names})(?=[\s"']|$)(?P<args>{args})""", re.IGNORECASE),
+    (clue, re.compile(rf"""(?<![\w.-])(?:{names})(?=[{_BLANKS}"']|$)(?P<args>{args})""", re.IGNORECASE),
      re.compile(_OPTION + option, re.ASCII))
     for clue, names, args, options in _PROGRAM_OPTIONS for option in options)
 
@@ -235,7 +236,9 @@ def command_label(job: str) -> str:
 
 def redact_command(cmdline: str) -> str:
     """The command line with the values of secret-named flags and variables,
-    URL passwords and bearer tokens replaced by `<redacted>`."""
+    URL passwords, Authorization and Cookie headers' credentials, issuers'
+    tokens and the passwords programs take in short options replaced by
+    `<redacted>` (the module's doc has the rules)."""
     lower = cmdline.lower()
     if not any(clue in lower for clue in _CLUES):
         return cmdline

@@ -199,6 +199,9 @@ def test_unicode_look_alikes_do_not_confuse_it():
     '--config={"hf_token":"SECRET"}', "--hf-token= SECRET", "--hf-token -SECRET", "--hf-token:SECRET",
     "--hf-token\uff1dSECRET", "--hf-token\x00SECRET", "--hf-token\u00a0SECRET", "--hf-token\u200bSECRET",
     "--hf-token\x7fSECRET", "{'api_key': SECRET, 'x': 1}",
+    # programs' own options, and the fields and headers read by their own rules
+    "mysql\u00a0-pSECRET", "curl\x00-u\x00me:SECRET", "docker login\u3000-p\u200bSECRET", "x?sig=SECRET",
+    "curl -H Cookie:\u00a0a=1;\x00b=SECRET", "https://u:p@SECRET@h",
 ])
 def test_separators_an_attacker_of_the_redaction_might_pick(line):
     assert "SECRET" not in redact_command(line)
