@@ -108,8 +108,9 @@ _TEXT_TOKEN = frozenset((
     "generated", "extra", "added", "vocab", "chat", "system", "reasoning"))
 # A switch's value says whether, not what (`--use_auth_token True`, HF's examples).
 _BOOLEAN = frozenset(("true", "false"))
-# Quoted values whole (a shell string), else up to the next blank.
-_VALUE = r"""(?:"[^"]*"|'[^']*'|\S+)"""
+# Quoted values whole (a shell string) with what is glued to them (`'abc'def` is one word to a shell),
+# else up to the next blank.
+_VALUE = r"""(?:(?:"[^"]*"|'[^']*')[^\s"']*|\S+)"""
 # Not inside another name: the `--token` of `x--token=abc` is not a flag.
 _START = r"(?<![\w.-])"
 
@@ -120,7 +121,7 @@ _BLANKS = "\\s\x00\x7f\u00a0\u2000-\u200b\u3000\ufeff\ufffd"
 _SEP = f"[{_BLANKS}]"
 # A field of a query or a connection string (`?sig=abc&se=1`, `;AccountKey=abc;EndpointSuffix=x`): its
 # value ends at the next field, which _ASSIGNED would take as part of it.
-_FIELD = re.compile(rf"""(?<=[?&;#])((?P<name>{_NAME})=)(?:"[^"]*"|'[^']*'|[^\s&;#"']+)""", _FLAGS)
+_FIELD = re.compile(rf"""(?<=[?&;#])((?P<name>{_NAME})=)(?:(?:"[^"]*"|'[^']*')[^\s&;#"']*|[^\s&;#"']+)""", _FLAGS)
 # --hf-token=abc, --hf-token= abc, --hf-token:abc, -Dssl.keyStorePassword=abc, HF_TOKEN=abc
 _ASSIGNED = re.compile(rf"(?<![\w.?&;#-])(-{{0,2}}(?P<name>{_NAME}){_SEP}*[=:\uff1a\uff1d]{_SEP}*){_VALUE}", _FLAGS)
 # --hf-token abc, -token abc (Go's flags), '--hf-token' 'abc' (a script's); a following long flag is not

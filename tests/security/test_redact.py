@@ -33,6 +33,7 @@ R = REDACTED
     ("x --password 'two words' --next", f"x --password {R} --next"),
     ('x --password="two words" --next', f"x --password={R} --next"),
     ("x --token\tabc", f"x --token\t{R}"),
+    ("""x --token 'abc'def --password "a b"c --next""", f"x --token {R} --password {R} --next"),   # one word to a shell
     # URL passwords, bearer tokens
     ("git clone https://user:pass@github.com/org/repo", f"git clone https://user:{R}@github.com/org/repo"),
     ("psql postgres://app:p:w@db:5432/x", f"psql postgres://app:{R}@db:5432/x"),
