@@ -663,7 +663,9 @@ class Analyzer:
         # a task's future resolves once what it deferred is settled
         self.writer.call(store).result(timeout=30)
         if not stored or stored[0] is not None:
-            raise stored[0] if stored else StoreUnavailable("the capture was not stored")
+            # a validated record that DuckDB could not write (a full disk, most often) is the store's
+            # failure, not the agent's: it is told to resend (found in a trial: UNKNOWN, and the capture lost)
+            raise StoreUnavailable(str(stored[0]) if stored else "the writer did not take it")
         gpu = record.gpus[0] if record.gpus else 0
         self.events.publish(dict(kind="capture", t=record.end or time.time(), host=record.host, gpu=gpu,
                                  verdict=verdict, record={k: v for k, v in row.items() if k != "summary"}))

@@ -465,7 +465,8 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         try:
             row = await asyncio.shield(slot.storing)
         except (StoreUnavailable, TimeoutError) as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"could not store the capture, resend later: {exc}")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the capture was not stored, resend later: "
+                                f"{exc or 'no answer within 30 s'}")
         return capture_summary_pb(row)
 
     async def ReportCalibration(self, request, context):

@@ -68,7 +68,7 @@ def _client_error(exc: grpc.RpcError, server: str, security: ClientSecurity, wan
         wrong = _wrong_service(server, security, wants)
         if wrong:
             return ClientError(wrong)
-    if code == grpc.StatusCode.UNAVAILABLE and "retry shortly" in reason:
+    if code == grpc.StatusCode.UNAVAILABLE and ("retry shortly" in reason or "resend later" in reason):
         return ClientError(f"{server}: {reason}")      # it answered: busy or restarting, not unreachable
     if code == grpc.StatusCode.UNAVAILABLE:
         return ClientError(f"cannot reach {server}: {reason} ({running})")

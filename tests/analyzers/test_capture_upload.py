@@ -276,3 +276,29 @@ def test_a_slot_is_held_until_the_trace_is_stored_even_if_its_caller_gave_up(fix
         time.sleep(0.05)
     assert servicer._uploads_open == 0 and not servicer._host_uploads
     assert {c["id"] for c in srv.analyzer.store.captures("h1")} == {"gone1", "gone2"}
+
+
+def test_a_capture_the_store_cannot_write_is_unavailable_and_stored_when_sent_again(fixture_dir, srv, monkeypatch):
+    """Found in a trial on a full disk: the report got UNKNOWN "Unexpected
+    <class '_duckdb.TransactionException'>", the agent did not send it again,
+    and the capture was lost."""
+    import duckdb
+
+    from gpuscope.analyzers.store import Store
+    real = Store.upsert_capture
+    full = [True]
+
+    def upsert(self, row):
+        if full:
+            raise duckdb.IOException("IO Error: Could not write file \"f.duckdb.wal\": No space left on device")
+        return real(self, row)
+    monkeypatch.setattr(Store, "upsert_capture", upsert)
+    with pytest.raises(clients.ClientError) as err:
+        clients.report_capture(srv.target, _record("full"), _trace(), attempts=1)
+    said = str(err.value)
+    assert said == (f"{srv.target}: the capture was not stored, resend later: IO Error: Could not write file "
+                    f"\"f.duckdb.wal\": No space left on device"), said
+    assert srv.analyzer.store.captures("h1") == []
+    threading.Timer(0.5, full.clear).start()              # room again while the agent waits to send it again
+    clients.report_capture(srv.target, _record("full"), _trace(), attempts=3, backoff_s=1.0)
+    assert [c["id"] for c in srv.analyzer.store.captures("h1")] == ["full"]
