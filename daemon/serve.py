@@ -395,6 +395,8 @@ def _guard(behavior, method: str, authenticate: Authenticate, streams_out: bool)
             denial, token, done = enter(context)
             if denial:
                 context.abort(*denial)
+            if done is not None:
+                context = _Ending(context)
             error = None
             try:
                 yield from behavior(request, context)
@@ -409,6 +411,8 @@ def _guard(behavior, method: str, authenticate: Authenticate, streams_out: bool)
         denial, token, done = enter(context)
         if denial:
             context.abort(*denial)
+        if done is not None:
+            context = _Ending(context)
         error = None
         try:
             return behavior(request, context)
@@ -418,6 +422,30 @@ def _guard(behavior, method: str, authenticate: Authenticate, streams_out: bool)
         finally:
             leave(token, done, context, error)
     return call
+
+
+class _Ending:
+    """A sync handler's context that remembers the code the call ends with:
+    grpc.aio's context for sync handlers has no code() (found in a trial:
+    the agent's refused captures were audited as "failed")."""
+    __slots__ = ("_context", "_code")
+
+    def __init__(self, context):
+        self._context, self._code = context, None
+
+    def __getattr__(self, name):
+        return getattr(self._context, name)
+
+    def abort(self, code, details=""):
+        self._code = code
+        return self._context.abort(code, details)
+
+    def set_code(self, code):
+        self._code = code
+        return self._context.set_code(code)
+
+    def code(self):
+        return self._code
 
 
 def _ended(context, error: BaseException | None) -> str:

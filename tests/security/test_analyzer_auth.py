@@ -267,3 +267,47 @@ def test_how_a_call_ended():
     assert _ended(Context(grpc.StatusCode.NOT_FOUND), Exception("aborted")) == "NOT_FOUND"
     assert _ended(Context(None), asyncio.CancelledError()) == "cancelled"
     assert _ended(Context(None), RuntimeError("bug")) == "failed"
+
+
+def test_the_agents_operator_actions_are_audited_with_their_status_code(pki):
+    """The agent's handlers are sync, and grpc.aio's context for them keeps
+    no code (found in a trial: refused captures were audited as "failed")."""
+    import structlog
+
+    from gpuscope.daemon.cli import build_parser
+    from gpuscope.daemon.service import AgentServicer, TargetNotAllowed
+
+    class _Agent:
+        def capture(self, *args, **kwargs):
+            raise TargetNotAllowed("pid 1 is no job on this host's GPUs")
+
+        def owners(self):
+            return {}
+
+        def jobs(self):
+            return []
+    ns = build_parser().parse_args(["agent", "--tls-dir", str(pki / "h1"), "--ca", str(pki / "ca" / "ca.pem")])
+    security = _server_security_for(ns, "agent")
+    server, port, _ = build_server("127.0.0.1:0", [
+        (agent_pb2_grpc.add_AgentServicer_to_server, AgentServicer(_Agent()), "gpuscope.v1.Agent")], **security)
+    server.start()
+    try:
+        with structlog.testing.capture_logs() as logs, _client(pki, "operator").channel(f"127.0.0.1:{port}") as ch:
+            stub = agent_pb2_grpc.AgentStub(ch)
+            assert _code(lambda: stub.Capture(agent_pb2.CaptureRequest(duration_ms=100, pid=1), timeout=10)) == \
+                grpc.StatusCode.PERMISSION_DENIED
+            assert _code(lambda: stub.Capture(agent_pb2.CaptureRequest(duration_ms=100), timeout=10)) == \
+                grpc.StatusCode.INVALID_ARGUMENT
+            raw = ch.unary_unary("/gpuscope.v1.Agent/Capture")          # bytes that are no message
+            assert _code(lambda: raw(b"\xff\xff\xff", timeout=10)) == grpc.StatusCode.INVALID_ARGUMENT
+            assert len(stub.ListJobs(agent_pb2.ListJobsRequest(), timeout=10).jobs) == 0
+    finally:
+        shutdown(server, grace_s=0.2)
+    assert [(x["method"].rsplit("/", 1)[1], x["outcome"]) for x in logs if x["event"] == "audit"] == [
+        ("Capture", "PERMISSION_DENIED"), ("Capture", "INVALID_ARGUMENT"), ("Capture", "INVALID_ARGUMENT"),
+        ("ListJobs", "ok")]
+
+
+def _server_security_for(ns, name):
+    from gpuscope.daemon.cmd_serve import _server_security
+    return _server_security(ns, name, "127.0.0.1:0")
