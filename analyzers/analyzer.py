@@ -894,6 +894,8 @@ class Analyzer:
                     samples_stored=self._samples_at_start + w.samples - self.retention.samples_deleted,
                     stale_after_seconds=self.stale_after_s, analysis_lag_seconds=self.analysis_lag(),
                     ingest_behind_since=self.writer.behind_since(),
+                    store_error=w.last_error if w.failing_since is not None else "",
+                    store_failing_since=w.failing_since,
                     findings_open=len(self.findings.open),
                     db_path=self.config.db_path, window_seconds=self.window_s, anomalies=self.anomalies_total,
                     decisions=dict(self.decisions_total), captures_in_flight=self.policy.in_flight,

@@ -584,6 +584,9 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
                                  analysis_lag_seconds=s["analysis_lag_seconds"], gpus_total=s["gpus_total"],
                                  gpus_matching=s["gpus_matching"])
         out.MergeFrom(apb.AnalyzerStatus(**self.flow_counts()))
+        if s.get("store_failing_since") is not None:
+            out.store_error = s.get("store_error", "")[:1000]
+            out.store_failing_seconds = max(0.0, time.time() - s["store_failing_since"])
         if s.get("publish"):
             out.publish.CopyFrom(apb.PublishStatus(**s["publish"]))
         for g in s["gpus"]:

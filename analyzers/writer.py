@@ -77,6 +77,17 @@ class BatchRejected(ValueError):
     """The batch can never be stored; str() says why."""
 
 
+def what_to_do(exc: BaseException) -> str:
+    """For an operator reading a failed commit's log line."""
+    text = str(exc)
+    if "No space left" in text or "Disk full" in text or "disk is full" in text:
+        return ("free space on the DB's file system (or move --db to another); agents keep their batches "
+                "and resend them, and storing resumes by itself")
+    if "Permission denied" in text or "Read-only file system" in text:
+        return "make the DB's directory writable by the analyzer's user; agents keep their batches and resend them"
+    return "see the error; agents keep their batches and resend them, and each commit is tried again"
+
+
 class StoreUnavailable(RuntimeError):
     """The store could not commit now; the batch should be sent again later."""
 
@@ -106,6 +117,7 @@ class Writer:
         self._caught_up_at = clock()     # the latest take that left nothing queued
         self.batches = self.duplicates = self.samples = self.failed_groups = self.rejected = 0
         self.last_error = ""
+        self.failing_since: float | None = None     # the first commit that failed since the last that did not
 
     def start(self) -> None:
         self._thread.start()
@@ -145,10 +157,13 @@ class Writer:
         holds the streams back. Staleness is judged at this time, so an
         analyzer that falls behind never takes its own backlog for silent
         agents (closing their windows and findings, to reopen them at once,
-        is more work, and the falling behind would feed itself)."""
-        if self._stopping:       # its queue empties because it takes nothing new, not because it caught up
-            return self._caught_up_at
-        return None if self._q.empty() else self._caught_up_at
+        is more work, and the falling behind would feed itself).
+        A store that fails to commit is behind too, since its first failure:
+        the agents are sending, and resend what it did not store."""
+        behind = self._caught_up_at if self._stopping or not self._q.empty() else None
+        # (_stopping: its queue empties because it takes nothing new, not because it caught up)
+        failing = self.failing_since
+        return failing if behind is None else behind if failing is None else min(behind, failing)
 
     def reload_seqs(self) -> None:
         """Writer thread only: the committed seqs as stored, after retention
@@ -287,7 +302,7 @@ class Writer:
                 self._reopen = exc
             if len(writes) > 1 and not _fatal(exc) and not isinstance(exc, _ENVIRONMENT):
                 return [self._run_writes([w])[0] for w in writes]
-            log.error("analysis write failed", writes=len(writes), error=f"{type(exc).__name__}: {exc}"[:500])
+            log.error("analysis write failed", writes=len(writes), error=str(exc)[:500], what_to_do=what_to_do(exc))
             return [exc] * len(writes)
 
     def _settle(self, writes: list, errors: list[Exception | None] | None) -> None:
@@ -347,8 +362,11 @@ class Writer:
                 self._reopen = exc
             if isinstance(exc, _ENVIRONMENT) or _fatal(exc) or not isinstance(exc, _PERMANENT) and len(group) == 1:
                 self.failed_groups += 1
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                log.error("commit failed; agents will resend", batches=len(group), error=self.last_error)
+                self.last_error = str(exc)
+                if self.failing_since is None:
+                    self.failing_since = self._clock()
+                log.error("commit failed; agents will resend", batches=len(group), error=self.last_error[:500],
+                          what_to_do=what_to_do(exc))
                 for _, fut in group:
                     fut.set_exception(StoreUnavailable(f"commit failed: {exc}"))
                 return
@@ -368,7 +386,7 @@ class Writer:
             self._devices_written[(row[0], row[1])] = (row[:-1], now)
         self.batches += len(group)
         self.samples += sum(b.count for b, _ in group)
-        self.last_error = ""
+        self.last_error, self.failing_since = "", None
         for b, fut in group:
             committed.append(b)
             fut.set_result(COMMITTED)

@@ -98,6 +98,9 @@ def cmd_status(ns) -> int:
           f"since start, {human.many(s['captures_in_flight'], 'capture')} in flight, "
           f"{human.many(s['agents_connected'], 'agent')} on the command stream, analysis lag "
           f"{s.get('analysis_lag_seconds', 0):.0f} s, db {s['db_path']}")
+    if s.get("store_error"):
+        print(f"  STORE FAILING for {s.get('store_failing_seconds', 0):.0f} s: {s['store_error']} — nothing new is "
+              f"stored; agents keep their batches and resend them (the analyzer's log says what to do)")
     if s.get("publish"):
         print(publish_line(s["publish"]))
     if s.get("gpus"):

@@ -218,6 +218,11 @@ class FleetCollector:
                               "samples")
         g.add_metric([], s.get("analysis_lag_seconds") or 0.0)
         yield g
+        since = s.get("store_failing_since")
+        g = GaugeMetricFamily(PREFIX + "analyzer_store_failing_seconds", "how long the store has failed to commit "
+                              "agents' batches (a full disk, most often); 0 while it commits")
+        g.add_metric([], max(0.0, time.time() - since) if since is not None else 0.0)
+        yield g
         yield from _publishing(s.get("publish"))
 
 

@@ -588,3 +588,67 @@ def test_a_split_episode_resumes_with_the_votes_it_had():
         [a] = live.observe("h", w(i, v), "")
         [b] = resumed.observe("h", w(i, v), "")
         assert (a["verdict"], a["confidence"], a["summary"]) == (b["verdict"], b["confidence"], b["summary"])
+
+
+def test_a_store_that_cannot_commit_does_not_take_its_agents_for_silent(tmp_path, monkeypatch):
+    """Found in a trial on a full disk: the agent sent all along (and was told
+    to resend), yet its GPU showed stale and its finding closed "agent went
+    silent"; status never named the store. Now silence is judged at the first
+    failed commit, status says what fails and since when, and once commits
+    succeed again the agents' resends are stored and nothing was closed."""
+    clock = Clock(T0)
+    a = _analyzer(tmp_path / "f.duckdb", clock)
+    try:
+        _feed(a, clock, "host-a", {0: MEMORY}, T0, 6)
+        real = a.writer._write
+
+        def full(group):
+            raise duckdb.IOException('IO Error: Could not write file "f.duckdb.wal": No space left on device')
+        monkeypatch.setattr(a.writer, "_write", full)
+        for s in range(6, 16):                  # 10 s of batches the store cannot commit
+            clock.t = T0 + s + 1
+            with pytest.raises(Exception, match="No space left on device"):
+                a.submit(_batch("host-a", "boot-1", s + 1, T0 + s, {0: MEMORY})).result(timeout=10)
+        a.sweep().result(timeout=10)
+        st = a.status()
+        assert st["store_failing_since"] == T0 + 7 and "No space left on device" in st["store_error"]
+        assert not _gpu(st, "host-a", 0)["stale"] and st["hosts_stale"] == 0
+        [f] = _findings(a, "host-a", 0)
+        assert f["end"] is None, f["summary"]
+
+        monkeypatch.setattr(a.writer, "_write", real)      # room again: the agent's resends are stored
+        clock.t = T0 + 17
+        for s in range(6, 17):
+            assert a.submit(_batch("host-a", "boot-1", s + 1, T0 + s, {0: MEMORY})).result(timeout=10) == "committed"
+        a.writer.call(lambda _s: None).result(timeout=10)
+        st = a.status()
+        assert st["store_failing_since"] is None and st["store_error"] == ""
+        [f] = _findings(a, "host-a", 0)
+        assert f["end"] is None and f["windows"] >= 15
+    finally:
+        a.close()
+
+
+def test_status_over_grpc_and_on_the_terminal_names_a_failing_store(tmp_path, monkeypatch, capsys):
+    import grpc
+
+    from gpuscope.daemon.cli import main
+    from gpuscope.v1 import analyzer_pb2 as apb, analyzer_pb2_grpc
+    from tests.helpers import AnalyzerServer
+    srv = AnalyzerServer(tmp_path / "g.duckdb")
+    try:
+        def full(group):
+            raise duckdb.IOException('IO Error: Could not write file "g.duckdb.wal": No space left on device')
+        monkeypatch.setattr(srv.analyzer.writer, "_write", full)
+        with grpc.insecure_channel(srv.target) as ch:
+            stub = analyzer_pb2_grpc.AnalyzerStub(ch)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Push(_batch("host-a", "boot-1", 1, time.time() - 2, {0: MEMORY}), timeout=10)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            st = stub.GetStatus(apb.StatusRequest(), timeout=10)
+        assert "No space left on device" in st.store_error and st.store_failing_seconds >= 0.0
+        assert main(["status", "--server", srv.target, "--insecure"]) == 0
+        out = capsys.readouterr().out
+        assert "STORE FAILING for" in out and "No space left on device" in out
+    finally:
+        srv.stop()

@@ -427,7 +427,7 @@ class GpuState(_message.Message):
     def __init__(self, host: _Optional[str] = ..., gpu: _Optional[int] = ..., name: _Optional[str] = ..., verdict: _Optional[str] = ..., confidence: _Optional[float] = ..., last_sample: _Optional[float] = ..., open_finding: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., lost: _Optional[bool] = ..., stale: _Optional[bool] = ..., last_seen_age_seconds: _Optional[float] = ..., source: _Optional[str] = ...) -> None: ...
 
 class AnalyzerStatus(_message.Message):
-    __slots__ = ("version", "started", "batches_committed", "batches_duplicate", "batches_rejected", "samples_committed", "hosts", "gpus", "findings_open", "db_path", "window_seconds", "anomalies", "decisions", "captures_in_flight", "agents_connected", "gpus_stale", "hosts_stale", "analysis_lag_seconds", "samples_stored", "gpus_total", "gpus_matching", "publish", "batches_held", "batches_over_rate")
+    __slots__ = ("version", "started", "batches_committed", "batches_duplicate", "batches_rejected", "samples_committed", "hosts", "gpus", "findings_open", "db_path", "window_seconds", "anomalies", "decisions", "captures_in_flight", "agents_connected", "gpus_stale", "hosts_stale", "analysis_lag_seconds", "samples_stored", "gpus_total", "gpus_matching", "publish", "batches_held", "batches_over_rate", "store_error", "store_failing_seconds")
     class DecisionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -459,6 +459,8 @@ class AnalyzerStatus(_message.Message):
     PUBLISH_FIELD_NUMBER: _ClassVar[int]
     BATCHES_HELD_FIELD_NUMBER: _ClassVar[int]
     BATCHES_OVER_RATE_FIELD_NUMBER: _ClassVar[int]
+    STORE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    STORE_FAILING_SECONDS_FIELD_NUMBER: _ClassVar[int]
     version: str
     started: float
     batches_committed: int
@@ -483,7 +485,9 @@ class AnalyzerStatus(_message.Message):
     publish: PublishStatus
     batches_held: int
     batches_over_rate: int
-    def __init__(self, version: _Optional[str] = ..., started: _Optional[float] = ..., batches_committed: _Optional[int] = ..., batches_duplicate: _Optional[int] = ..., batches_rejected: _Optional[int] = ..., samples_committed: _Optional[int] = ..., hosts: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ..., findings_open: _Optional[int] = ..., db_path: _Optional[str] = ..., window_seconds: _Optional[float] = ..., anomalies: _Optional[int] = ..., decisions: _Optional[_Mapping[str, int]] = ..., captures_in_flight: _Optional[int] = ..., agents_connected: _Optional[int] = ..., gpus_stale: _Optional[int] = ..., hosts_stale: _Optional[int] = ..., analysis_lag_seconds: _Optional[float] = ..., samples_stored: _Optional[int] = ..., gpus_total: _Optional[int] = ..., gpus_matching: _Optional[int] = ..., publish: _Optional[_Union[PublishStatus, _Mapping]] = ..., batches_held: _Optional[int] = ..., batches_over_rate: _Optional[int] = ...) -> None: ...
+    store_error: str
+    store_failing_seconds: float
+    def __init__(self, version: _Optional[str] = ..., started: _Optional[float] = ..., batches_committed: _Optional[int] = ..., batches_duplicate: _Optional[int] = ..., batches_rejected: _Optional[int] = ..., samples_committed: _Optional[int] = ..., hosts: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ..., findings_open: _Optional[int] = ..., db_path: _Optional[str] = ..., window_seconds: _Optional[float] = ..., anomalies: _Optional[int] = ..., decisions: _Optional[_Mapping[str, int]] = ..., captures_in_flight: _Optional[int] = ..., agents_connected: _Optional[int] = ..., gpus_stale: _Optional[int] = ..., hosts_stale: _Optional[int] = ..., analysis_lag_seconds: _Optional[float] = ..., samples_stored: _Optional[int] = ..., gpus_total: _Optional[int] = ..., gpus_matching: _Optional[int] = ..., publish: _Optional[_Union[PublishStatus, _Mapping]] = ..., batches_held: _Optional[int] = ..., batches_over_rate: _Optional[int] = ..., store_error: _Optional[str] = ..., store_failing_seconds: _Optional[float] = ...) -> None: ...
 
 class PublishStatus(_message.Message):
     __slots__ = ("target", "cluster", "interval_seconds", "staged_until", "files_pending", "lag_seconds", "last_upload", "last_pass", "files_uploaded", "rows_staged", "failures", "consecutive_failures", "last_error")
