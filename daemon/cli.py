@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="new alerts per receiver per minute; more are dropped and counted (default 60)")
 
     sp = sub.add_parser("up", help="agent + analyzer in one process, with a live view")
-    sp.add_argument("--listen", default="127.0.0.1:9400", help="gRPC address (default 127.0.0.1:9400)")
+    sp.add_argument("--listen", default="127.0.0.1:9403", help="gRPC address (default 127.0.0.1:9403)")
     sp.add_argument("--no-view", action="store_true", help="no live view (logs only)")
     add_config_flag(sp)
     source_args(sp, "auto")
@@ -191,8 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_agent)
 
     sp = sub.add_parser("analyzer", help="the central analyzer: ingest, store, findings, queries")
-    sp.add_argument("--listen", default="127.0.0.1:9400",
-                    help="gRPC address (default 127.0.0.1:9400: this host only; for the fleet use 0.0.0.0:9400 "
+    sp.add_argument("--listen", default="127.0.0.1:9403",
+                    help="gRPC address (default 127.0.0.1:9403: this host only; for the fleet use 0.0.0.0:9403 "
                          "with --tls-dir)")
     add_config_flag(sp)
     sp.add_argument("--threads", type=number(1, 1024, int), default=2, help="DuckDB threads (default 2)")
@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_analyzer)
 
     def server_args(sp):
-        port = 9401 if sp.prog.split()[-1] in client_config.AGENT_COMMANDS else 9400
+        port = 9401 if sp.prog.split()[-1] in client_config.AGENT_COMMANDS else 9403
         sp.add_argument("--server", default=None, metavar="HOST[:PORT]",
                         help=f"{_asks(sp.prog.split()[-1])} to ask (default: "
                              f"${client_config.ENV_SERVER}, else `server` in {client_config.config_path()}, else "

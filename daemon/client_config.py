@@ -1,12 +1,12 @@
 """Where an on-call command asks, and with what: `--server` and the security
 flags, else the environment, else the config file, else this host.
 
-    --server  >  $GPUSCOPE_SERVER  >  `server` in the config file  >  127.0.0.1:9400
+    --server  >  $GPUSCOPE_SERVER  >  `server` in the config file  >  127.0.0.1:9403
 
 The config file is `$GPUSCOPE_CONFIG`, else `$XDG_CONFIG_HOME/gpuscope/config.toml`
 (`~/.config/gpuscope/config.toml`). Its keys are the client flags' names:
 
-    server = "analyzer.example.com"       # a bare host means port 9400
+    server = "analyzer.example.com"       # a bare host means port 9403
     tls_dir = "/etc/gpuscope/tls"         # or ca, cert, key
     token_file = "~/.config/gpuscope/token"
     tls_server_name = "analyzer"
@@ -15,7 +15,7 @@ The config file is `$GPUSCOPE_CONFIG`, else `$XDG_CONFIG_HOME/gpuscope/config.to
 A flag beats the environment ($GPUSCOPE_TLS_DIR, $GPUSCOPE_TOKEN), which
 beats the file. The file's tables ([agent], [analyzer], [up]) are the
 servers' settings (daemon/config_file.py), left alone here. A bare HOST means the port of the service the command asks:
-9400 for the analyzer (and `gpuscope up`), 9401 for an agent (`capture`,
+9403 for the analyzer (and `gpuscope up`), 9401 for an agent (`capture`,
 `jobs`). gRPC would take `localhost` alone as port 443."""
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from .cliutil import UsageError
 
 ENV_SERVER = "GPUSCOPE_SERVER"
 ENV_CONFIG = "GPUSCOPE_CONFIG"
-ANALYZER_PORT, AGENT_PORT = 9400, 9401
+ANALYZER_PORT, AGENT_PORT = 9403, 9401
 DEFAULT_SERVER = f"127.0.0.1:{ANALYZER_PORT}"
 AGENT_COMMANDS = ("capture", "jobs")          # asked of an agent (or `up`, which is one too)
 _STRINGS = ("server", "tls_dir", "ca", "cert", "key", "token_file", "tls_server_name")

@@ -78,7 +78,7 @@ def _client_error(exc: grpc.RpcError, server: str, security: ClientSecurity, wan
     return ClientError(f"{server}: {code.name}: {exc.details()}")
 
 
-# gRPC's prefix to a failed connection's cause ("...; last error: UNKNOWN: ipv4:10.0.0.5:9400: "):
+# gRPC's prefix to a failed connection's cause ("...; last error: UNKNOWN: ipv4:10.0.0.5:9403: "):
 # the address is said already, and the cause is what a person acts on
 _CONNECT_PREFIX = re.compile(r"^failed to connect to all addresses; last error: \w+: \S+: ")
 

@@ -44,7 +44,7 @@ def cmd_certs_init(ns) -> int:
     else:
         print(f"CA: kept {d / certs.CA_FILE}")
     _print_issued("analyzer", server)
-    print(f"next: `gpuscope analyzer --tls-dir {d} --listen 0.0.0.0:9400`; for each GPU host "
+    print(f"next: `gpuscope analyzer --tls-dir {d} --listen 0.0.0.0:9403`; for each GPU host "
           f"`gpuscope certs agent {d} --host HOST --out {d}/HOST`; for people "
           f"`gpuscope certs client {d} --name NAME --role reader|operator`")
     return 0
@@ -55,13 +55,13 @@ def cmd_certs_agent(ns) -> int:
                                force=ns.force, out=ns.out)
     return _report(ns, "agent", f"agent {ns.host}", issued,
                    f"next: copy {issued.cert.parent} (ca.pem, agent.pem, agent.key) to {ns.host}, then "
-                   f"`gpuscope agent --tls-dir DIR --analyzer ANALYZER:9400`")
+                   f"`gpuscope agent --tls-dir DIR --analyzer ANALYZER:9403`")
 
 
 def cmd_certs_client(ns) -> int:
     issued = certs.issue_client(ns.dir, ns.name, ns.role, days=ns.days, force=ns.force, out=ns.out)
     return _report(ns, "client", f"{ns.role} {ns.name}", issued,
-                   f"next: `gpuscope status --server ANALYZER:9400 --tls-dir {issued.cert.parent}` "
+                   f"next: `gpuscope status --server ANALYZER:9403 --tls-dir {issued.cert.parent}` "
                    f"(or GPUSCOPE_TLS_DIR={issued.cert.parent})")
 
 

@@ -39,7 +39,7 @@ TLS_MATERIAL = ("tls_dir", "ca", "cert", "key", "tokens", "oncall_listen")
 PATHS = ("db", "capture_dir", "tls_dir", "ca", "cert", "key", "tokens", "kubelet_socket", "publish", "publish_state")
 # Variables of the GPUSCOPE_<COMMAND>_ form that are not ours: the systemd
 # units' extra flags, and the links Kubernetes makes for a Service named
-# gpuscope-agent or gpuscope-analyzer (..._SERVICE_HOST, ..._PORT_9400_TCP).
+# gpuscope-agent or gpuscope-analyzer (..._SERVICE_HOST, ..._PORT_9403_TCP).
 _NOT_OURS = re.compile(r"args|(?:\w+_)?(?:service_host|service_port(?:_\w+)?|port(?:_\d+_(?:tcp|udp|sctp)"
                        r"(?:_proto|_port|_addr)?)?)")
 SECRET_SHOWN = "<redacted from {}>"

@@ -138,7 +138,7 @@ def test_the_agent_s_flags_become_a_calibrate_command_the_real_parser_takes(tmp_
     from gpuscope.daemon.cli import build_parser
 
     p = build_parser()
-    ns = p.parse_args(["agent", "--analyzer", "an.example:9400", "--host", "h7", "--tls-dir", str(tmp_path / "tls"),
+    ns = p.parse_args(["agent", "--analyzer", "an.example:9403", "--host", "h7", "--tls-dir", str(tmp_path / "tls"),
                        "--tls-server-name", "analyzer", "--capture-dir", str(tmp_path / "cap"),
                        "--calibrate-every", "1d", "--calibrate-idle", "30m"])
     started = []
@@ -150,7 +150,7 @@ def test_the_agent_s_flags_become_a_calibrate_command_the_real_parser_takes(tmp_
     assert argv[:3] == [sys.executable, "-m", "gpuscope.daemon.cli"]
     child = p.parse_args(argv[3:])
     assert (child.gpu, child.quick, child.send, child.host, child.tls_dir, child.tls_server_name, child.force) == (
-        3, True, "an.example:9400", "h7", str(tmp_path / "tls"), "analyzer", False)
+        3, True, "an.example:9403", "h7", str(tmp_path / "tls"), "analyzer", False)
     # nothing to send to, a recording, or 0: no schedule
     assert cmd_serve._calibration_schedule(View(), p.parse_args(["agent"]), "nvml") is None
     assert cmd_serve._calibration_schedule(View(), ns, "replay:/x.csv") is None

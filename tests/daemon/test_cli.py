@@ -220,14 +220,14 @@ def test_where_to_ask_defaults_and_bare_hosts(tmp_path, monkeypatch):
     import argparse
     from gpuscope.daemon import client_config as cc
     from gpuscope.daemon.cliutil import UsageError
-    assert cc.with_port("localhost", 9400) == "localhost:9400"
+    assert cc.with_port("localhost", 9403) == "localhost:9403"
     assert cc.with_port("node17", 9401) == "node17:9401"
-    assert cc.with_port("10.0.0.5:7000", 9400) == "10.0.0.5:7000"
-    assert cc.with_port("::1", 9400) == "[::1]:9400" and cc.with_port("[::1]", 9400) == "[::1]:9400"
-    assert cc.with_port("[::1]:9", 9400) == "[::1]:9"
+    assert cc.with_port("10.0.0.5:7000", 9403) == "10.0.0.5:7000"
+    assert cc.with_port("::1", 9403) == "[::1]:9403" and cc.with_port("[::1]", 9403) == "[::1]:9403"
+    assert cc.with_port("[::1]:9", 9403) == "[::1]:9"
     for bad in ("http://a:1", "a:0", "a:99999", "a:", ":80", " "):
         with pytest.raises(UsageError, match="--server"):
-            cc.with_port(bad, 9400)
+            cc.with_port(bad, 9403)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     monkeypatch.delenv("GPUSCOPE_SERVER", raising=False)
     monkeypatch.delenv("GPUSCOPE_CONFIG", raising=False)
@@ -240,13 +240,13 @@ def test_where_to_ask_defaults_and_bare_hosts(tmp_path, monkeypatch):
         vars(ns).update(flags)
         cc.apply(ns)
         return ns
-    assert resolved().server == "127.0.0.1:9400"
-    assert resolved(server="gpu-7").server == "gpu-7:9400" and resolved("jobs", server="gpu-7").server == "gpu-7:9401"
+    assert resolved().server == "127.0.0.1:9403"
+    assert resolved(server="gpu-7").server == "gpu-7:9403" and resolved("jobs", server="gpu-7").server == "gpu-7:9401"
     (tmp_path / "gpuscope").mkdir()
     conf = tmp_path / "gpuscope" / "config.toml"
     conf.write_text('server = "analyzer.example"\ntls_dir = "/etc/gs"\ntoken_file = "~/tok"\n')
     ns = resolved()
-    assert (ns.server, ns.tls_dir, ns.token_file) == ("analyzer.example:9400", "/etc/gs", os.path.expanduser("~/tok"))
+    assert (ns.server, ns.tls_dir, ns.token_file) == ("analyzer.example:9403", "/etc/gs", os.path.expanduser("~/tok"))
     assert resolved(insecure=True).tls_dir is None                 # a flag decides, the file does not add to it
     monkeypatch.setenv("GPUSCOPE_SERVER", "other:1")
     assert resolved().server == "other:1" and resolved(server="x:2").server == "x:2"

@@ -114,7 +114,7 @@ def test_the_environment_is_checked_at_start_too(tmp_path):
 
 
 def test_config_check_says_every_problem_and_exits_2(tmp_path):
-    good = write(tmp_path / "good.toml", 'server = "analyzer.example"\n[agent]\nanalyzer = "a:9400"\n'
+    good = write(tmp_path / "good.toml", 'server = "analyzer.example"\n[agent]\nanalyzer = "a:9403"\n'
                                          '[analyzer]\nretention = "30d"\nalertmanager = ["http://am:9093"]\n', 0o644)
     r = run("config", "check", str(good))
     assert (r.returncode, r.stdout) == (0, f"{good}: ok ([agent] 1 setting, [analyzer] 2 settings)\n"), r.stderr

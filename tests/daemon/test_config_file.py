@@ -144,8 +144,8 @@ def test_the_environment_is_checked_and_strangers_in_it_are_said(tmp_path):
     # not refused: the environment is shared; the units' extra flags and Kubernetes' service links are not ours
     _, res = resolved(["analyzer"], {"GPUSCOPE_ANALYZER_WINDOWS": "3", "GPUSCOPE_ANALYZER_ARGS": "--window 3",
                                      "GPUSCOPE_ANALYZER_SERVICE_HOST": "10.0.0.1",
-                                     "GPUSCOPE_ANALYZER_PORT_9400_TCP_ADDR": "10.0.0.1",
-                                     "GPUSCOPE_ANALYZER_PORT": "tcp://10.0.0.1:9400"})
+                                     "GPUSCOPE_ANALYZER_PORT_9403_TCP_ADDR": "10.0.0.1",
+                                     "GPUSCOPE_ANALYZER_PORT": "tcp://10.0.0.1:9403"})
     assert res.warnings == ["$GPUSCOPE_ANALYZER_WINDOWS is not a setting of gpuscope analyzer; ignored "
                             "(did you mean GPUSCOPE_ANALYZER_WINDOW?)"]
 

@@ -133,11 +133,11 @@ def test_the_rendered_containers_serve_probe_and_stream(tmp_path, secrets):
     grpc_port, analyzer_metrics, agent_api, agent_metrics = (free_port() for _ in range(4))
     a_swaps = {"/etc/gpuscope/tls": str(secrets["gpuscope-analyzer-tls"]),
                "/var/lib/gpuscope": str(tmp_path / "analyzer"),
-               "0.0.0.0:9400": f"127.0.0.1:{grpc_port}", "127.0.0.1:9400": f"127.0.0.1:{grpc_port}",
+               "0.0.0.0:9403": f"127.0.0.1:{grpc_port}", "127.0.0.1:9403": f"127.0.0.1:{grpc_port}",
                "0.0.0.0:9464": f"0.0.0.0:{analyzer_metrics}"}
     g_swaps = {"/etc/gpuscope/tls": str(secrets["gpuscope-agent-tls"]),
                "/var/lib/gpuscope": str(tmp_path / "agent"),
-               "--analyzer=gpuscope-analyzer.gpuscope.svc:9400": f"--analyzer=127.0.0.1:{grpc_port}",
+               "--analyzer=gpuscope-analyzer.gpuscope.svc:9403": f"--analyzer=127.0.0.1:{grpc_port}",
                "127.0.0.1:9401": f"127.0.0.1:{agent_api}", "0.0.0.0:9464": f"0.0.0.0:{agent_metrics}"}
     (tmp_path / "analyzer").mkdir()
     (tmp_path / "agent").mkdir()

@@ -490,19 +490,19 @@ def test_client_flags_resolve_to_client_security(pki, tmp_path, monkeypatch):
     monkeypatch.delenv("GPUSCOPE_TLS_DIR", raising=False)
     monkeypatch.delenv("GPUSCOPE_TOKEN", raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))        # no default tls/ there
-    sec = client_security(_ns(["status", "--server", "h:9400", "--tls-dir", str(pki["operator"])]))
+    sec = client_security(_ns(["status", "--server", "h:9403", "--tls-dir", str(pki["operator"])]))
     assert sec.mode == "mtls" and sec.cert.endswith("client.pem") and sec.ca.endswith("ca.pem")
     monkeypatch.setenv("GPUSCOPE_TLS_DIR", str(pki["ca"]))               # a CA dir with no client.pem
-    assert client_security(_ns(["findings", "--server", "h:9400"])).mode == "tls"
+    assert client_security(_ns(["findings", "--server", "h:9403"])).mode == "tls"
     monkeypatch.delenv("GPUSCOPE_TLS_DIR")
     # nothing configured: TLS with the system's CAs, even to loopback; plain text only with --insecure
-    for server in ("127.0.0.1:9400", "analyzer.example:9400"):
+    for server in ("127.0.0.1:9403", "analyzer.example:9403"):
         sec = client_security(_ns(["status", "--server", server]))
         assert not sec.insecure and sec.ca is None and sec.cert is None
-    assert client_security(_ns(["status", "--server", "127.0.0.1:9400", "--insecure"])).insecure
+    assert client_security(_ns(["status", "--server", "127.0.0.1:9403", "--insecure"])).insecure
     # the default state dir's tls/, as `gpuscope up` provisions it
     certs.ensure_local_pki(tmp_path / "state" / "gpuscope" / "tls", "h1")
-    assert client_security(_ns(["status", "--server", "127.0.0.1:9400"])).mode == "mtls"
+    assert client_security(_ns(["status", "--server", "127.0.0.1:9403"])).mode == "mtls"
     # tokens
     token_file = tmp_path / "token"
     token_file.write_text(pki["token"] + "\n")
@@ -515,17 +515,17 @@ def test_client_flags_resolve_to_client_security(pki, tmp_path, monkeypatch):
         client_security(_ns(["jobs", "--server", "h:9401", "--token-file", str(token_file)]))
     monkeypatch.setenv("GPUSCOPE_TOKEN", "gps_from_env")
     with pytest.raises(UsageError, match="plain text"):
-        client_security(_ns(["status", "--server", "127.0.0.1:9400", "--insecure"]))
+        client_security(_ns(["status", "--server", "127.0.0.1:9403", "--insecure"]))
     monkeypatch.delenv("GPUSCOPE_TOKEN")
     with pytest.raises(UsageError, match="--insecure cannot be combined with --ca"):
-        client_security(_ns(["status", "--server", "127.0.0.1:9400", "--insecure", "--ca", "x"]))
+        client_security(_ns(["status", "--server", "127.0.0.1:9403", "--insecure", "--ca", "x"]))
     with pytest.raises(UsageError, match="no such directory"):
         client_security(_ns(["status", "--server", "h:1", "--tls-dir", str(tmp_path / "nope")]))
 
 
 def test_server_flags_resolve_files_tokens_and_agent_links(pki, tmp_path):
     ns = _ns(["analyzer", "--tls-dir", str(pki["ca"]), "--tokens", str(pki["tokens"])])
-    assert ns.listen == "127.0.0.1:9400"
+    assert ns.listen == "127.0.0.1:9403"
     assert server_tls_files(ns, "analyzer").cert == pki["ca"] / "analyzer.pem"
     assert len(server_tokens(ns)) == 2
     with pytest.raises(UsageError, match="needs TLS"):
@@ -533,7 +533,7 @@ def test_server_flags_resolve_files_tokens_and_agent_links(pki, tmp_path):
     assert server_tls_files(_ns(["analyzer", "--insecure"]), "analyzer") is None
     with pytest.raises(UsageError, match="--tokens needs TLS"):
         server_tokens(_ns(["analyzer", "--insecure", "--tokens", str(pki["tokens"])]))
-    agent = agent_security(_ns(["agent", "--analyzer", "a:9400", "--tls-dir", str(pki["agent"]),
+    agent = agent_security(_ns(["agent", "--analyzer", "a:9403", "--tls-dir", str(pki["agent"]),
                                 "--tls-server-name", "analyzer.example"]))
     assert agent.mode == "mtls" and agent.cert.endswith("agent.pem") and agent.server_name == "analyzer.example"
     up = _ns(["up", "--db", str(tmp_path / "db" / "x.duckdb")])
@@ -542,8 +542,8 @@ def test_server_flags_resolve_files_tokens_and_agent_links(pki, tmp_path):
     certs.ensure_local_pki(tmp_path / "db" / "tls", "h1")
     assert server_tls_files(up, "analyzer").cert == tmp_path / "db" / "tls" / "analyzer.pem"
     assert agent_security(up, server_name="localhost").cert.endswith("agent.pem")
-    assert is_loopback("127.0.0.1:9400") and is_loopback("[::1]:1") and is_loopback("localhost:9")
-    assert not is_loopback("0.0.0.0:9400") and not is_loopback("[::]:9400") and not is_loopback("10.0.0.5:1")
+    assert is_loopback("127.0.0.1:9403") and is_loopback("[::1]:1") and is_loopback("localhost:9")
+    assert not is_loopback("0.0.0.0:9403") and not is_loopback("[::]:9403") and not is_loopback("10.0.0.5:1")
 
 
 # -- clients against real TLS servers with roles --------------------------------------------------------
