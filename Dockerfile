@@ -46,7 +46,7 @@ ENV PATH=/opt/gpuscope/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sb
 # uid 0 with every capability dropped, only to connect to the kubelet's
 # pod-resources socket, which is root's (deploy/helm/gpuscope/values.yaml).
 USER 65532:65532
-EXPOSE 9400 9464
+EXPOSE 9403 9464
 # No HEALTHCHECK: the role, its port and the TLS files to probe with are
 # chosen at run time. Kubernetes ignores HEALTHCHECK and runs
 # `gpuscope-health` from its probes (deploy/helm/gpuscope); under Docker,

@@ -17,7 +17,7 @@ fi
 export PYTHONPATH=/tmp/gs:/tmp/site PYTHONUNBUFFERED=1
 W=/tmp/live; rm -rf $W; mkdir -p $W
 G="$PY -m gpuscope.daemon.cli"
-S="--server 127.0.0.1:9400 --insecure"
+S="--server 127.0.0.1:9403 --insecure"
 $G up --no-view --insecure --source ${SOURCE:-nvml} --db $W/db.duckdb --capture-dir $W/captures \
   --profiler 127.0.0.1:9999 --host-cooldown 20s --capture-duration-ms 1000 --duration 240s > $W/up.log 2>&1 &
 UP=$!
@@ -48,7 +48,7 @@ metrics = ("gpm_sm_util_ratio", "gpm_tensor_util_ratio", "gpm_dram_bw_util_ratio
            "sm_clock_hertz")
 for ph in phases:   # the middle of each phase: its edges hold the last window of the one before
     for m in metrics:
-        r = subprocess.run([sys.argv[2], "-m", "gpuscope.daemon.cli", "query", "--server", "127.0.0.1:9400", "--insecure",
+        r = subprocess.run([sys.argv[2], "-m", "gpuscope.daemon.cli", "query", "--server", "127.0.0.1:9403", "--insecure",
                             "--metric", m, "--aggregate", "mean", "--start", str(ph["start"] + 3),
                             "--end", str(ph["end"] - 1), "--json"], capture_output=True, text=True)
         try:
