@@ -263,3 +263,17 @@ def test_urls_shown_without_their_secrets(url, shown):
     path segment (Slack, Teams): what is logged keeps where, not the key."""
     from gpuscope.security.redact import redact_url
     assert redact_url(url) == shown
+
+
+@pytest.mark.parametrize("line", [
+    "--" + "key-" * 1024 + " x",                    # found in a trial: 160 ms, each `key` tried with the rest
+    "--token " * 512, "https://a:b@" * 340, "://x:" + "@" * 4096, "mysql " + "x " * 2048,
+    "x-" * 2046 + "token", "--token\u00a0" * 512, "vault login " + "-x " * 1360,
+])
+def test_a_hostile_line_is_read_in_linear_time(line):
+    """A 4 KB command line crafted against the patterns (an attacker's, or an unlucky job's) is redacted
+    in a few milliseconds: the limit here is loose enough for a slow CI runner, tight for a quadratic."""
+    import time
+    start = time.perf_counter()
+    redact_command(line[:4096])
+    assert time.perf_counter() - start < 0.05
