@@ -51,7 +51,9 @@ A value ends at the next blank, or with its quotes when quoted
 next field, which stays.
 
 A URL's user name stays (it says who), its password goes, up to the last
-`@` before the host (`https://user:p@ss@host`, as URL parsers read it). A
+`@` before the host (`https://user:p@ss@host`, as URL parsers read it),
+whatever the user's name (`https://x-access-token:<redacted>@github.com/o/r`:
+no pattern takes a URL's host or path with its password). A
 URL with a user name and no password (`https://ghp_x@github.com`) is left
 as it is: the name alone is usually a login (`git@`), and guessing which
 are tokens would be wrong both ways.
@@ -126,8 +128,10 @@ _SEP = f"[{_BLANKS}]"
 # A field of a query or a connection string (`?sig=abc&se=1`, `;AccountKey=abc;EndpointSuffix=x`): its
 # value ends at the next field, which _ASSIGNED would take as part of it.
 _FIELD = re.compile(rf"""(?<=[?&;#])((?P<name>{_NAME})=)(?:(?:"[^"]*"|'[^']*')[^\s&;#"']*|[^\s&;#"']+)""", _FLAGS)
-# --hf-token=abc, --hf-token= abc, --hf-token:abc, -Dssl.keyStorePassword=abc, HF_TOKEN=abc
-_ASSIGNED = re.compile(rf"(?<![\w.?&;#-])(-{{0,2}}(?P<name>{_NAME}){_SEP}*[=:\uff1a\uff1d]{_SEP}*){_VALUE}", _FLAGS)
+# --hf-token=abc, --hf-token= abc, --hf-token:abc, -Dssl.keyStorePassword=abc, HF_TOKEN=abc; not a URL's
+# user info (`https://x-access-token:abc@github.com/o/r`, found by a tester: the value ran on over the
+# host and path), which _USERINFO reads up to its `@`
+_ASSIGNED = re.compile(rf"(?<![\w.?&;#-])(?<!//)(-{{0,2}}(?P<name>{_NAME}){_SEP}*[=:\uff1a\uff1d]{_SEP}*){_VALUE}", _FLAGS)
 # --hf-token abc, -token abc (Go's flags), '--hf-token' 'abc' (a script's); a following long flag is not
 # a value, a value that starts with one dash is redacted (when in doubt we redact).
 _SPACED = re.compile(rf"""{_START}(-{{1,2}}(?P<name>{_NAME})["']?{_SEP}+)(?!--){_VALUE}""", _FLAGS)

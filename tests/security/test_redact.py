@@ -41,6 +41,10 @@ R = REDACTED
     # found by a tester: the user info ends at the last '@' before the host
     ("git clone https://user:p@ss@host/path?q=1@2", f"git clone https://user:{R}@host/path?q=1@2"),
     ("x https://me@corp.com:pw@host:8443 'https://u:a@b@h'", f"x https://me@corp.com:{R}@host:8443 'https://u:{R}@h'"),
+    # found by a tester: a user named like a secret (`x-access-token`) kept the host and path from being shown
+    ("git clone https://x-access-token:abc@github.com/o/r.git /src", f"git clone https://x-access-token:{R}@github.com/o/r.git /src"),
+    ("x --repo https://gitlab-ci-token:abc@gitlab.com/x.git --repo=https://token:a@b@h/p",
+     f"x --repo https://gitlab-ci-token:{R}@gitlab.com/x.git --repo=https://token:{R}@h/p"),
     ('curl -H "Authorization: Bearer eyJ.abc.def" https://h', f'curl -H "Authorization: Bearer {R}" https://h'),
     # found in a trial: short names of passwords, curl's user:password, tokens standing alone
     ("x --db-pass=hunter2 --pw hunter2 --passphrase=abc", f"x --db-pass={R} --pw {R} --passphrase={R}"),
