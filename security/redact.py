@@ -24,10 +24,17 @@ is (`--key-frames 10`, `--auth-type basic`, `--password-stdin`,
 `--tokens-per-sample 512`), a word before `key` that makes it a field of
 data (`--sort-key name`, `--json-keys text`, `--public-key`), or one before
 `token` that makes it a model's (`--pad-token-id 0`, `--eos-token '</s>'`,
-`--output-tokens-mean 256`). A switch's `true`/`false` stays
-(`--use_auth_token True`). When in doubt we redact: a name these words do
-not explain (`--key-id`, `--token-id 3`, `--keys 3`) keeps its value hidden,
-since a lost number costs less than a leaked token.
+`--output-tokens-mean 256`). A switch's `true`/`false`/`none` stays
+(`--use_auth_token True`, `--auth none`). A number stays where only a count
+or an index can be one: for a plural `tokens` or `keys` (Megatron's
+`--train-tokens 300000000000`, `--lr-decay-tokens 2.6e11`, `--kv-keys 8`)
+and for a token's or key's id (`--token-ids 1,2,3`), since programs make
+tokens and keys and never make them a bare number; not for a password's
+words (`--password 1234` is a PIN), nor for a singular token (`--token
+123456`, `--token-code 123456` are MFA codes). When in doubt we redact: a
+name these words do not explain (`--key-id abc`, `--token-code 123456`,
+`--tokens t1`) keeps its value hidden, since a lost number costs less than
+a leaked token.
 
 A short flag means what its program says (`-p` is mysql's password, ssh's
 port), so one is read only after a program known to take a password there,
@@ -112,8 +119,12 @@ _TEXT_TOKEN = frozenset((
     "pad", "eos", "bos", "unk", "sep", "mask", "cls", "eot", "special", "stop", "start", "end", "input", "output",
     "prompt", "image", "audio", "video", "vision", "new", "draft", "speculative", "prefill", "decode",
     "generated", "extra", "added", "vocab", "chat", "system", "reasoning"))
-# A switch's value says whether, not what (`--use_auth_token True`, HF's examples).
-_BOOLEAN = frozenset(("true", "false"))
+# A switch's value says whether, not what (`--use_auth_token True`, HF's examples; `--auth none`).
+_BOOLEAN = frozenset(("true", "false", "none", "null"))
+# Numbers as programs read them, one or a list: 300000000000, 3e11, 2.5e-3, 1_000, 1,2,3
+_NUMBERS = re.compile(r"[+-]?(?:\d[\d_]*(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?(?:,[+-]?(?:\d[\d_]*(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)*",
+                      re.IGNORECASE | re.ASCII)
+_TOKEN_OR_KEY = frozenset(("token", "tokens", "key", "keys"))
 # Quoted values whole (a shell string) with what is glued to them (`'abc'def` is one word to a shell),
 # else up to the next blank.
 _VALUE = r"""(?:(?:"[^"]*"|'[^']*')[^\s"']*|\S+)"""
@@ -274,7 +285,7 @@ def _options(program: re.Match, option: re.Pattern) -> str:
 def _redacted(m: re.Match) -> str:
     """A match with its value (what follows group 1) redacted, unless its name says the value is no secret."""
     name = m.groupdict().get("name")
-    if name is not None and (not _names_a_secret(name) or m.group(0)[len(m.group(1)):].lower() in _BOOLEAN):
+    if name is not None and not _names_a_secret(name, m.group(0)[len(m.group(1)):].strip("\"'")):
         return m.group(0)
     return m.group(1) + REDACTED + _closing_quote(m)
 
@@ -298,17 +309,28 @@ _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _LAST_WORD_RE = re.compile(_LAST_WORD, _FLAGS)
 
 
-def _names_a_secret(name: str) -> bool:
+def _names_a_secret(name: str, value: str) -> bool:
     """Whether a name the patterns found (it holds a secret word) is a secret's once all its words are read:
     the last word may say the value is something else, a quantity word makes it a number, and a word
-    before `key` or `token` may make it a field of data or a piece of text."""
+    before `key` or `token` may make it a field of data or a piece of text. Some values say what they are
+    whatever the name: a switch's, and a number where only a count or an index can be one."""
     words = [w.lower() for word in re.split(r"[-_.]", name)
              for w in (_CAMEL.split(word) if _CAMEL_WORD.fullmatch(word) else (word,))]
-    if words[-1] in _NOT_THE_SECRET or not _QUANTITY.isdisjoint(words):
+    if words[-1] in _NOT_THE_SECRET or not _QUANTITY.isdisjoint(words) or value.lower() in _BOOLEAN:
         return False
-    return any((_SECRET_WORD_RE.fullmatch(w) or (i == len(words) - 1 and _LAST_WORD_RE.fullmatch(w)))
-               and not (i and _explained(words[i - 1], w))
-               for i, w in enumerate(words))
+    secret = {w for i, w in enumerate(words)
+              if (_SECRET_WORD_RE.fullmatch(w) or (i == len(words) - 1 and _LAST_WORD_RE.fullmatch(w)))
+              and not (i and _explained(words[i - 1], w))}
+    if not secret:
+        return False
+    # A number for a plural `tokens` or `keys` is how many (`--train-tokens 3e11`, `--kv-keys 8`), and for a
+    # token's or key's id which one (`--token-ids 1,2,3`): tokens and keys are made by programs, never a
+    # bare number. Not for a password's words (`--password 1234` is a PIN) nor for a singular `--token
+    # 123456` (an MFA code is a token of six digits).
+    if _NUMBERS.fullmatch(value) and (secret <= {"tokens", "keys"}
+                                      or (secret <= _TOKEN_OR_KEY and words[-1] in ("id", "ids"))):
+        return False
+    return True
 
 
 def _explained(before: str, word: str) -> bool:

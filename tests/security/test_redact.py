@@ -73,6 +73,12 @@ R = REDACTED
     # a name's other words say nothing against it, so its value stays a secret's
     ("x --secret-key-base abc DB_PASSWORD_PROD=pw --api-key-v2 k", f"x --secret-key-base {R} DB_PASSWORD_PROD={R} --api-key-v2 {R}"),
     ("x --key-id k1 --public-key-pass pw", f"x --key-id {R} --public-key-pass {R}"),
+    # a number is a count or an index only for tokens and keys, never a password's (a PIN) or a singular
+    # token's (an MFA code)
+    ("x --password 1234 --token 123456 --token-code 123456 --mfa-token=123456 DB_PASS=1234",
+     f"x --password {R} --token {R} --token-code {R} --mfa-token={R} DB_PASS={R}"),
+    ("x --tokens t1 --train-tokens 3e11x --api-key 1234 --secret-id 5 --key-id k7",
+     f"x --tokens {R} --train-tokens {R} --api-key {R} --secret-id {R} --key-id {R}"),
     # found by a tester: Azure's connection strings and SAS URLs; a field's value ends at the next field
     ("az storage blob upload --connection-string "
      "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=abc123==;EndpointSuffix=core.windows.net",
@@ -149,6 +155,10 @@ def test_secrets_are_redacted(cmdline, expected):
     # a model's tokens, a distribution's numbers, a switch's value
     "x --pad-token-id 0 --eos-token </s> --stop-token-ids 1,2 --speculative-token-map m.pt --add-special-tokens",
     "genai-perf profile -m m --synthetic-input-tokens-mean 550 --output-tokens-mean 256 --output-tokens-stddev 10",
+    # found by a tester: Megatron-DeepSpeed's token counts, a model's token ids, a switch's `none`
+    "pretrain_gpt.py --train-tokens 300000000000 --lr-decay-tokens 260000000000 --lr-warmup-tokens 375e6",
+    "x --global-batch-tokens 4194304 --batch-tokens=1_000 --eval-tokens 1.5e9 --seq-tokens 2048 --context-tokens 8192",
+    "x --token-ids 1,2,3 --kv-keys 8 --token-id 3 --auth none 'TRAIN_TOKENS'='300' --trainTokens 30",
     "python run_clm.py --use_auth_token True --use-auth-token false --bypass 1 --compass 3",
     "node s.js --sortKey name --maxNewTokens 64 --tokenFile f --passwordStdin x SharedAccessKeyName=Root",
     # found by a tester: names whose other words say the value is a number, a kind, or where the secret is
