@@ -18,11 +18,15 @@ sharedaccesskey (Azure's `AccountKey=`), or pass or pw as its last word
 Whole words only, so the ML flags that merely mention tokens keep their
 values: `--tokenizer gpt2`, `--keyboard`, `--author`. Its other words may say the value is something else, and then
 it stays: a last word naming a number, a kind, or where or which the secret
-is (`--key-frames 10`, `--auth-type basic`, `--password-stdin`,
-`--token-file f`, `--secret-name n`), a quantity word anywhere
+is (`--key-frames 10`, `--sig-figs 3`, `--auth-type basic`,
+`--auth-provider oidc`, `--token-source env`, `--password-stdin`,
+`--token-file f`, `--secret-name n`, `--private-ip 10.0.0.1`,
+`--secret-namespace ns`), a quantity word anywhere
 (`--max-num-batched-tokens 8192`, `--num-key-value-heads 8`,
 `--tokens-per-sample 512`), a word before `key` that makes it a field of
-data (`--sort-key name`, `--json-keys text`, `--public-key`), or one before
+data (`--sort-key name`, `--json-keys text`, `--public-key`, a dataset's
+column: `--csv-caption-key title`, `--chosen-key`; JAX's `--rng-key 0`) or
+a mapping (`--key-value-cache fp8`), or one before
 `token` that makes it a model's (`--pad-token-id 0`, `--eos-token '</s>'`,
 `--output-tokens-mean 256`). A switch's `true`/`false`/`none` stays
 (`--use_auth_token True`, `--auth none`). A number stays where only a count
@@ -102,17 +106,33 @@ _NAME = (rf"(?=(?:{_WORD}[-_.])*(?:{_SECRET_WORD}(?![a-z0-9])|{_LAST_WORD}(?![-_
 _NOT_THE_SECRET = frozenset((
     "size", "len", "length", "limit", "threshold", "budget", "bits", "ttl", "timeout", "interval",
     "retries", "heads", "frames", "dim", "dims", "layers", "mean", "stddev", "rate", "ratio", "fraction",
-    "factor", "scale", "weight", "penalty", "dropout",
-    "type", "kind", "mode", "format", "algorithm", "method", "scheme", "version",
-    "file", "path", "dir", "jar", "stdin", "fd", "env", "url", "uri", "endpoint", "host", "port", "name", "prefix"))
+    "factor", "scale", "weight", "penalty", "dropout", "figs", "digits",
+    "type", "kind", "mode", "format", "algorithm", "method", "scheme", "version", "provider", "source", "backend",
+    "file", "path", "dir", "jar", "stdin", "fd", "env", "url", "uri", "endpoint", "host", "port", "name", "prefix",
+    # where a secret lives or whom it is for, never the secret (`--private-ip`, `--secret-namespace ns`)
+    "ip", "addr", "address", "subnet", "cidr", "network", "domain", "namespace", "region", "zone", "bucket",
+    "server", "store", "registry"))
 # A word anywhere in a name that makes its value a number: `--max-num-batched-tokens`,
 # `--num-key-value-heads`, `--tokens-per-sample` (a plural is as much a count as a secret's list).
 _QUANTITY = frozenset(("max", "min", "num", "n", "number", "total", "count", "per"))
-# Words before `key` that make it a field of data, not a secret: `--sort-key`, `--json-keys text`.
+# Words before `key` that make it a field of data, not a secret: `--sort-key`, `--json-keys text`; a
+# dataset's columns by what they hold (open_clip's `--csv-img-key filepath --csv-caption-key title`, a
+# preference set's `--chosen-key`, `--rejected-key`); a random generator's key (JAX's `--rng-key 0`). Not
+# words that also name whose key it is (`user`: 3scale's `user_key` is its API key; `content`, a
+# content-encryption key; `obs`, Huawei's object store; `box`, `chat`, `system`).
 _DATA_KEY = frozenset((
     "sort", "group", "partition", "primary", "foreign", "public", "shard", "routing", "cache", "dict", "lookup",
     "join", "index", "label", "metric", "column", "field", "json", "text", "input", "output", "image", "prompt",
-    "response", "data", "dataset", "target", "feature"))
+    "response", "data", "dataset", "target", "feature",
+    "id", "img", "caption", "audio", "video", "speech", "frame", "pixel", "mask", "bbox", "class",
+    "category", "tag", "title", "context", "document", "doc", "passage", "query", "question",
+    "answer", "instruction", "conversation", "conversations", "message", "messages", "assistant", "completion",
+    "chosen", "rejected", "reward", "score", "preference", "summary", "transcript",
+    "sentence", "language", "lang", "filename", "filepath", "timestamp", "time", "state", "action",
+    "observation", "embedding", "latent", "condition", "neg", "pos", "negative", "positive",
+    "rng", "prng", "seed", "random"))
+# `key` before `value`: a mapping, not a secret (`--key-value-cache fp8`, `--key-value-store redis`)
+_MAPPING = frozenset(("value", "values", "val", "vals"))
 # Words before `token` that make it a piece of text, a model's: `--pad-token-id 0`, `--eos-token '</s>'`,
 # `--stop-token-ids`, `--output-tokens-mean 256`, `--speculative-token-map f`.
 _TEXT_TOKEN = frozenset((
@@ -320,7 +340,8 @@ def _names_a_secret(name: str, value: str) -> bool:
         return False
     secret = {w for i, w in enumerate(words)
               if (_SECRET_WORD_RE.fullmatch(w) or (i == len(words) - 1 and _LAST_WORD_RE.fullmatch(w)))
-              and not (i and _explained(words[i - 1], w))}
+              and not (i and _explained(words[i - 1], w))
+              and not (w in ("key", "keys") and words[i + 1:i + 2] and words[i + 1] in _MAPPING)}
     if not secret:
         return False
     # A number for a plural `tokens` or `keys` is how many (`--train-tokens 3e11`, `--kv-keys 8`), and for a

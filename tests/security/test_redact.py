@@ -73,6 +73,8 @@ R = REDACTED
     # a name's other words say nothing against it, so its value stays a secret's
     ("x --secret-key-base abc DB_PASSWORD_PROD=pw --api-key-v2 k", f"x --secret-key-base {R} DB_PASSWORD_PROD={R} --api-key-v2 {R}"),
     ("x --key-id k1 --public-key-pass pw", f"x --key-id {R} --public-key-pass {R}"),
+    # words that also say whose key it is are no dataset's column (3scale's user_key is its API key)
+    ("x --user-key abc --content-key abc --value-key x", f"x --user-key {R} --content-key {R} --value-key {R}"),
     # a number is a count or an index only for tokens and keys, never a password's (a PIN) or a singular
     # token's (an MFA code)
     ("x --password 1234 --token 123456 --token-code 123456 --mfa-token=123456 DB_PASS=1234",
@@ -159,6 +161,14 @@ def test_secrets_are_redacted(cmdline, expected):
     "pretrain_gpt.py --train-tokens 300000000000 --lr-decay-tokens 260000000000 --lr-warmup-tokens 375e6",
     "x --global-batch-tokens 4194304 --batch-tokens=1_000 --eval-tokens 1.5e9 --seq-tokens 2048 --context-tokens 8192",
     "x --token-ids 1,2,3 --kv-keys 8 --token-id 3 --auth none 'TRAIN_TOKENS'='300' --trainTokens 30",
+    # found by a tester: a dataset's columns named by what they hold, a random generator's key, a mapping
+    "python -m open_clip_train.main --csv-img-key filepath --csv-caption-key title --caption-key txt",
+    "x --audio-key flac --video-key mp4 --answer-key answer --question-key q --id-key uid --reward-key r",
+    "trl dpo --chosen-key chosen --rejected-key rejected && x --rng-key 0 --prng-key 0 --seed-key 1",
+    "x --key-value-cache fp8 --key-value-store redis --kv-keys 8",
+    # found by a tester: a last word saying where the secret lives, whose kind it is, or a number
+    "x --private-ip 10.0.0.1 --secret-namespace ns --auth-provider oidc --credential-provider aws",
+    "x --token-source env --sig-figs 3 --auth-server https://idp --secret-store vault",
     "python run_clm.py --use_auth_token True --use-auth-token false --bypass 1 --compass 3",
     "node s.js --sortKey name --maxNewTokens 64 --tokenFile f --passwordStdin x SharedAccessKeyName=Root",
     # found by a tester: names whose other words say the value is a number, a kind, or where the secret is
