@@ -29,16 +29,19 @@ column: `--csv-caption-key title`, `--chosen-key`; JAX's `--rng-key 0`) or
 a mapping (`--key-value-cache fp8`), or one before
 `token` that makes it a model's (`--pad-token-id 0`, `--eos-token '</s>'`,
 `--output-tokens-mean 256`). A switch's `true`/`false`/`none` stays
-(`--use_auth_token True`, `--auth none`). A number stays where only a count
-or an index can be one: for a plural `tokens` or `keys` (Megatron's
-`--train-tokens 300000000000`, `--lr-decay-tokens 2.6e11`, `--kv-keys 8`)
-and for a token's or key's id (`--token-ids 1,2,3`), since programs make
-tokens and keys and never make them a bare number; not for a password's
-words (`--password 1234` is a PIN), nor for a singular token (`--token
-123456`, `--token-code 123456` are MFA codes). When in doubt we redact: a
-name these words do not explain (`--key-id abc`, `--token-code 123456`,
-`--tokens t1`) keeps its value hidden, since a lost number costs less than
-a leaked token.
+(`--use_auth_token True`, `--auth none`). A file's place stays (`--ssh-key
+~/.ssh/id_rsa`, `--tls-key /etc/tls/key.pem`; `~/`, `./`, `../`, or absolute
+with a `.` or in lower case, which no key's encoding writes: `--secret-key
+/K7MDENG/bPx...` goes), but not a password's (`--password ./x`: a person
+chose it). A number stays where only a count or an index can be one: for a
+plural `tokens` or `keys` (Megatron's `--train-tokens 300000000000`,
+`--lr-decay-tokens 2.6e11`, `--kv-keys 8`) and for a token's or key's id
+(`--token-ids 1,2,3`), since programs make tokens and keys and never make
+them a bare number; not for a password's words (`--password 1234` is a PIN),
+nor for a singular token (`--token 123456`, `--token-code 123456` are MFA
+codes). When in doubt we redact: a name these words do not explain
+(`--key-id abc`, `--token-code 123456`, `--tokens t1`) keeps its value
+hidden, since a lost number costs less than a leaked token.
 
 A short flag means what its program says (`-p` is mysql's password, ssh's
 port), so one is read only after a program known to take a password there,
@@ -145,6 +148,13 @@ _BOOLEAN = frozenset(("true", "false", "none", "null"))
 _NUMBERS = re.compile(r"[+-]?(?:\d[\d_]*(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?(?:,[+-]?(?:\d[\d_]*(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)*",
                       re.IGNORECASE | re.ASCII)
 _TOKEN_OR_KEY = frozenset(("token", "tokens", "key", "keys"))
+# A file's place, not its contents: `~/`, `./`, `../`, or an absolute path that no key's encoding can
+# write: one with a `.` (base64, base64url and hex have none: `/etc/tls/key.pem`), or of lower-case
+# segments (`/run/secrets/hf`; 1 in 64 base64 keys starts with `/`, as AWS's secret keys may, and a
+# long one has capitals). `/K7MDENG/bPxRfiCY` stays a key.
+_PATH = re.compile(r"(?:~|\.\.?)/\S*|/\S*\.\S*|/[a-z0-9_-]+(?:/[a-z0-9_-]*)+", re.ASCII)
+# A password's words: a person chose it, so it may look like anything, a path too
+_PASSWORD_WORD = re.compile(r"[a-z0-9]*(?:pass(?:word|wd|phrase)?|pwd|pw)s?", re.ASCII)
 # Quoted values whole (a shell string) with what is glued to them (`'abc'def` is one word to a shell),
 # else up to the next blank.
 _VALUE = r"""(?:(?:"[^"]*"|'[^']*')[^\s"']*|\S+)"""
@@ -350,6 +360,10 @@ def _names_a_secret(name: str, value: str) -> bool:
     # 123456` (an MFA code is a token of six digits).
     if _NUMBERS.fullmatch(value) and (secret <= {"tokens", "keys"}
                                       or (secret <= _TOKEN_OR_KEY and words[-1] in ("id", "ids"))):
+        return False
+    # A path is where a key or a token is kept (`--ssh-key ~/.ssh/id_rsa`, `--tls-key /etc/tls/key.pem`), never
+    # their material, which programs encode without `~`, `.` or lower-case-only words; a password's may be one.
+    if _PATH.fullmatch(value) and not any(_PASSWORD_WORD.fullmatch(w) for w in secret):
         return False
     return True
 

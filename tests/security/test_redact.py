@@ -15,9 +15,13 @@ R = REDACTED
     ("db --password hunter2 --user me", f"db --password {R} --user me"),
     ("db --passwd=hunter2", f"db --passwd={R}"),
     ("x --client-secret=s3cr3t", f"x --client-secret={R}"),
-    ("x --credentials /etc/creds.json", f"x --credentials {R}"),
+    ("x --credentials creds.json", f"x --credentials {R}"),
     ("x --auth basic:xyz", f"x --auth {R}"),
-    ("x --private-key ~/.ssh/id_ed25519", f"x --private-key {R}"),
+    ("x --private-key id_ed25519", f"x --private-key {R}"),
+    # a key's material may start with `/` (base64) and a password may look like a path: both still go
+    ("x --secret-key /K7MDENG/bPxRfiCYEXAMPLEKEY --key /abcdef --api-key=/Abc/Def",
+     f"x --secret-key {R} --key {R} --api-key={R}"),
+    ("x --password ./x --db-pass /a/b --keypass ~/x", f"x --password {R} --db-pass {R} --keypass {R}"),
     ("x --AWS-Access-Key=AKIA123", f"x --AWS-Access-Key={R}"),
     ("x --apikey=k1 --accessKey=k2", f"x --apikey={R} --accessKey={R}"),
     ("prog -token abc", f"prog -token {R}"),                                      # Go's single-dash flags
@@ -169,6 +173,9 @@ def test_secrets_are_redacted(cmdline, expected):
     # found by a tester: a last word saying where the secret lives, whose kind it is, or a number
     "x --private-ip 10.0.0.1 --secret-namespace ns --auth-provider oidc --credential-provider aws",
     "x --token-source env --sig-figs 3 --auth-server https://idp --secret-store vault",
+    # found by a tester: a key's or a token's place, not the key (the name had said where nowhere)
+    "x --ssh-key ~/.ssh/id_rsa --tls-key /etc/tls/key.pem --private-key ./k.pem --key ../k",
+    "x --token /run/secrets/hf --credentials /etc/creds.json --token=/run/x HF_TOKEN=~/.hf",
     "python run_clm.py --use_auth_token True --use-auth-token false --bypass 1 --compass 3",
     "node s.js --sortKey name --maxNewTokens 64 --tokenFile f --passwordStdin x SharedAccessKeyName=Root",
     # found by a tester: names whose other words say the value is a number, a kind, or where the secret is
