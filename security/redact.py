@@ -33,7 +33,9 @@ a mapping (`--key-value-cache fp8`), or one before
 ~/.ssh/id_rsa`, `--tls-key /etc/tls/key.pem`; `~/`, `./`, `../`, or absolute
 with a `.` or in lower case, which no key's encoding writes: `--secret-key
 /K7MDENG/bPx...` goes), but not a password's (`--password ./x`: a person
-chose it). A number stays where only a count or an index can be one: for a
+chose it). A JSON or Python literal's bare `"key"` holding a short
+lower-case word names a field (vLLM's `--hf-overrides '{"key": "value"}'`).
+A number stays where only a count or an index can be one: for a
 plural `tokens` or `keys` (Megatron's `--train-tokens 300000000000`,
 `--lr-decay-tokens 2.6e11`, `--kv-keys 8`) and for a token's or key's id
 (`--token-ids 1,2,3`), since programs make tokens and keys and never make
@@ -183,6 +185,9 @@ _KEYED = re.compile(rf"""(["'](?P<name>{_NAME})["']{_SEP}*[:=]{_SEP}*)(?:"[^"]*"
 _USERINFO = re.compile(r"(://[^\s/:?#]*:)[^\s/?#]+(?=@[^\s/?#@]*(?:[\s/?#]|$))")
 # Cookies: `name=value` pairs joined by `;`, a blank after it in one argument (`-H Cookie: a=1; b=2`
 # from /proc, which has no quotes to end the header)
+# A literal's bare "key" names a field when its value is a field's name (`--hf-overrides '{"key": "value"}'`,
+# `[{"key": "text", ...}]`): a quoted word of lower-case letters, which no key's encoding writes this short
+_FIELD_NAME = re.compile(r"""(["'])[a-z][a-z_.-]{0,31}\1""", re.ASCII)
 _COOKIES = r"""(?:"[^"]*"|'[^']*'|(?:[^\s;"']+;[\s\x00]*)*[^\s;"']+;?)"""
 # curl -H 'Cookie: session=abc; id=2', Set-Cookie: (found by a tester); before _ASSIGNED and _FIELD,
 # which would end the value at the first blank or `;`
@@ -315,7 +320,10 @@ def _options(program: re.Match, option: re.Pattern) -> str:
 def _redacted(m: re.Match) -> str:
     """A match with its value (what follows group 1) redacted, unless its name says the value is no secret."""
     name = m.groupdict().get("name")
-    if name is not None and not _names_a_secret(name, m.group(0)[len(m.group(1)):].strip("\"'")):
+    value = m.group(0)[len(m.group(1)):]
+    if name is not None and not _names_a_secret(name, value.strip("\"'")):
+        return m.group(0)
+    if m.re is _KEYED and name.lower() == "key" and _FIELD_NAME.fullmatch(value):
         return m.group(0)
     return m.group(1) + REDACTED + _closing_quote(m)
 

@@ -79,6 +79,9 @@ R = REDACTED
     ("x --key-id k1 --public-key-pass pw", f"x --key-id {R} --public-key-pass {R}"),
     # words that also say whose key it is are no dataset's column (3scale's user_key is its API key)
     ("x --user-key abc --content-key abc --value-key x", f"x --user-key {R} --content-key {R} --value-key {R}"),
+    # a literal's "key" holding anything but a field's name is a key's
+    ("""x '{"key": "abc123", "k": {'key': 'Secret'}}' {"key": abc} {"keys": "value"}""",
+     f"""x '{{"key": {R}, "k": {{'key': {R}}}}}' {{"key": {R}}} {{"keys": {R}}}"""),
     # a number is a count or an index only for tokens and keys, never a password's (a PIN) or a singular
     # token's (an MFA code)
     ("x --password 1234 --token 123456 --token-code 123456 --mfa-token=123456 DB_PASS=1234",
@@ -176,6 +179,8 @@ def test_secrets_are_redacted(cmdline, expected):
     # found by a tester: a key's or a token's place, not the key (the name had said where nowhere)
     "x --ssh-key ~/.ssh/id_rsa --tls-key /etc/tls/key.pem --private-key ./k.pem --key ../k",
     "x --token /run/secrets/hf --credentials /etc/creds.json --token=/run/x HF_TOKEN=~/.hf",
+    # found by a tester: a literal's "key" holding a field's name
+    """vllm serve m --hf-overrides '{"key": "value"}' --x '[{"key": "text_a"}]'""",
     "python run_clm.py --use_auth_token True --use-auth-token false --bypass 1 --compass 3",
     "node s.js --sortKey name --maxNewTokens 64 --tokenFile f --passwordStdin x SharedAccessKeyName=Root",
     # found by a tester: names whose other words say the value is a number, a kind, or where the secret is
