@@ -9,12 +9,14 @@ What is removed here is gone everywhere downstream.
 A name counts as a secret's when one of its words (split at `-`, `_`, `.`
 and camelCase's capitals)
 is a secret word: token, key, secret, password, passwd, credential(s),
-auth, private, jwt, cookie, sig, signature, their plurals (`--api-keys`,
-`--tokens`), a word ending in token/secret/password/passwd/passphrase/pwd/
-credential/cookie/signature (`HFTOKEN`, `PGPASSWORD`, `MYSQL_PWD`,
-`-setcookie`), apikey/accesskey/privatekey/secretkey/accountkey/
-sharedaccesskey (Azure's `AccountKey=`), or pass or pw as its last word
-(`--db-pass`, not `--pass-through`; keytool's `-storepass`, `-keypass`).
+creds, pat (a personal access token), auth, private, jwt, cookie, sig,
+signature, their plurals (`--api-keys`, `--tokens`), a word ending in
+token/secret/password/passwd/passphrase/pwd/credential/cookie/signature/key
+(`HFTOKEN`, `PGPASSWORD`, `MYSQL_PWD`, `-setcookie`, Azure's `AccountKey=`,
+Tailscale's `--authkey`, `--hmackey`, `--licensekey`; not an English word
+such as `--monkey` or `--hotkey`, nor a data word's `--sortkey`), or pass or
+pw as its last word (`--db-pass`, not `--pass-through`; keytool's
+`-storepass`, `-keypass`).
 Whole words only, so the ML flags that merely mention tokens keep their
 values: `--tokenizer gpt2`, `--keyboard`, `--author`. Its other words may say the value is something else, and then
 it stays: a last word naming a number, a kind, or where or which the secret
@@ -91,10 +93,13 @@ from gpuscope.collectors.records import POD_JOB_PREFIX
 REDACTED = "<redacted>"
 
 _WORD = r"[a-z0-9]+"
-_SECRET_WORD = (r"(?:[a-z0-9]*(?:token|secret|password|passwd|passphrase|pwd|credentials?|cookie|signature)"
+# A word ending in `key` is a key's, whatever is glued before it (`apikey`, `authkey` as Tailscale's
+# `--authkey`, `hmackey`, `sessionkey`, camelCase's `encryptionKey`), unless _glued_key says it is an English
+# word (`monkey`, `hotkey`) or a data word's (`sortkey`); `creds` and `pat` (a personal access token) only
+# whole (not `sacred`, `compat`).
+_SECRET_WORD = (r"(?:[a-z0-9]*(?:token|secret|password|passwd|passphrase|pwd|credentials?|cookie|signature|keys?)"
                 r"|(?:tokens|secrets|passwords|passphrases|cookies|signatures)"
-                r"|(?:api|access|private|secret|account|sharedaccess)?keys?|auth|private|jwt|sig"
-                r"|[a-z0-9]*[a-z0-9](?-i:Keys?))")     # camelCase (`encryptionKey`); `monkey` stays one word
+                r"|auth|private|jwt|sig|creds?|pat)")
 # Short words that name a password only as a name's last word (`--db-pass`, `--pw`), not `--pass-through`
 # or `--pw-length` (found in a trial: a torchrun script name redacted after --pass-through); Java's
 # keytool and jarsigner write theirs as one word (`-storepass`, `-srckeypass`)
@@ -136,6 +141,10 @@ _DATA_KEY = frozenset((
     "sentence", "language", "lang", "filename", "filepath", "timestamp", "time", "state", "action",
     "observation", "embedding", "latent", "condition", "neg", "pos", "negative", "positive",
     "rng", "prng", "seed", "random"))
+# English words that end in `key` and name no key (`--monkey`, `--hotkey`): a glued `...key` is otherwise
+# a secret's, since flags glue the key's kind to it (`--authkey`, `--hmackey`, `--licensekey`, `--aeskey`)
+_NOT_A_KEY = frozenset(("monkey", "donkey", "turkey", "hockey", "jockey", "whiskey", "lackey", "flunkey", "malarkey",
+                        "hotkey", "turnkey"))
 # `key` before `value`: a mapping, not a secret (`--key-value-cache fp8`, `--key-value-store redis`)
 _MAPPING = frozenset(("value", "values", "val", "vals"))
 # Words before `token` that make it a piece of text, a model's: `--pad-token-id 0`, `--eos-token '</s>'`,
@@ -264,11 +273,13 @@ _BY_PROGRAM = tuple(
 
 # Every pattern needs one of these (lower case): most command lines have
 # none, and str.find is ~50x cheaper than running the patterns.
-_CLUES = ("token", "key", "secret", "pass", "pw", "credential", "auth", "private", "://", "bearer",
+_CLUES = ("token", "key", "secret", "pass", "pw", "cred", "auth", "private", "://", "bearer",
           "cookie", "jwt", "sig",
           "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "sk-", "xox", "akia", "asia", "aiza",
           *{clue for clue, _, _, _ in _PROGRAM_OPTIONS})
 
+# `pat` as a word (`--pat`, `GH_PAT=`), not inside `path`, which most command lines hold
+_PAT_CLUE = re.compile(r"(?<![a-z0-9])pat(?![a-z0-9])")
 
 # A distributed job as its launcher names it (collectors/ranks.py), alone or as a straggler's
 # "<job> rank <n>": the launcher's own words, which readers see in each rank's attribution anyway
@@ -295,7 +306,7 @@ def redact_command(cmdline: str) -> str:
     tokens and the passwords programs take in short options replaced by
     `<redacted>` (the module's doc has the rules)."""
     lower = cmdline.lower()
-    if not any(clue in lower for clue in _CLUES):
+    if not any(clue in lower for clue in _CLUES) and not _PAT_CLUE.search(lower):
         return cmdline
     # programs' own options first, read as the program reads them (mysql's `-password x` is `-p assword`)
     for clue, program, option in _BY_PROGRAM:
@@ -358,7 +369,7 @@ def _names_a_secret(name: str, value: str) -> bool:
         return False
     secret = {w for i, w in enumerate(words)
               if (_SECRET_WORD_RE.fullmatch(w) or (i == len(words) - 1 and _LAST_WORD_RE.fullmatch(w)))
-              and not (i and _explained(words[i - 1], w))
+              and not (i and _explained(words[i - 1], w)) and not _glued_key(w)
               and not (w in ("key", "keys") and words[i + 1:i + 2] and words[i + 1] in _MAPPING)}
     if not secret:
         return False
@@ -379,6 +390,16 @@ def _names_a_secret(name: str, value: str) -> bool:
 def _explained(before: str, word: str) -> bool:
     """Whether the word before a secret word makes it no secret: a data field's key, a model's token."""
     return (word in ("key", "keys") and before in _DATA_KEY) or (word in ("token", "tokens") and before in _TEXT_TOKEN)
+
+
+_GLUED_KEY = re.compile(r"([a-z0-9]+)keys?", re.ASCII)
+
+
+def _glued_key(word: str) -> bool:
+    """Whether a word with `key` glued to its end names no key: an English word (`monkey`, `hotkeys`) or a
+    data word's key (`sortkey`, `rngkey`), as the same words before `-key` say."""
+    m = _GLUED_KEY.fullmatch(word)
+    return bool(m) and (word.removesuffix("s") in _NOT_A_KEY or m.group(1) in _DATA_KEY)
 
 
 # A path segment as long as a key: 16 characters with a digit (GUIDs, most keys), or any 20 (Slack's

@@ -132,6 +132,11 @@ R = REDACTED
      f"wandb login --relogin {R} && wandb login --host https://w.example {R}"),
     ("keytool -importkeystore -srcstorepass a -deststorepass b -keypass c", f"keytool -importkeystore -srcstorepass {R} -deststorepass {R} -keypass {R}"),
     ("x --use_auth_token abc", f"x --use_auth_token {R}"),
+    # found by a tester: a key's kind glued to `key`, and short words for credentials
+    ("tailscale up --authkey tskey-auth-abc123 --hostname h", f"tailscale up --authkey {R} --hostname h"),
+    ("x --hmackey a --sessionkey a --masterkey a --signingkey a --licensekey a --aeskey a --enckey a",
+     f"x --hmackey {R} --sessionkey {R} --masterkey {R} --signingkey {R} --licensekey {R} --aeskey {R} --enckey {R}"),
+    ("x --creds abc --pat abc GH_PAT=abc --aws-creds=abc", f"x --creds {R} --pat {R} GH_PAT={R} --aws-creds={R}"),
     # camelCase names read word by word
     ("node s.js --dbPass x --encryptionKey x --storageKey x --hfToken x", f"node s.js --dbPass {R} --encryptionKey {R} --storageKey {R} --hfToken {R}"),
 ])
@@ -145,6 +150,7 @@ def test_secrets_are_redacted(cmdline, expected):
     "vllm serve m --max-num-batched-tokens 8192 --max-tokens 64",  # tokens are counts here
     "python x.py --tokenizer gpt2 --tokenizer-mode auto",
     "x --keyboard us --monkey 1 --author me --authority a --privately",
+    "x --hotkey ctrl+k --hotkeys a --turkey 1 --sortkey name --rngkey 0 --sacred 1 --compat 2 --pattern '*.py'",
     "x --use-auth-token --model m",                                # a flag that follows is not a value
     "x --hf-token",                                                # no value at all
     "x--token=abc",                                                # inside another word
