@@ -56,7 +56,8 @@ among that program's words: mysql's and mariadb's tools' `-pPASSWORD`
 `-a`, the mongo tools' `-p`, the ldap tools' `-w`, sqlcmd's and bcp's `-P`,
 smbclient's `-U user%password`, openssl's `pass:PASSWORD`, ssh-keygen's
 `-N`/`-P`, 7z's and rar's `-pPASSWORD`, zip's `-P`, Oracle's
-`user/password@db` (sqlplus) and the key `wandb login` takes. Elsewhere
+`user/password@db` (sqlplus), lftp's `-u user,password`, twine's `-p`, and
+the token `vault login` and the key `wandb login` take. Elsewhere
 short flags keep their values (`-p 8080`, `docker run -u 1000:1000`).
 
 Tokens of a recognisable issuer's format (`hf_...`, `ghp_...`, `sk-...`,
@@ -262,6 +263,15 @@ _PROGRAM_OPTIONS = (
     # Oracle's user/password[@db], alone or as userid= (`sqlplus scott/tiger@orcl`; `/nolog`, `@script` stay)
     ("sql", "sqlplus|sqlldr", _ARGS, (_ORACLE_LOGIN,)),
     ("pdp", "expdp|impdp", _ARGS, (_ORACLE_LOGIN,)),
+    # lftp's user,password (`-u user,pw`, `open -u user,pw` in its -c script): the name stays, as in a URL
+    ("lftp", "lftp", _ARGS, (
+        rf"""((?:-u{_SEP}*|--user(?:{_SEP}+|=))(?:(?P<dq>")|(?P<sq>'))?[^\s,'"]*,)"""
+        r"""(?(dq)[^"]*|(?(sq)[^']*|\S+))""",)),
+    # twine's password (`-p pypi-...`, PyPI's token)
+    ("twine", "twine", _ARGS, (rf"(-p(?:{_SEP}+|=)?)(?!--){_VALUE}",)),
+    # Vault's token, login's argument (`vault login s.abc`, `-method=token`); not `-` (stdin) nor the
+    # `name=value` pairs of another method (`username=me`; a `password=` goes by its name)
+    ("vault", "vault", _ARGS, (rf"(login(?:{_SEP}+-[\w-]+(?:=\S+)?)*{_SEP}+)(?!-)(?![^\s=]+=){_VALUE}",)),
     # wandb's API key, login's argument (`wandb login --relogin KEY`)
     ("wandb", "wandb", _ARGS, (rf"(login(?:{_SEP}+(?:--host(?:{_SEP}+|=)\S+|-[\w-]+))*{_SEP}+)(?!-){_VALUE}",)),
 )

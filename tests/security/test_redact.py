@@ -130,6 +130,13 @@ R = REDACTED
      f"sqlplus -s scott/{R}@orcl @run.sql && expdp userid=system/{R}@db dumpfile=x.dmp"),
     ("wandb login --relogin 0123abcd && wandb login --host https://w.example k",
      f"wandb login --relogin {R} && wandb login --host https://w.example {R}"),
+    # found by a tester: lftp's user,password; twine's -p; the token vault login takes
+    ("lftp -u user,hunter2 host && lftp -c \"open -u me,pw sftp://h; mirror\" && lftp --user='me,two words' h",
+     f"lftp -u user,{R} host && lftp -c \"open -u me,{R} sftp://h; mirror\" && lftp --user='me,{R}' h"),
+    ("twine upload -u __token__ -p abc123 dist/* && vault login s.abcdefghijklmnopqrstuvwx",
+     f"twine upload -u __token__ -p {R} dist/* && vault login {R}"),
+    ("vault login -no-print abc && vault login -method=userpass username=me password=pw",
+     f"vault login -no-print {R} && vault login -method=userpass username=me password={R}"),
     ("keytool -importkeystore -srcstorepass a -deststorepass b -keypass c", f"keytool -importkeystore -srcstorepass {R} -deststorepass {R} -keypass {R}"),
     ("x --use_auth_token abc", f"x --use_auth_token {R}"),
     # found by a tester: a key's kind glued to `key`, and short words for credentials
@@ -167,6 +174,8 @@ def test_secrets_are_redacted(cmdline, expected):
     "curl -b cookies.txt -c jar.txt --cookie-jar jar.txt --user-agent a:b https://h",
     "openssl rsa -passin env:PW -in k.pem && mongod -p 27017",
     "sqlplus / as sysdba && sqlplus -s /nolog @x.sql && 7z a -t7z out.7z dir && wandb agent ent/proj/sweep",
+    "lftp -u user sftp://h && twine upload -r testpypi dist/* && vault login - && vault login -method=oidc role=x",
+    "vault read -field=x secret/db && vault kv get -mount=secret app",
     # a model's tokens, a distribution's numbers, a switch's value
     "x --pad-token-id 0 --eos-token </s> --stop-token-ids 1,2 --speculative-token-map m.pt --add-special-tokens",
     "genai-perf profile -m m --synthetic-input-tokens-mean 550 --output-tokens-mean 256 --output-tokens-stddev 10",
