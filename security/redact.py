@@ -61,8 +61,10 @@ the token `vault login` and the key `wandb login` take. Elsewhere
 short flags keep their values (`-p 8080`, `docker run -u 1000:1000`).
 
 Tokens of a recognisable issuer's format (`hf_...`, `ghp_...`, `sk-...`,
-`AKIA...`, `AIza...`) go wherever they stand, as does the credential of any
-Authorization header and any Cookie header's cookies.
+`AKIA...`, `AIza...`, PyPI's `pypi-AgE...`, npm's `npm_...`, Vault's
+`hvs....`, Tailscale's `tskey-...`, JWTs' `eyJ....eyJ....sig`) go wherever
+they stand, as does the credential of any Authorization header and any
+Cookie header's cookies.
 
 A value ends at the next blank, or with its quotes when quoted
 (`--password 'two words'`); one inside a query or a connection string
@@ -207,10 +209,14 @@ _BEARER = re.compile(r"(\bbearer\s+)[\w.~+/=-]+", _FLAGS)
 # any other scheme of an Authorization header: "Authorization: token abc", "AUTHORIZATION: basic abcd"
 _AUTH_HEADER = re.compile(r"(\bauthorization\s*:\s*(?:(?:basic|token|digest)\s+)?)(?!bearer\b)[^\s\"']+", _FLAGS)
 # tokens whose issuers made them recognisable, wherever they stand (`huggingface-cli login hf_...`):
-# Hugging Face, GitHub, GitLab, OpenAI-style, Slack, an AWS access key id
+# Hugging Face, GitHub, GitLab, OpenAI-style, Slack, an AWS access key id, Google's API keys; PyPI's
+# (macaroons, `pypi-AgE...`), npm's, HashiCorp Vault's (service, batch and recovery tokens; the older
+# `s.` ones only after `vault login`, as `s.` starts ordinary words), Tailscale's, and JWTs: three base64url
+# parts, the first two JSON objects (`eyJ` is `{"`), the signature possibly empty (`alg: none`)
 _ISSUED = re.compile(r"()(?<![\w-])(?:hf_[A-Za-z0-9]{30,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{30,}"
                      r"|glpat-[\w-]{20,}|sk-[\w-]{20,}|xox[abposr]-[\w-]{10,}|A[KS]IA[0-9A-Z]{16}"
-                     r"|AIza[\w-]{35})(?![\w-])")
+                     r"|AIza[\w-]{35}|pypi-[\w-]{50,}|npm_[A-Za-z0-9]{36}|hv[sbr]\.[\w-]{20,}|tskey-[\w-]{8,}"
+                     r"|eyJ[\w-]+\.eyJ[\w-]+\.[\w-]*)(?![\w-])", re.ASCII)
 _PATTERNS = (_COOKIE_HEADER, _KEYED, _FIELD, _ASSIGNED, _SPACED, _USERINFO, _BEARER, _AUTH_HEADER, _ISSUED)
 
 # A short option means what its program says: `-p` is mysql's password but ssh's port, `-u` curl's
@@ -286,6 +292,7 @@ _BY_PROGRAM = tuple(
 _CLUES = ("token", "key", "secret", "pass", "pw", "cred", "auth", "private", "://", "bearer",
           "cookie", "jwt", "sig",
           "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "sk-", "xox", "akia", "asia", "aiza",
+          "pypi-", "npm_", "hvs.", "hvb.", "hvr.", "tskey-", "eyj",
           *{clue for clue, _, _, _ in _PROGRAM_OPTIONS})
 
 # `pat` as a word (`--pat`, `GH_PAT=`), not inside `path`, which most command lines hold
