@@ -82,7 +82,11 @@ are tokens would be wrong both ways.
 A URL that is logged (an alert receiver's) is shown by `redact_url`, which
 is stricter: webhooks carry their key in the user info, the query or a
 path segment (Slack's `/services/T../B../<key>`), so all user info, every
-query value and every long path segment of letters and digits go.
+query value and every long path segment of letters and digits go. So is a
+URL on a command line whose name says it is a webhook's or a DSN's
+(`--slack-webhook https://hooks.slack.com/services/T../B../<redacted>`,
+`--sentry-dsn https://<redacted>@o1.ingest.sentry.io/1`: a DSN's user is
+its key).
 
 Pure functions, standard library only, so both halves may import this.
 """
@@ -217,6 +221,13 @@ _ISSUED = re.compile(r"()(?<![\w-])(?:hf_[A-Za-z0-9]{30,}|gh[pousr]_[A-Za-z0-9]{
                      r"|glpat-[\w-]{20,}|sk-[\w-]{20,}|xox[abposr]-[\w-]{10,}|A[KS]IA[0-9A-Z]{16}"
                      r"|AIza[\w-]{35}|pypi-[\w-]{50,}|npm_[A-Za-z0-9]{36}|hv[sbr]\.[\w-]{20,}|tskey-[\w-]{8,}"
                      r"|eyJ[\w-]+\.eyJ[\w-]+\.[\w-]*)(?![\w-])", re.ASCII)
+# A webhook's or a DSN's URL, named so (`--slack-webhook https://hooks.slack.com/services/T../B../<key>`,
+# `SENTRY_DSN=https://<key>@o1.ingest.sentry.io/1`): its key is in the path or the user info, where a URL
+# has no password, so it is shown as redact_url shows a logged one
+_HOOK_NAME = (rf"(?=(?:{_WORD}[-_.])*[a-z0-9]*(?:webhook|dsn)s?(?![a-z0-9]))"
+              rf"{_WORD}(?:[-_.]{_WORD})*+")
+_HOOKED = re.compile(rf"""{_START}(-{{0,2}}{_HOOK_NAME}["']?(?:{_SEP}*[=:]{_SEP}*|{_SEP}+)["']?)"""
+                     r"""([a-z][a-z0-9+.-]*://[^\s"']+)""", _FLAGS)
 _PATTERNS = (_COOKIE_HEADER, _KEYED, _FIELD, _ASSIGNED, _SPACED, _USERINFO, _BEARER, _AUTH_HEADER, _ISSUED)
 
 # A short option means what its program says: `-p` is mysql's password but ssh's port, `-u` curl's
@@ -290,7 +301,7 @@ _BY_PROGRAM = tuple(
 # Every pattern needs one of these (lower case): most command lines have
 # none, and str.find is ~50x cheaper than running the patterns.
 _CLUES = ("token", "key", "secret", "pass", "pw", "cred", "auth", "private", "://", "bearer",
-          "cookie", "jwt", "sig",
+          "cookie", "jwt", "sig", "webhook", "dsn",
           "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "sk-", "xox", "akia", "asia", "aiza",
           "pypi-", "npm_", "hvs.", "hvb.", "hvr.", "tskey-", "eyj",
           *{clue for clue, _, _, _ in _PROGRAM_OPTIONS})
@@ -329,9 +340,19 @@ def redact_command(cmdline: str) -> str:
     for clue, program, option in _BY_PROGRAM:
         if clue in lower:
             cmdline = program.sub(lambda p: _options(p, option), cmdline)
+    if "webhook" in lower or "dsn" in lower:
+        cmdline = _HOOKED.sub(_hook, cmdline)
     for pattern in _PATTERNS:
         cmdline = pattern.sub(_redacted, cmdline)
     return cmdline
+
+
+def _hook(m: re.Match) -> str:
+    """A webhook's or a DSN's URL as a log shows it: where it goes, not its key."""
+    try:
+        return m.group(1) + redact_url(m.group(2))
+    except ValueError:      # not a URL urllib can read (`http://[x`): all of it goes
+        return m.group(1) + REDACTED
 
 
 def _options(program: re.Match, option: re.Pattern) -> str:

@@ -63,6 +63,13 @@ R = REDACTED
     ('curl -H "Authorization: token abc123def" -H "Authorization: Basic YWRtaW4="',
      f'curl -H "Authorization: token {R}" -H "Authorization: Basic {R}"'),
     ('git -c http.extraheader="AUTHORIZATION: basic abcd1234" clone x', f'git -c http.extraheader="AUTHORIZATION: basic {R}" clone x'),
+    # found by a tester: a webhook's key in its path, a DSN's in its user info, named by the flag
+    ("x --slack-webhook https://hooks.slack.com/services/T000/B000/XXXXXXXXXXXXXXXXXXXXXXXX --lr 1",
+     f"x --slack-webhook https://hooks.slack.com/services/T000/B000/{R} --lr 1"),
+    ("x --sentry-dsn https://0123abcd@o1.ingest.sentry.io/1 -e SENTRY_DSN='https://k@h/2' --dsn=postgres://u:p@db/x",
+     f"x --sentry-dsn https://{R}@o1.ingest.sentry.io/1 -e SENTRY_DSN='https://{R}@h/2' --dsn=postgres://{R}@db/x"),
+    ("DISCORD_WEBHOOK_URL=https://discord.com/api/webhooks/123/Abc-Def_ghiJKLmnop_qRsTuVwXyZ?wait=1 x --webhook=http://[x",
+     f"DISCORD_WEBHOOK_URL=https://discord.com/api/webhooks/123/{R}?wait={R} x --webhook={R}"),
     # found by a tester: PyPI's, npm's, Vault's and Tailscale's tokens and JWTs, wherever they stand
     ("twine upload --password pypi-AgEIcHlwaS5vcmc" + "A1b_-" * 12 + " x pypi-AgENdGVzdC5weXBp" + "z9" * 30,
      f"twine upload --password {R} x {R}"),
@@ -183,6 +190,7 @@ def test_secrets_are_redacted(cmdline, expected):
     "sshpass -f pw.txt ssh -p 22 h",
     "curl -b cookies.txt -c jar.txt --cookie-jar jar.txt --user-agent a:b https://h",
     "openssl rsa -passin env:PW -in k.pem && mongod -p 27017",
+    "x --webhook-port 9000 --dsn-file f --webhook https://alerts.example/hook",     # no key in it
     "x s.abcdefghijklmnopqrstuvwx eyJhbGciOiJub25lIn0 npm_short pypi-package tskey- hvs.short",   # not the formats
     "sqlplus / as sysdba && sqlplus -s /nolog @x.sql && 7z a -t7z out.7z dir && wandb agent ent/proj/sweep",
     "lftp -u user sftp://h && twine upload -r testpypi dist/* && vault login - && vault login -method=oidc role=x",
