@@ -339,6 +339,7 @@ def test_urls_shown_without_their_secrets(url, shown):
     "--" + "key-" * 1024 + " x",                    # found in a trial: 160 ms, each `key` tried with the rest
     "--token " * 512, "https://a:b@" * 340, "://x:" + "@" * 4096, "mysql " + "x " * 2048,
     "x-" * 2046 + "token", "--token\u00a0" * 512, "vault login " + "-x " * 1360,
+    "--" + "webhook-" * 512 + " x", "dsn=" * 1024, "eyJa." * 820, "twine " + "-p " * 1360, "lftp " + "-u a," * 800,
 ])
 def test_a_hostile_line_is_read_in_linear_time(line):
     """A 4 KB command line crafted against the patterns (an attacker's, or an unlucky job's) is redacted
