@@ -139,6 +139,12 @@ def walk(path: Path, create: bool) -> int | None:
                 raise _unwalkable(exc, here / name, path) from None
             os.close(fd)
             fd, here = nxt, here / name
+            mode = os.fstat(fd).st_mode
+            if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+                # anyone may rename or replace what lies below it, after any check of ours (found in a trial)
+                raise UnsafePath(f"{here} is writable by anyone and not sticky (mode {stat.S_IMODE(mode):04o}); "
+                                 f"choose a capture directory under one only its owner may write to, or "
+                                 f"`chmod o-w {here}` (or +t, as /tmp is)")
             if made:
                 os.fchmod(fd, DIR_MODE)             # exactly 0700: the umask may neither widen nor narrow it
                 if os.fstat(fd).st_uid != os.geteuid():

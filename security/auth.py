@@ -8,8 +8,10 @@ Roles:
   samples, holds the command stream, reports captures, for its own host only.
 - `reader`: on-call reads: status, findings, queries, watch, reports,
   captures, anomalies and decisions.
-- `operator`: a reader who may also start captures, change the trigger
-  policy and see jobs' full command lines.
+- `operator`: a reader who may also start captures (one agent's, or a
+  job's on every rank) and see jobs' full command lines. The trigger
+  policy has no RPC: it is the analyzer's configuration, changed on its
+  host.
 
 A certificate's role is its subject OU; a token's role is in the tokens
 file, which keeps only SHA-256 hashes of the tokens."""

@@ -193,6 +193,18 @@ def test_a_missing_root_is_never_made_through_a_planted_symbolic_link(tmp_path, 
     assert tree(outside) == {"precious": b"do not touch"}
 
 
+def test_a_root_below_a_directory_anyone_may_write_to_is_refused_at_start_up(tmp_path):
+    """Found in a trial: --capture-dir /tmp/ww/sub/caps, /tmp/ww 0777 without
+    the sticky bit, started fine; anyone could have replaced sub later."""
+    shared = tmp_path / "ww"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ValueError, match=rf"{shared} is writable by anyone and not sticky \(mode 0777\)"):
+        CaptureRunner(CaptureConfig(shared / "sub" / "caps"), HOST)
+    shared.chmod(0o1777)                          # as /tmp: others may not replace what is not theirs
+    os.close(safe_files.open_root(shared / "sub" / "caps"))
+
+
 def test_a_link_only_its_owner_could_have_made_is_followed(tmp_path):
     """As /home -> /data/home on many clusters: a root-owned link in a
     directory only root writes to leads to the default capture directory."""
