@@ -96,6 +96,7 @@ class Agent:
         self._network_said = ""
         self.attribution = None                     # collectors.attribution.Attributor (its status, its kubelet)
         self.capture_reporter: Callable[[CaptureRecord, bytes], None] | None = None
+        self.report_retry = None                    # daemon.report_retry.ReportRetry, with a capture_reporter
         self._burst_until = 0.0                          # sample at BURST_INTERVAL_S until then
 
     def devices(self) -> list[DeviceInfo]:
@@ -356,11 +357,15 @@ class Agent:
             self._count_error(f"command: {type(exc).__name__}: {exc}")
 
     def _report(self, rec: CaptureRecord, data: bytes) -> None:
+        error = rec.error
         try:
             self.capture_reporter(rec, data)
         except Exception as exc:  # the analyzer being away must not lose the capture
             rec.error = (rec.error + "; " if rec.error else "") + f"not reported to the analyzer: {exc}"
-            log.warning("capture not reported", id=rec.id, error=str(exc))
+            log.warning("capture not reported; sent again later" if self.report_retry is not None
+                        else "capture not reported", id=rec.id, error=str(exc))
+            if self.report_retry is not None:
+                self.report_retry.add(rec, data, error)
 
     def status(self) -> dict:
         up = self.uplink.stats() if self.uplink else {}

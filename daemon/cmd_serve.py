@@ -19,6 +19,7 @@ from . import clients, config_file, logs
 from .agent import Agent, AgentConfig
 from .cliutil import UsageError, default_db
 from .entry import interrupted
+from .report_retry import ReportRetry
 from .exporter import AgentCollector, AlertCollector, FleetCollector, registry, serve as serve_metrics
 from .security_flags import (agent_host, agent_security, default_tls_dir, server_tls_dir, server_tls_files,
                              server_tokens)
@@ -91,6 +92,7 @@ def _setup_captures(agent: Agent, ns, analyzer_target: str | None, links, servin
     if analyzer_target:
         agent.capture_reporter = lambda rec, data: clients.report_capture(analyzer_target, capture_pb(rec), data,
                                                                           security=links, stop=agent.stopping)
+        agent.report_retry = ReportRetry(agent.capture_reporter, agent.stopping)
 
 
 def capture_dir(ns) -> Path:
