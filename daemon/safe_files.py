@@ -79,8 +79,8 @@ def _refused(exc: OSError, name: str, dir_fd: int, where: str, action: str) -> O
 def open_root(path: str | os.PathLike, create: bool = True) -> int:
     """The capture root as a directory descriptor, created 0700 when missing
     (with its missing parents, see `walk`). Refused (UnsafePath) when it is a
-    symbolic link or not a directory, owned by another user, or writable by
-    group or others. The caller closes it."""
+    symbolic link others could have planted, not a directory, owned by another
+    user, or writable by group or others. The caller closes it."""
     path = Path(path)
     fd = walk(path, create=True) if create and not os.path.lexists(path) else None
     if fd is None:
@@ -88,10 +88,11 @@ def open_root(path: str | os.PathLike, create: bool = True) -> int:
             fd = os.open(path, _DIR_FLAGS)
         except OSError as exc:
             if os.path.islink(path):
-                raise UnsafePath(f"{path} is a symbolic link; give the directory itself") from None
-            if exc.errno in (errno.ENOTDIR, errno.ELOOP):
+                fd = _through_trusted_link(path)         # /var/lib/gpuscope/captures -> /data/captures
+            elif exc.errno in (errno.ENOTDIR, errno.ELOOP):
                 raise UnsafePath(f"{path} is not a directory") from None
-            raise
+            else:
+                raise
     try:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid():
@@ -156,6 +157,19 @@ def walk(path: Path, create: bool) -> int | None:
     finally:
         if fd is not None:
             os.close(fd)
+
+
+def _through_trusted_link(path: Path) -> int:
+    """The directory a root that is a symbolic link leads to, if the link is
+    one nobody but root or us could have made (_trusted_link)."""
+    parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if not _trusted_link(parent, path.name):
+            raise UnsafePath(f"{path} is a symbolic link others could have planted (not root's or yours, or in a "
+                             f"directory others may write to); give the directory itself")
+        return os.open(path.name, _DIR_FLAGS & ~os.O_NOFOLLOW, dir_fd=parent)
+    finally:
+        os.close(parent)
 
 
 def _open_component(fd: int, name: str) -> int:

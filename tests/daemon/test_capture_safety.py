@@ -154,9 +154,12 @@ def test_an_unsafe_capture_root_is_refused_at_start_up(tmp_path, outside):
     with pytest.raises(ValueError, match=r"writable by group or others \(mode 0777\).*chmod 700"):
         CaptureRunner(CaptureConfig(shared), HOST)
     assert mode(shared) == 0o777                   # refused, not changed: it may be a directory others use
-    link = tmp_path / "link"
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)                           # as /tmp: anyone may plant a link here
+    link = sticky / "link"
     link.symlink_to(outside)
-    with pytest.raises(ValueError, match="symbolic link"):
+    with pytest.raises(ValueError, match="is a symbolic link others could have planted"):
         CaptureRunner(CaptureConfig(link), HOST)
     (tmp_path / "file").write_bytes(b"")
     with pytest.raises(ValueError, match="not a directory"):
@@ -203,6 +206,16 @@ def test_a_root_below_a_directory_anyone_may_write_to_is_refused_at_start_up(tmp
         CaptureRunner(CaptureConfig(shared / "sub" / "caps"), HOST)
     shared.chmod(0o1777)                          # as /tmp: others may not replace what is not theirs
     os.close(safe_files.open_root(shared / "sub" / "caps"))
+
+
+def test_a_root_that_is_a_link_only_its_owner_could_have_made_is_followed(tmp_path):
+    """As /var/lib/gpuscope/captures -> /data/captures (found in a trial: refused)."""
+    real, private = tmp_path / "data", tmp_path / "varlib"
+    real.mkdir(mode=0o700)
+    private.mkdir(mode=0o755)
+    (private / "captures").symlink_to(real, target_is_directory=True)
+    CaptureRunner(CaptureConfig(private / "captures"), HOST)
+    os.close(safe_files.open_root(private / "captures"))
 
 
 def test_a_link_only_its_owner_could_have_made_is_followed(tmp_path):
