@@ -31,6 +31,7 @@ import structlog
 
 from .features import stack_columns
 from .flow import ByteBudget, take_queued
+from .throttle import Throttle
 from .ingest import METRIC_NAMES, DecodedBatch, ProcessRows
 from .seqset import SeqSet
 from .store import Store, encode_ranges
@@ -77,15 +78,15 @@ class BatchRejected(ValueError):
     """The batch can never be stored; str() says why."""
 
 
-def what_to_do(exc: BaseException) -> str:
-    """For an operator reading a failed commit's log line."""
+def what_to_do(exc: BaseException, then: str = "agents keep their batches and resend them") -> str:
+    """For an operator reading a failed write's log line; `then`: what
+    happens to what was not written."""
     text = str(exc)
     if "No space left" in text or "Disk full" in text or "disk is full" in text:
-        return ("free space on the DB's file system (or move --db to another); agents keep their batches "
-                "and resend them, and storing resumes by itself")
+        return f"free space on the DB's file system (or move --db to another); {then}, and storing resumes by itself"
     if "Permission denied" in text or "Read-only file system" in text:
-        return "make the DB's directory writable by the analyzer's user; agents keep their batches and resend them"
-    return "see the error; agents keep their batches and resend them, and each commit is tried again"
+        return f"make the DB's directory writable by the analyzer's user; {then}"
+    return f"see the error; {then}"
 
 
 class StoreUnavailable(RuntimeError):
@@ -118,6 +119,7 @@ class Writer:
         self.batches = self.duplicates = self.samples = self.failed_groups = self.rejected = 0
         self.last_error = ""
         self.failing_since: float | None = None     # the first commit that failed since the last that did not
+        self._commit_log, self._write_log = Throttle(30.0), Throttle(30.0)
 
     def start(self) -> None:
         self._thread.start()
@@ -302,7 +304,10 @@ class Writer:
                 self._reopen = exc
             if len(writes) > 1 and not _fatal(exc) and not isinstance(exc, _ENVIRONMENT):
                 return [self._run_writes([w])[0] for w in writes]
-            log.error("analysis write failed", writes=len(writes), error=str(exc)[:500], what_to_do=what_to_do(exc))
+            said = self._write_log.hit(writes=len(writes))
+            if said is not None:
+                log.error("analysis write failed", writes_since_last_line=said["writes"], error=str(exc)[:500],
+                          what_to_do=what_to_do(exc, "the analysis's rows are owed and written again later"))
             return [exc] * len(writes)
 
     def _settle(self, writes: list, errors: list[Exception | None] | None) -> None:
@@ -365,8 +370,11 @@ class Writer:
                 self.last_error = str(exc)
                 if self.failing_since is None:
                     self.failing_since = self._clock()
-                log.error("commit failed; agents will resend", batches=len(group), error=self.last_error[:500],
-                          what_to_do=what_to_do(exc))
+                said = self._commit_log.hit(groups=1, batches=len(group))
+                if said is not None:      # a full disk fails every group: one line in 30 s, with the counts
+                    log.error("commit failed; agents will resend", groups_since_last_line=said["groups"],
+                              batches_since_last_line=said["batches"], error=self.last_error[:500],
+                              what_to_do=what_to_do(exc))
                 for _, fut in group:
                     fut.set_exception(StoreUnavailable(f"commit failed: {exc}"))
                 return

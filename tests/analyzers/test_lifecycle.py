@@ -9,6 +9,7 @@ import time
 import duckdb
 import numpy as np
 import pytest
+import structlog
 
 from gpuscope.analyzers.analyzer import STALE_AFTER_WINDOWS, Analyzer, AnalyzerConfig
 from gpuscope.analyzers.classify import Classification
@@ -605,10 +606,13 @@ def test_a_store_that_cannot_commit_does_not_take_its_agents_for_silent(tmp_path
         def full(group):
             raise duckdb.IOException('IO Error: Could not write file "f.duckdb.wal": No space left on device')
         monkeypatch.setattr(a.writer, "_write", full)
-        for s in range(6, 16):                  # 10 s of batches the store cannot commit
-            clock.t = T0 + s + 1
-            with pytest.raises(Exception, match="No space left on device"):
-                a.submit(_batch("host-a", "boot-1", s + 1, T0 + s, {0: MEMORY})).result(timeout=10)
+        with structlog.testing.capture_logs() as logs:
+            for s in range(6, 16):                  # 10 s of batches the store cannot commit
+                clock.t = T0 + s + 1
+                with pytest.raises(Exception, match="No space left on device"):
+                    a.submit(_batch("host-a", "boot-1", s + 1, T0 + s, {0: MEMORY})).result(timeout=10)
+        [line] = [x for x in logs if x["event"] == "commit failed; agents will resend"]     # said once, not 10 times
+        assert "free space on the DB's file system" in line["what_to_do"]
         a.sweep().result(timeout=10)
         st = a.status()
         assert st["store_failing_since"] == T0 + 7 and "No space left on device" in st["store_error"]
