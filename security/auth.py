@@ -312,7 +312,7 @@ def audit(caller: Caller | None, method: str, detail: Mapping | str | None = Non
     """One structured line on logger 'gpuscope.audit' per operator action,
     once it has ended: `outcome` is "ok", "denied", or how it failed (its
     status code's name, "cancelled", "failed")."""
-    fields = dict(method=method, outcome=outcome,
+    fields = dict(logger="gpuscope.audit", method=method, outcome=outcome,
                   caller=caller.name if caller else None, role=caller.role if caller else None,
                   caller_host=caller.host if caller else None, via=caller.via if caller else None)
     if isinstance(detail, Mapping):

@@ -278,7 +278,8 @@ def test_caller_from_plain_dicts_caches_and_ignores_roleless_certs(pki):
 def test_audit_is_one_structured_line():
     with structlog.testing.capture_logs() as logs:
         audit(OPERATOR, "/gpuscope.v1.Agent/Capture", {"pid": 42, "method": "shadowed"})
-    assert logs == [dict(event="audit", log_level="info", method="/gpuscope.v1.Agent/Capture", outcome="ok",
+    assert logs == [dict(event="audit", log_level="info", logger="gpuscope.audit", method="/gpuscope.v1.Agent/Capture",
+                         outcome="ok",
                          caller="alice", role="operator", caller_host=None, via="token", pid=42,
                          detail_method="shadowed")]
 
