@@ -73,13 +73,24 @@ def _known(ns) -> str:
     return ""
 
 
+def _uplink_state(s: dict) -> str:
+    """Connected, or why not: an analyzer that answers but cannot store (its
+    disk full) is not a network fault (found in a trial: DISCONNECTED sent
+    on-call after the network)."""
+    if s["uplink_connected"]:
+        return "connected"
+    if "not stored, resend later" in s.get("last_error", ""):
+        return "connected, but the ANALYZER IS NOT STORING (its store fails; the agent resends)"
+    return "DISCONNECTED"
+
+
 def cmd_status(ns) -> int:
     s = clients.status(ns.server, ns.host, ns.limit, security=client_security(ns))
     if ns.json:
         print_json(s)
         return 0
     if s["kind"] == "agent":
-        uplink = (f"uplink {'connected' if s['uplink_connected'] else 'DISCONNECTED'} to {s['analyzer']}"
+        uplink = (f"uplink {_uplink_state(s)} to {s['analyzer']}"
                   if s["analyzer"] else "no analyzer (started without --analyzer)")
         print(f"agent {s['host']} ({s['source']}): {s['samples']} samples, {uplink}, "
               f"dropped {s['dropped_samples']}, unacked {s['unacked_samples']}")
