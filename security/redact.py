@@ -67,7 +67,10 @@ they stand, as does the credential of any Authorization header and any
 Cookie header's cookies.
 
 A value ends at the next blank, or with its quotes when quoted
-(`--password 'two words'`); one inside a query or a connection string
+(`--password 'two words'`); one that a blank follows right after its `=` is
+empty and stays so (`--api-key= --port 8000`, `HF_TOKEN= python x.py`: an
+unset variable's, as the program reads it), though a header's `:` may have
+a blank after it (`X-Api-Key: abc`); one inside a query or a connection string
 (`?sv=1&sig=abc&se=2`, `;AccountKey=abc;EndpointSuffix=x`) ends at the
 next field, which stays.
 
@@ -187,10 +190,14 @@ _SEP = f"[{_BLANKS}]"
 # A field of a query or a connection string (`?sig=abc&se=1`, `;AccountKey=abc;EndpointSuffix=x`): its
 # value ends at the next field, which _ASSIGNED would take as part of it.
 _FIELD = re.compile(rf"""(?<=[?&;#])((?P<name>{_NAME})=)(?:(?:"[^"]*"|'[^']*')[^\s&;#"']*|[^\s&;#"']+)""", _FLAGS)
-# --hf-token=abc, --hf-token= abc, --hf-token:abc, -Dssl.keyStorePassword=abc, HF_TOKEN=abc; not a URL's
+# --hf-token=abc, --hf-token: abc, -Dssl.keyStorePassword=abc, HF_TOKEN=abc; not a URL's
 # user info (`https://x-access-token:abc@github.com/o/r`, found by a tester: the value ran on over the
-# host and path), which _USERINFO reads up to its `@`
-_ASSIGNED = re.compile(rf"(?<![\w.?&;#-])(?<!//)(-{{0,2}}(?P<name>{_NAME}){_SEP}*[=:\uff1a\uff1d]{_SEP}*){_VALUE}", _FLAGS)
+# host and path), which _USERINFO reads up to its `@`. A blank after `=` ends the value: it is empty, as
+# the program and the shell read it (found by a tester: an unset `--api-key=$VLLM_API_KEY` took the next
+# flag, `--api-key= --port 8000`, and `HF_TOKEN= python x.py` the program's name); a header's `:` may
+# have one (`X-Api-Key: abc`).
+_ASSIGNED = re.compile(rf"(?<![\w.?&;#-])(?<!//)(-{{0,2}}(?P<name>{_NAME}){_SEP}*(?:[=\uff1d]|[:\uff1a]{_SEP}*)){_VALUE}",
+                       _FLAGS)
 # --hf-token abc, -token abc (Go's flags), '--hf-token' 'abc' (a script's); a following long flag is not
 # a value, a value that starts with one dash is redacted (when in doubt we redact).
 _SPACED = re.compile(rf"""{_START}(-{{1,2}}(?P<name>{_NAME})["']?{_SEP}+)(?!--){_VALUE}""", _FLAGS)

@@ -226,6 +226,9 @@ def test_secrets_are_redacted(cmdline, expected):
     "x --max-tokens 64 --num-tokens 5 --tokens-per-sample 512 --min-password-length 12 --max-key-age 90",
     "MAX_TOKENS=64 NUM_KEY_VALUE_HEADS=8 HF_TOKEN_FILE=/run/hf python x.py",
     '--config={"max_tokens": 64, "sort_key": "name", "auth_type": "basic"}',
+    # found by a tester: a blank after `=` ends an empty value (an unset variable's), which takes no flag
+    "vllm serve m --api-key= --port 8000 && python train.py --hf_token= --output_dir /out --bf16",
+    "HF_TOKEN= python x.py --password= data.txt",
     "",
 ])
 def test_ordinary_command_lines_are_left_alone(cmdline):
@@ -268,7 +271,8 @@ def test_unicode_look_alikes_do_not_confuse_it():
 
 
 @pytest.mark.parametrize("line", [
-    '--config={"hf_token":"SECRET"}', "--hf-token= SECRET", "--hf-token -SECRET", "--hf-token:SECRET",
+    '--config={"hf_token":"SECRET"}', "--hf-token: SECRET", "--hf-token -SECRET", "--hf-token:SECRET",
+    "--hf-token =SECRET", "X-Api-Key:\u00a0SECRET", "--hf-token=\x00SECRET",
     "--hf-token\uff1dSECRET", "--hf-token\x00SECRET", "--hf-token\u00a0SECRET", "--hf-token\u200bSECRET",
     "--hf-token\x7fSECRET", "{'api_key': SECRET, 'x': 1}",
     # programs' own options, and the fields and headers read by their own rules
