@@ -23,7 +23,7 @@ it stays: a last word naming a number, a kind, or where or which the secret
 is (`--key-frames 10`, `--sig-figs 3`, `--auth-type basic`,
 `--auth-provider oidc`, `--token-source env`, `--password-stdin`,
 `--token-file f`, `--secret-name n`, `--private-ip 10.0.0.1`,
-`--secret-namespace ns`), a quantity word anywhere
+`--secret-namespace ns`, whose: `auth.username=bob`), a quantity word anywhere
 (`--max-num-batched-tokens 8192`, `--num-key-value-heads 8`,
 `--tokens-per-sample 512`), a word before `key` that makes it a field of
 data (`--sort-key name`, `--json-keys text`, `--public-key`, a dataset's
@@ -71,8 +71,10 @@ A value ends at the next blank, or with its quotes when quoted
 empty and stays so (`--api-key= --port 8000`, `HF_TOKEN= python x.py`: an
 unset variable's, as the program reads it), though a header's `:` may have
 a blank after it (`X-Api-Key: abc`); one inside a query or a connection string
-(`?sv=1&sig=abc&se=2`, `;AccountKey=abc;EndpointSuffix=x`) ends at the
-next field, which stays.
+(`?sv=1&sig=abc&se=2`, `;AccountKey=abc;EndpointSuffix=x`) or a comma's
+list of fields (`--export=ALL,HF_TOKEN=abc,WANDB_MODE=offline`, Helm's
+`--set auth.password=abc,auth.username=bob`) ends at the next field, which
+stays.
 
 A URL's user name stays (it says who), its password goes, up to the last
 `@` before the host (`https://user:p@ss@host`, as URL parsers read it),
@@ -131,7 +133,9 @@ _NOT_THE_SECRET = frozenset((
     "file", "path", "dir", "jar", "stdin", "fd", "env", "url", "uri", "endpoint", "host", "port", "name", "prefix",
     # where a secret lives or whom it is for, never the secret (`--private-ip`, `--secret-namespace ns`)
     "ip", "addr", "address", "subnet", "cidr", "network", "domain", "namespace", "region", "zone", "bucket",
-    "server", "store", "registry"))
+    "server", "store", "registry",
+    # whose it is, and the program that fetches it (`auth.username=bob`, git's `credential.helper store`)
+    "user", "username", "email", "helper"))
 # A word anywhere in a name that makes its value a number: `--max-num-batched-tokens`,
 # `--num-key-value-heads`, `--tokens-per-sample` (a plural is as much a count as a secret's list).
 _QUANTITY = frozenset(("max", "min", "num", "n", "number", "total", "count", "per"))
@@ -179,6 +183,11 @@ _PASSWORD_WORD = re.compile(r"[a-z0-9]*(?:pass(?:word|wd|phrase)?|pwd|pw)s?", re
 # Quoted values whole (a shell string) with what is glued to them (`'abc'def` is one word to a shell),
 # else up to the next blank.
 _VALUE = r"""(?:(?:"[^"]*"|'[^']*')[^\s"']*|\S+)"""
+# A value after `=` ends, too, where a list of `name=value` fields goes on (Slurm's `--export=ALL,HF_TOKEN=abc,
+# WANDB_MODE=offline`, Helm's `--set auth.password=abc,auth.username=bob`: found by a tester, the fields after
+# the secret were lost); the lookahead looks only at commas, so a long value is still read once.
+_LISTED = r"(?:(?!,[a-z_][\w.-]*=)[^\s\"'])"
+_LISTED_VALUE = rf"""(?:(?:"[^"]*"|'[^']*'){_LISTED}*|(?:(?!,[a-z_][\w.-]*=)\S)+)"""
 # Not inside another name: the `--token` of `x--token=abc` is not a flag.
 _START = r"(?<![\w.-])"
 
@@ -196,7 +205,7 @@ _FIELD = re.compile(rf"""(?<=[?&;#])((?P<name>{_NAME})=)(?:(?:"[^"]*"|'[^']*')[^
 # the program and the shell read it (found by a tester: an unset `--api-key=$VLLM_API_KEY` took the next
 # flag, `--api-key= --port 8000`, and `HF_TOKEN= python x.py` the program's name); a header's `:` may
 # have one (`X-Api-Key: abc`).
-_ASSIGNED = re.compile(rf"(?<![\w.?&;#-])(?<!//)(-{{0,2}}(?P<name>{_NAME}){_SEP}*(?:[=\uff1d]|[:\uff1a]{_SEP}*)){_VALUE}",
+_ASSIGNED = re.compile(rf"(?<![\w.?&;#-])(?<!//)(-{{0,2}}(?P<name>{_NAME}){_SEP}*(?:[=\uff1d]|[:\uff1a]{_SEP}*)){_LISTED_VALUE}",
                        _FLAGS)
 # --hf-token abc, -token abc (Go's flags), '--hf-token' 'abc' (a script's); a following long flag is not
 # a value, a value that starts with one dash is redacted (when in doubt we redact).

@@ -119,6 +119,11 @@ R = REDACTED
      f"curl https://b.s3.amazonaws.com/k?X-Amz-Credential={R}&X-Amz-Date=20240101T000000Z&X-Amz-Signature={R}"),
     ("x https://app/cb#access_token=abc&token_type=bearer&expires_in=3600",
      f"x https://app/cb#access_token={R}&token_type=bearer&expires_in=3600"),
+    # found by a tester: a comma's list of fields lost those after the secret
+    ("sbatch --export=ALL,HF_TOKEN=hfinexport123,WANDB_MODE=offline run.sh",
+     f"sbatch --export=ALL,HF_TOKEN={R},WANDB_MODE=offline run.sh"),
+    ("helm install x c --set auth.password=hunter2,auth.username=bob --set-string a.token='a b',c=1",
+     f"helm install x c --set auth.password={R},auth.username=bob --set-string a.token={R},c=1"),
     # found by a tester: quoted names (a script's); the quote that closes a string stays, a secret's own goes
     ("""x "--hf-token=abc" '--api-key' 'abc' "--token" "a b" """, f"""x "--hf-token={R}" '--api-key' {R} "--token" {R} """),
     ('bash -c "python x.py --token=abc" && docker run -e "HF_TOKEN=abc" img',
@@ -343,7 +348,7 @@ def test_urls_shown_without_their_secrets(url, shown):
     "--" + "key-" * 1024 + " x",                    # found in a trial: 160 ms, each `key` tried with the rest
     "--token " * 512, "https://a:b@" * 340, "://x:" + "@" * 4096, "mysql " + "x " * 2048,
     "x-" * 2046 + "token", "--token\u00a0" * 512, "vault login " + "-x " * 1360,
-    "--" + "webhook-" * 512 + " x", "dsn=" * 1024, "eyJa." * 820, "twine " + "-p " * 1360, "lftp " + "-u a," * 800,
+    "--" + "webhook-" * 512 + " x", "--token=" + ",a" * 2047, "--token=" + ",a.b-c" * 680, "dsn=" * 1024, "eyJa." * 820, "twine " + "-p " * 1360, "lftp " + "-u a," * 800,
 ])
 def test_a_hostile_line_is_read_in_linear_time(line):
     """A 4 KB command line crafted against the patterns (an attacker's, or an unlucky job's) is redacted
