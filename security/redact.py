@@ -34,8 +34,13 @@ a mapping (`--key-value-cache fp8`), or one before
 (`--use_auth_token True`, `--auth none`). A file's place stays (`--ssh-key
 ~/.ssh/id_rsa`, `--tls-key /etc/tls/key.pem`; `~/`, `./`, `../`, or absolute
 with a `.` or in lower case, which no key's encoding writes: `--secret-key
-/K7MDENG/bPx...` goes), but not a password's (`--password ./x`: a person
-chose it). A JSON or Python literal's bare `"key"` holding a short
+/K7MDENG/bPx...` goes; or a file's name with a key's, a certificate's or a
+config's extension: `--key=a.key`, `--cert=a.pem`, `--credentials c.json`),
+but not a password's (`--password ./x`: a person chose it); `pwd` is also
+the working directory's name, so a path after it is a place (`--pwd
+/home/x`, `OLDPWD=/home/x`). A spec of `name=value` fields stays but for
+the fields whose own name is a secret's (`docker build --secret
+id=npm,src=/npmrc`; `--secret id=x,password=<redacted>`). A JSON or Python literal's bare `"key"` holding a short
 lower-case word names a field (vLLM's `--hf-overrides '{"key": "value"}'`).
 A number stays where only a count or an index can be one: for a
 plural `tokens` or `keys` (Megatron's `--train-tokens 300000000000`,
@@ -178,8 +183,17 @@ _TOKEN_OR_KEY = frozenset(("token", "tokens", "key", "keys"))
 # segments (`/run/secrets/hf`; 1 in 64 base64 keys starts with `/`, as AWS's secret keys may, and a
 # long one has capitals). `/K7MDENG/bPxRfiCY` stays a key.
 _PATH = re.compile(r"(?:~|\.\.?)/\S*|/\S*\.\S*|/[a-z0-9_-]+(?:/[a-z0-9_-]*)+", re.ASCII)
-# A password's words: a person chose it, so it may look like anything, a path too
-_PASSWORD_WORD = re.compile(r"[a-z0-9]*(?:pass(?:word|wd|phrase)?|pwd|pw)s?", re.ASCII)
+# A file's name with a key's, a certificate's or a config's extension is a path too, where it stands
+# (`kubectl create secret tls x --cert=a.pem --key=a.key`, found by a tester; `--credentials creds.json`):
+# no key's encoding writes a `.`
+_FILE = re.compile(r"(?:[\w.-]+/)*[\w.-]*\w\.(?:key|pem|crt|cer|der|csr|p12|pfx|jks|keystore|p8|ppk|pub|asc|gpg"
+                   r"|json|ya?ml|toml|ini|conf|cfg|env|txt)", re.IGNORECASE | re.ASCII)
+# A password's words: a person chose it, so it may look like anything, a path too; not `pwd`, which is
+# also the working directory's name (`--pwd /home/x`, `PWD=/home/x`, `OLDPWD=`: a place, found by a tester)
+_PASSWORD_WORD = re.compile(r"[a-z0-9]*(?:pass(?:word|wd|phrase)?|pw)s?", re.ASCII)
+# A spec of `name=value` fields (`docker build --secret id=npm,src=/npmrc`, found by a tester): its fields
+# say what each is, so only those whose own name is a secret's go (their pattern reads them)
+_SPEC = re.compile(r"[a-z][a-z0-9_.-]*=[^\s=,]+(?:,[a-z][a-z0-9_.-]*=[^\s=,]+)*", re.ASCII)
 # Quoted values whole (a shell string) with what is glued to them (`'abc'def` is one word to a shell),
 # else up to the next blank.
 _VALUE = r"""(?:(?:"[^"]*"|'[^']*')[^\s"']*|\S+)"""
@@ -436,7 +450,10 @@ def _names_a_secret(name: str, value: str) -> bool:
         return False
     # A path is where a key or a token is kept (`--ssh-key ~/.ssh/id_rsa`, `--tls-key /etc/tls/key.pem`), never
     # their material, which programs encode without `~`, `.` or lower-case-only words; a password's may be one.
-    if _PATH.fullmatch(value) and not any(_PASSWORD_WORD.fullmatch(w) for w in secret):
+    if (_PATH.fullmatch(value) or _FILE.fullmatch(value)) and not any(_PASSWORD_WORD.fullmatch(w) for w in secret):
+        return False
+    # a spec of fields: each field's own name says whether it is a secret (`--secret id=npm,src=/npmrc`)
+    if _SPEC.fullmatch(value):
         return False
     return True
 

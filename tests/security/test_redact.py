@@ -15,7 +15,10 @@ R = REDACTED
     ("db --password hunter2 --user me", f"db --password {R} --user me"),
     ("db --passwd=hunter2", f"db --passwd={R}"),
     ("x --client-secret=s3cr3t", f"x --client-secret={R}"),
-    ("x --credentials creds.json", f"x --credentials {R}"),
+    ("x --credentials c2VjcmV0LWNyZWRz", f"x --credentials {R}"),
+    # a spec's fields go by their own names; a password's path and file still go
+    ("docker build --secret id=npm,password=pw --secret=id=x,token=t .", f"docker build --secret id=npm,password={R} --secret=id=x,token={R} ."),
+    ("x --password a.txt --key abc=", f"x --password {R} --key {R}"),
     ("x --auth basic:xyz", f"x --auth {R}"),
     ("x --private-key id_ed25519", f"x --private-key {R}"),
     # a key's material may start with `/` (base64) and a password may look like a path: both still go
@@ -218,6 +221,10 @@ def test_secrets_are_redacted(cmdline, expected):
     # found by a tester: a key's or a token's place, not the key (the name had said where nowhere)
     "x --ssh-key ~/.ssh/id_rsa --tls-key /etc/tls/key.pem --private-key ./k.pem --key ../k",
     "x --token /run/secrets/hf --credentials /etc/creds.json --token=/run/x HF_TOKEN=~/.hf",
+    # found by a tester: a spec of fields, a file's name with a key's extension, the working directory
+    "docker build --secret id=npm,src=/npmrc --secret=id=aws,env=AWS_PROFILE .",
+    "kubectl create secret tls x --cert=a.pem --key=a.key && x --credentials creds.json --token-x certs/t.JSON",
+    "x --pwd /home/x PWD=/home/x OLDPWD=/root/src",
     # found by a tester: a literal's "key" holding a field's name
     """vllm serve m --hf-overrides '{"key": "value"}' --x '[{"key": "text_a"}]'""",
     "python run_clm.py --use_auth_token True --use-auth-token false --bypass 1 --compass 3",
