@@ -65,6 +65,12 @@ smbclient's `-U user%password`, openssl's `pass:PASSWORD`, ssh-keygen's
 the token `vault login` and the key `wandb login` take. Elsewhere
 short flags keep their values (`-p 8080`, `docker run -u 1000:1000`).
 
+A setting's name and its value as words of their own go as a flag's do,
+after `config set`, `configure set` or `git config` and its scope (`aws
+configure set aws_secret_access_key <redacted>`, `git config --global
+user.password <redacted>`, `npm config set //registry.npmjs.org/:_authToken
+<redacted>`; `git config credential.helper store` stays).
+
 Tokens of a recognisable issuer's format (`hf_...`, `ghp_...`, `sk-...`,
 `AKIA...`, `AIza...`, PyPI's `pypi-AgE...`, npm's `npm_...`, Vault's
 `hvs....`, Tailscale's `tskey-...`, JWTs' `eyJ....eyJ....sig`) go wherever
@@ -258,7 +264,16 @@ _HOOK_NAME = (rf"(?=(?:{_WORD}[-_.])*[a-z0-9]*(?:webhook|dsn)s?(?![a-z0-9]))"
               rf"{_WORD}(?:[-_.]{_WORD})*+")
 _HOOKED = re.compile(rf"""{_START}(-{{0,2}}{_HOOK_NAME}["']?(?:{_SEP}*[=:]{_SEP}*|{_SEP}+)["']?)"""
                      r"""([a-z][a-z0-9+.-]*://[^\s"']+)""", _FLAGS)
-_PATTERNS = (_COOKIE_HEADER, _KEYED, _FIELD, _ASSIGNED, _SPACED, _USERINFO, _BEARER, _AUTH_HEADER, _ISSUED)
+# A setting's name, then its value, as words of their own (found by a tester: `aws configure set
+# aws_secret_access_key X`, `git config --global user.password X`, `npm config set //registry.npmjs.org/:_authToken
+# X` kept theirs): after `config set`, `configure set` or `git config` and its scope, the name is read as a
+# flag's (its last part after a `/` or `:`), and the next word is its value.
+_CONFIG_SET = re.compile(
+    rf"""(?<![\w.-])((?:(?:config|configure){_SEP}+set|git(?:{_SEP}+-c{_SEP}+\S+)*{_SEP}+config"""
+    rf"""(?:{_SEP}+--(?:global|system|local|worktree|add|replace-all|file(?:=|{_SEP}+)\S+))*)"""
+    rf"""{_SEP}+(?:[^\s=]*[/:])?_*(?P<name>{_WORD}(?:[-_.]{_WORD})*+){_SEP}+)(?!-){_VALUE}""", _FLAGS)
+_PATTERNS = (_COOKIE_HEADER, _KEYED, _FIELD, _ASSIGNED, _SPACED, _CONFIG_SET, _USERINFO, _BEARER, _AUTH_HEADER,
+             _ISSUED)
 
 # A short option means what its program says: `-p` is mysql's password but ssh's port, `-u` curl's
 # user:password but docker's uid:gid. So a short option's value goes only after a program known to take

@@ -169,6 +169,14 @@ R = REDACTED
     ("x --hmackey a --sessionkey a --masterkey a --signingkey a --licensekey a --aeskey a --enckey a",
      f"x --hmackey {R} --sessionkey {R} --masterkey {R} --signingkey {R} --licensekey {R} --aeskey {R} --enckey {R}"),
     ("x --creds abc --pat abc GH_PAT=abc --aws-creds=abc", f"x --creds {R} --pat {R} GH_PAT={R} --aws-creds={R}"),
+    # found by a tester: a setting's name, then its value, as words of their own
+    ("aws configure set aws_secret_access_key wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY && "
+     "aws configure set aws_session_token FwoGZXIvYXdzEBYaDHabc --profile p",
+     f"aws configure set aws_secret_access_key {R} && aws configure set aws_session_token {R} --profile p"),
+    ("git config --global user.password hunter2 && /usr/bin/git -c x=1 config --file=.git/c github.token ghs_x",
+     f"git config --global user.password {R} && /usr/bin/git -c x=1 config --file=.git/c github.token {R}"),
+    ("npm config set //registry.npmjs.org/:_authToken abcdef-123 && yarn config set npmAuthToken t",
+     f"npm config set //registry.npmjs.org/:_authToken {R} && yarn config set npmAuthToken {R}"),
     # camelCase names read word by word
     ("node s.js --dbPass x --encryptionKey x --storageKey x --hfToken x", f"node s.js --dbPass {R} --encryptionKey {R} --storageKey {R} --hfToken {R}"),
 ])
@@ -221,6 +229,9 @@ def test_secrets_are_redacted(cmdline, expected):
     # found by a tester: a key's or a token's place, not the key (the name had said where nowhere)
     "x --ssh-key ~/.ssh/id_rsa --tls-key /etc/tls/key.pem --private-key ./k.pem --key ../k",
     "x --token /run/secrets/hf --credentials /etc/creds.json --token=/run/x HF_TOKEN=~/.hf",
+    # a setting whose name is no secret's, or one read, not set
+    "git config --global credential.helper store && git config --global user.email a@b && aws configure set region x",
+    "git config --get user.password && npm config set registry https://r && aws configure set sso_session s",
     # found by a tester: a spec of fields, a file's name with a key's extension, the working directory
     "docker build --secret id=npm,src=/npmrc --secret=id=aws,env=AWS_PROFILE .",
     "kubectl create secret tls x --cert=a.pem --key=a.key && x --credentials creds.json --token-x certs/t.JSON",
@@ -355,7 +366,8 @@ def test_urls_shown_without_their_secrets(url, shown):
     "--" + "key-" * 1024 + " x",                    # found in a trial: 160 ms, each `key` tried with the rest
     "--token " * 512, "https://a:b@" * 340, "://x:" + "@" * 4096, "mysql " + "x " * 2048,
     "x-" * 2046 + "token", "--token\u00a0" * 512, "vault login " + "-x " * 1360,
-    "--" + "webhook-" * 512 + " x", "--token=" + ",a" * 2047, "--token=" + ",a.b-c" * 680, "dsn=" * 1024, "eyJa." * 820, "twine " + "-p " * 1360, "lftp " + "-u a," * 800,
+    "--" + "webhook-" * 512 + " x", "--token=" + ",a" * 2047, "config set " * 372,
+    "git config " * 372, "config set " + "/:" * 2040 + " x", "--token=" + ",a.b-c" * 680, "dsn=" * 1024, "eyJa." * 820, "twine " + "-p " * 1360, "lftp " + "-u a," * 800,
 ])
 def test_a_hostile_line_is_read_in_linear_time(line):
     """A 4 KB command line crafted against the patterns (an attacker's, or an unlucky job's) is redacted
