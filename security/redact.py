@@ -40,7 +40,9 @@ but not a password's (`--password ./x`: a person chose it); `pwd` is also
 the working directory's name, so a path after it is a place (`--pwd
 /home/x`, `OLDPWD=/home/x`). A spec of `name=value` fields stays but for
 the fields whose own name is a secret's (`docker build --secret
-id=npm,src=/npmrc`; `--secret id=x,password=<redacted>`). A JSON or Python literal's bare `"key"` holding a short
+id=npm,src=/npmrc`; `--secret id=x,password=<redacted>`). A JSON or Python literal's or a subscript's secret-named key has its value
+go (`{"hf_token": "abc"}`, `os.environ["HF_TOKEN"]="abc"`). A JSON or Python
+literal's bare `"key"` holding a short
 lower-case word names a field (vLLM's `--hf-overrides '{"key": "value"}'`).
 A number stays where only a count or an index can be one: for a
 plural `tokens` or `keys` (Megatron's `--train-tokens 300000000000`,
@@ -230,8 +232,9 @@ _ASSIGNED = re.compile(rf"(?<![\w.?&;#-])(?<!//)(-{{0,2}}(?P<name>{_NAME}){_SEP}
 # --hf-token abc, -token abc (Go's flags), '--hf-token' 'abc' (a script's); a following long flag is not
 # a value, a value that starts with one dash is redacted (when in doubt we redact).
 _SPACED = re.compile(rf"""{_START}(-{{1,2}}(?P<name>{_NAME})["']?{_SEP}+)(?!--){_VALUE}""", _FLAGS)
-# JSON or Python literals: {"hf_token": "abc"}, {'api_key': abc}
-_KEYED = re.compile(rf"""(["'](?P<name>{_NAME})["']{_SEP}*[:=]{_SEP}*)(?:"[^"]*"|'[^']*'|[^\s,}}\]]+)""", _FLAGS)
+# JSON or Python literals: {"hf_token": "abc"}, {'api_key': abc}, and a subscript's assignment (found by a
+# tester: `python -c 'os.environ["HF_TOKEN"]="abc"; main()'`) or comparison (`== "abc"`)
+_KEYED = re.compile(rf"""(["'](?P<name>{_NAME})["']\]?{_SEP}*(?:==|[:=]){_SEP}*)(?:"[^"]*"|'[^']*'|[^\s,;}}\]]+)""", _FLAGS)
 # https://user:pass@host; the user info ends at the authority's last '@' (found by a tester:
 # https://user:p@ss@host showed `ss`), so the password may hold ':' and '@' but never '/', '?', '#' or blanks.
 _USERINFO = re.compile(r"(://[^\s/:?#]*:)[^\s/?#]+(?=@[^\s/?#@]*(?:[\s/?#]|$))")

@@ -177,6 +177,11 @@ R = REDACTED
      f"git config --global user.password {R} && /usr/bin/git -c x=1 config --file=.git/c github.token {R}"),
     ("npm config set //registry.npmjs.org/:_authToken abcdef-123 && yarn config set npmAuthToken t",
      f"npm config set //registry.npmjs.org/:_authToken {R} && yarn config set npmAuthToken {R}"),
+    # found by a tester: a subscript's assignment in a script
+    ("""python -c import os; os.environ["HF_TOKEN"]="hfinlinecode123"; main()""",
+     f"""python -c import os; os.environ["HF_TOKEN"]={R}; main()"""),
+    ("""python -c "import os; os.environ['API_KEY'] = 'a b'; assert env['password'] == 'pw'" """,
+     f"""python -c "import os; os.environ['API_KEY'] = {R}; assert env['password'] == {R}" """),
     # camelCase names read word by word
     ("node s.js --dbPass x --encryptionKey x --storageKey x --hfToken x", f"node s.js --dbPass {R} --encryptionKey {R} --storageKey {R} --hfToken {R}"),
 ])
