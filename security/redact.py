@@ -73,6 +73,10 @@ configure set aws_secret_access_key <redacted>`, `git config --global
 user.password <redacted>`, `npm config set //registry.npmjs.org/:_authToken
 <redacted>`; `git config credential.helper store` stays).
 
+A secret-named value that is an Authorization scheme keeps it, and the
+credential after it goes (`--auth-token=Bearer <redacted>`, as /proc shows a
+quoted `"Bearer abc"`).
+
 Tokens of a recognisable issuer's format (`hf_...`, `ghp_...`, `sk-...`,
 `AKIA...`, `AIza...`, PyPI's `pypi-AgE...`, npm's `npm_...`, Vault's
 `hvs....`, Tailscale's `tskey-...`, JWTs' `eyJ....eyJ....sig`) go wherever
@@ -229,6 +233,14 @@ _FIELD = re.compile(rf"""(?<=[?&;#])((?P<name>{_NAME})=)(?:(?:"[^"]*"|'[^']*')[^
 # have one (`X-Api-Key: abc`).
 _ASSIGNED = re.compile(rf"(?<![\w.?&;#-])(?<!//)(-{{0,2}}(?P<name>{_NAME}){_SEP}*(?:[=\uff1d]|[:\uff1a]{_SEP}*)){_LISTED_VALUE}",
                        _FLAGS)
+# A secret-named value that is an Authorization scheme, then the credential as a word of its own, as /proc
+# shows `--auth-token="Bearer abc"` (found by a tester: the scheme went and the credential stayed); before
+# _ASSIGNED and _SPACED, which leave such a scheme to it
+_SCHEMES = ("bearer", "basic")
+_SCHEMED = re.compile(rf"""(?<![\w.?&;#-])(?<!//)(-{{0,2}}(?P<name>{_NAME})["']?"""
+                      rf"""(?:{_SEP}*(?:[=\uff1d]|[:\uff1a]{_SEP}*)|{_SEP}+)["']?(?:{"|".join(_SCHEMES)}){_SEP}+)"""
+                      rf"""(?!-){_VALUE}""", _FLAGS)
+_REDACTED_NEXT = re.compile(rf"{_SEP}+{re.escape(REDACTED)}")
 # --hf-token abc, -token abc (Go's flags), '--hf-token' 'abc' (a script's); a following long flag is not
 # a value, a value that starts with one dash is redacted (when in doubt we redact).
 _SPACED = re.compile(rf"""{_START}(-{{1,2}}(?P<name>{_NAME})["']?{_SEP}+)(?!--){_VALUE}""", _FLAGS)
@@ -275,7 +287,7 @@ _CONFIG_SET = re.compile(
     rf"""(?<![\w.-])((?:(?:config|configure){_SEP}+set|git(?:{_SEP}+-c{_SEP}+\S+)*{_SEP}+config"""
     rf"""(?:{_SEP}+--(?:global|system|local|worktree|add|replace-all|file(?:=|{_SEP}+)\S+))*)"""
     rf"""{_SEP}+(?:[^\s=]*[/:])?_*(?P<name>{_WORD}(?:[-_.]{_WORD})*+){_SEP}+)(?!-){_VALUE}""", _FLAGS)
-_PATTERNS = (_COOKIE_HEADER, _KEYED, _FIELD, _ASSIGNED, _SPACED, _CONFIG_SET, _USERINFO, _BEARER, _AUTH_HEADER,
+_PATTERNS = (_COOKIE_HEADER, _KEYED, _FIELD, _SCHEMED, _ASSIGNED, _SPACED, _CONFIG_SET, _USERINFO, _BEARER, _AUTH_HEADER,
              _ISSUED)
 
 # A short option means what its program says: `-p` is mysql's password but ssh's port, `-u` curl's
@@ -421,6 +433,8 @@ def _redacted(m: re.Match) -> str:
     if name is not None and not _names_a_secret(name, value.strip("\"'")):
         return m.group(0)
     if m.re is _KEYED and name.lower() == "key" and _FIELD_NAME.fullmatch(value):
+        return m.group(0)
+    if value.lower() in _SCHEMES and _REDACTED_NEXT.match(m.string, m.end()):     # _SCHEMED's: the scheme stays
         return m.group(0)
     return m.group(1) + REDACTED + _closing_quote(m)
 
