@@ -101,6 +101,11 @@ URL with a user name and no password (`https://ghp_x@github.com`) is left
 as it is: the name alone is usually a login (`git@`), and guessing which
 are tokens would be wrong both ways.
 
+A webhook's or a bot's URL that holds its key goes wherever it stands:
+Slack's (`https://hooks.slack.com/services/T../B../<redacted>`), Discord's
+(`/api/webhooks/<id>/<redacted>`) and Telegram's bot token
+(`https://api.telegram.org/bot123:<redacted>/sendMessage`).
+
 A URL that is logged (an alert receiver's) is shown by `redact_url`, which
 is stricter: webhooks carry their key in the user info, the query or a
 path segment (Slack's `/services/T../B../<key>`), so all user info, every
@@ -287,7 +292,13 @@ _CONFIG_SET = re.compile(
     rf"""(?<![\w.-])((?:(?:config|configure){_SEP}+set|git(?:{_SEP}+-c{_SEP}+\S+)*{_SEP}+config"""
     rf"""(?:{_SEP}+--(?:global|system|local|worktree|add|replace-all|file(?:=|{_SEP}+)\S+))*)"""
     rf"""{_SEP}+(?:[^\s=]*[/:])?_*(?P<name>{_WORD}(?:[-_.]{_WORD})*+){_SEP}+)(?!-){_VALUE}""", _FLAGS)
-_PATTERNS = (_COOKIE_HEADER, _KEYED, _FIELD, _SCHEMED, _ASSIGNED, _SPACED, _CONFIG_SET, _USERINFO, _BEARER, _AUTH_HEADER,
+# Webhooks and bots whose URL holds their key wherever it stands (found by a tester: a bare `curl` to one
+# kept it): Slack's last path segment (`hooks.slack.com/services/T../B../<key>`, its workflows' and
+# triggers'), Discord's (`/api/webhooks/<id>/<token>`) and Telegram's bot token (`/bot<id>:<token>/`)
+_HOOK_URL = re.compile(r"""((?:hooks\.slack\.com/(?:services|workflows|triggers)/(?:[^\s/?#"']+/)+"""
+                       r"""|discord(?:app)?\.com/api/webhooks/[^\s/?#"']+/|api\.telegram\.org/(?:file/)?bot[^\s/?#"':]+:))"""
+                       r"""[^\s/?#"']+""", re.IGNORECASE | re.ASCII)
+_PATTERNS = (_COOKIE_HEADER, _KEYED, _FIELD, _SCHEMED, _ASSIGNED, _SPACED, _CONFIG_SET, _USERINFO, _HOOK_URL, _BEARER, _AUTH_HEADER,
              _ISSUED)
 
 # A short option means what its program says: `-p` is mysql's password but ssh's port, `-u` curl's
@@ -361,7 +372,7 @@ _BY_PROGRAM = tuple(
 # Every pattern needs one of these (lower case): most command lines have
 # none, and str.find is ~50x cheaper than running the patterns.
 _CLUES = ("token", "key", "secret", "pass", "pw", "cred", "auth", "private", "://", "bearer",
-          "cookie", "jwt", "sig", "webhook", "dsn",
+          "cookie", "jwt", "sig", "webhook", "dsn", "hooks.slack", "api.telegram",
           "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "sk-", "xox", "akia", "asia", "aiza",
           "pypi-", "npm_", "hvs.", "hvb.", "hvr.", "tskey-", "eyj",
           *{clue for clue, _, _, _ in _PROGRAM_OPTIONS})

@@ -181,6 +181,12 @@ R = REDACTED
     ("x --auth-token=Bearer abc123secret --api-key Basic dXNlcjpw AUTH=bearer t --x 1",
      f"x --auth-token=Bearer {R} --api-key Basic {R} AUTH=bearer {R} --x 1"),
     ('x --auth-token="Bearer abc" --token=Bearer --auth basic', f"x --auth-token={R} --token={R} --auth {R}"),
+    # found by a tester: a webhook's or a bot's URL standing alone
+    ("curl https://hooks.slack.com/services/T000/B000/XXXXXXXXXXXXXXXX -d x && curl "
+     "https://discord.com/api/webhooks/123/Abc-Def?wait=true",
+     f"curl https://hooks.slack.com/services/T000/B000/{R} -d x && curl https://discord.com/api/webhooks/123/{R}?wait=true"),
+    ("curl https://api.telegram.org/bot123456:ABC-DEF1234ghIkl/sendMessage 'https://hooks.slack.com/workflows/T1/A2/3/k'",
+     f"curl https://api.telegram.org/bot123456:{R}/sendMessage 'https://hooks.slack.com/workflows/T1/A2/3/{R}'"),
     # found by a tester: a subscript's assignment in a script
     ("""python -c import os; os.environ["HF_TOKEN"]="hfinlinecode123"; main()""",
      f"""python -c import os; os.environ["HF_TOKEN"]={R}; main()"""),
@@ -375,7 +381,8 @@ def test_urls_shown_without_their_secrets(url, shown):
     "--" + "key-" * 1024 + " x",                    # found in a trial: 160 ms, each `key` tried with the rest
     "--token " * 512, "https://a:b@" * 340, "://x:" + "@" * 4096, "mysql " + "x " * 2048,
     "x-" * 2046 + "token", "--token\u00a0" * 512, "vault login " + "-x " * 1360,
-    "--" + "webhook-" * 512 + " x", "--token=" + ",a" * 2047, "config set " * 372, "--token=bearer " * 273, "--token basic " * 292,
+    "--" + "webhook-" * 512 + " x", "--token=" + ",a" * 2047, "config set " * 372, "--token=bearer " * 273, "hooks.slack.com/services/" + "a/" * 2035,
+    "api.telegram.org/bot" * 204, "--token basic " * 292,
     "git config " * 372, "config set " + "/:" * 2040 + " x", "--token=" + ",a.b-c" * 680, "dsn=" * 1024, "eyJa." * 820, "twine " + "-p " * 1360, "lftp " + "-u a," * 800,
 ])
 def test_a_hostile_line_is_read_in_linear_time(line):
