@@ -9,7 +9,7 @@ What is removed here is gone everywhere downstream.
 A name counts as a secret's when one of its words (split at `-`, `_`, `.`
 and camelCase's capitals)
 is a secret word: token, key, secret, password, passwd, credential(s),
-creds, pat (a personal access token), auth, private, jwt, cookie, sig,
+creds, pat (a personal access token), auth, oauth, private, jwt, cookie, sig,
 signature, their plurals (`--api-keys`, `--tokens`), a word ending in
 token/secret/password/passwd/passphrase/pwd/credential/cookie/signature/key
 (`HFTOKEN`, `PGPASSWORD`, `MYSQL_PWD`, `-setcookie`, Azure's `AccountKey=`,
@@ -23,7 +23,7 @@ it stays: a last word naming a number, a kind, or where or which the secret
 is (`--key-frames 10`, `--sig-figs 3`, `--auth-type basic`,
 `--auth-provider oidc`, `--token-source env`, `--password-stdin`,
 `--token-file f`, `--secret-name n`, `--private-ip 10.0.0.1`,
-`--secret-namespace ns`, whose: `auth.username=bob`), a quantity word anywhere
+`--secret-namespace ns`, whose: `auth.username=bob`, what it may do: `--oauth-scopes repo`), a quantity word anywhere
 (`--max-num-batched-tokens 8192`, `--num-key-value-heads 8`,
 `--tokens-per-sample 512`), a word before `key` that makes it a field of
 data (`--sort-key name`, `--json-keys text`, `--public-key`, a dataset's
@@ -133,7 +133,7 @@ _WORD = r"[a-z0-9]+"
 # whole (not `sacred`, `compat`).
 _SECRET_WORD = (r"(?:[a-z0-9]*(?:token|secret|password|passwd|passphrase|pwd|credentials?|cookie|signature|keys?)"
                 r"|(?:tokens|secrets|passwords|passphrases|cookies|signatures)"
-                r"|auth|private|jwt|sig|creds?|pat)")
+                r"|auth|oauth2?|private|jwt|sig|creds?|pat)")
 # Short words that name a password only as a name's last word (`--db-pass`, `--pw`), not `--pass-through`
 # or `--pw-length` (found in a trial: a torchrun script name redacted after --pass-through); Java's
 # keytool and jarsigner write theirs as one word (`-storepass`, `-srckeypass`)
@@ -157,7 +157,9 @@ _NOT_THE_SECRET = frozenset((
     "ip", "addr", "address", "subnet", "cidr", "network", "domain", "namespace", "region", "zone", "bucket",
     "server", "store", "registry",
     # whose it is, and the program that fetches it (`auth.username=bob`, git's `credential.helper store`)
-    "user", "username", "email", "helper"))
+    "user", "username", "email", "helper",
+    # what it may do (`--oauth-scopes repo`, `--token-scopes read`)
+    "scope", "scopes"))
 # A word anywhere in a name that makes its value a number: `--max-num-batched-tokens`,
 # `--num-key-value-heads`, `--tokens-per-sample` (a plural is as much a count as a secret's list).
 _QUANTITY = frozenset(("max", "min", "num", "n", "number", "total", "count", "per"))

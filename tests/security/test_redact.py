@@ -181,6 +181,8 @@ R = REDACTED
     ("x --auth-token=Bearer abc123secret --api-key Basic dXNlcjpw AUTH=bearer t --x 1",
      f"x --auth-token=Bearer {R} --api-key Basic {R} AUTH=bearer {R} --x 1"),
     ('x --auth-token="Bearer abc" --token=Bearer --auth basic', f"x --auth-token={R} --token={R} --auth {R}"),
+    # found by a tester: oauth is a secret's word
+    ("python train.py --oauth abc123 OAUTH2_TOKEN=t --oauth2=x", f"python train.py --oauth {R} OAUTH2_TOKEN={R} --oauth2={R}"),
     # found by a tester: a webhook's or a bot's URL standing alone
     ("curl https://hooks.slack.com/services/T000/B000/XXXXXXXXXXXXXXXX -d x && curl "
      "https://discord.com/api/webhooks/123/Abc-Def?wait=true",
@@ -240,6 +242,7 @@ def test_secrets_are_redacted(cmdline, expected):
     "x --key-value-cache fp8 --key-value-store redis --kv-keys 8",
     # found by a tester: a last word saying where the secret lives, whose kind it is, or a number
     "x --private-ip 10.0.0.1 --secret-namespace ns --auth-provider oidc --credential-provider aws",
+    "x --oauth-provider github --oauth-scopes=repo --oauth2-endpoint https://idp --oauthlib 3",
     "x --token-source env --sig-figs 3 --auth-server https://idp --secret-store vault",
     # found by a tester: a key's or a token's place, not the key (the name had said where nowhere)
     "x --ssh-key ~/.ssh/id_rsa --tls-key /etc/tls/key.pem --private-key ./k.pem --key ../k",
