@@ -636,7 +636,8 @@ def test_a_store_that_cannot_commit_does_not_take_its_agents_for_silent(tmp_path
 def test_status_over_grpc_and_on_the_terminal_names_a_failing_store(tmp_path, monkeypatch, capsys):
     import grpc
 
-    from gpuscope.daemon.cli import main
+    from gpuscope.daemon.cli import build_parser
+    from gpuscope.daemon.cmd_oncall import cmd_status
     from gpuscope.v1 import analyzer_pb2 as apb, analyzer_pb2_grpc
     from tests.helpers import AnalyzerServer
     srv = AnalyzerServer(tmp_path / "g.duckdb")
@@ -651,7 +652,8 @@ def test_status_over_grpc_and_on_the_terminal_names_a_failing_store(tmp_path, mo
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
             st = stub.GetStatus(apb.StatusRequest(), timeout=10)
         assert "No space left on device" in st.store_error and st.store_failing_seconds >= 0.0
-        assert main(["status", "--server", srv.target, "--insecure"]) == 0
+        # the command itself, not cli.main, which would set up the process's logging for the tests after
+        assert cmd_status(build_parser().parse_args(["status", "--server", srv.target, "--insecure"])) == 0
         out = capsys.readouterr().out
         assert "STORE FAILING for" in out and "No space left on device" in out
     finally:
