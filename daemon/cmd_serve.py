@@ -422,7 +422,8 @@ def _server_security(ns, name: str, listen: str) -> dict:
         if denial:
             audit(caller, method, outcome="denied")
             return caller, denial, None
-        return caller, None, lambda outcome: audit(caller, method, outcome=outcome)     # once it has ended
+        return caller, None, lambda outcome, target: audit(caller, method, {"target": target} if target else None,
+                                                           outcome=outcome)     # once it has ended
     security = dict(credentials=server_credentials(files, require_client_cert=True), authenticate=authenticate)
     oncall = getattr(ns, "oncall_listen", None)
     if oncall:

@@ -21,6 +21,7 @@ from concurrent import futures
 from typing import Callable, Iterable
 
 import grpc
+import structlog
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
@@ -42,9 +43,10 @@ MAX_RECEIVE_BYTES = 32 * 1024 * 1024
 EXTRA_PORT_RECEIVE_BYTES = 1024 * 1024
 
 # authenticate(method, auth_context, metadata) -> (caller, denial, done): denial None or (code, message);
-# done None or a callable told how an allowed call ended ("ok" or its status code's name), for the audit log
+# done None or a callable told how an allowed call ended ("ok" or its status code's name) and what its request
+# named (_acted_on), for the audit log
 Authenticate = Callable[[str, dict, tuple], tuple[object, tuple[grpc.StatusCode, str] | None,
-                                                 Callable[[str], None] | None]]
+                                                 Callable[[str, str], None] | None]]
 
 
 class ListenError(RuntimeError):
@@ -355,10 +357,13 @@ def _guard(behavior, method: str, authenticate: Authenticate, streams_out: bool)
                                             tuple(context.invocation_metadata() or ()))
         return denial, (None if denial else CALLER.set(caller)), done
 
-    def leave(token, done, context, error: BaseException | None) -> None:
+    def leave(token, done, context, error: BaseException | None, request=None) -> None:
         CALLER.reset(token)
         if done is not None:
-            done(_ended(context, error))
+            try:
+                done(_ended(context, error), _acted_on(request))
+            except Exception:   # the audit line must never change how the call ended
+                structlog.get_logger("gpuscope.audit").exception("audit line failed", method=method)
 
     if inspect.isasyncgenfunction(behavior):
         async def agen(request, context):
@@ -373,7 +378,7 @@ def _guard(behavior, method: str, authenticate: Authenticate, streams_out: bool)
                 error = exc
                 raise
             finally:
-                leave(token, done, context, error)
+                leave(token, done, context, error, request)
         return agen
     if inspect.iscoroutinefunction(behavior):
         async def coro(request, context):
@@ -387,7 +392,7 @@ def _guard(behavior, method: str, authenticate: Authenticate, streams_out: bool)
                 error = exc
                 raise
             finally:
-                leave(token, done, context, error)
+                leave(token, done, context, error, request)
         return coro
 
     if streams_out:                    # a sync generator on the thread pool
@@ -404,7 +409,7 @@ def _guard(behavior, method: str, authenticate: Authenticate, streams_out: bool)
                 error = exc
                 raise
             finally:
-                leave(token, done, context, error)
+                leave(token, done, context, error, request)
         return gen
 
     def call(request, context):
@@ -420,8 +425,18 @@ def _guard(behavior, method: str, authenticate: Authenticate, streams_out: bool)
             error = exc
             raise
         finally:
-            leave(token, done, context, error)
+            leave(token, done, context, error, request)
     return call
+
+
+def _acted_on(request) -> str:
+    """What an operator action's request names (`pid=461 duration_ms=2000`),
+    for its audit line: a message's scalar fields, redacted and cut short;
+    nothing for a stream of requests or bytes that were no message."""
+    if not hasattr(request, "ListFields"):
+        return ""
+    fields = " ".join(f"{f.name}={v}" for f, v in request.ListFields() if isinstance(v, (str, int, float)))
+    return redact_command(fields)[:300]
 
 
 class _Ending:

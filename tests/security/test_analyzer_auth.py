@@ -248,10 +248,10 @@ def test_an_operator_action_is_audited_with_how_it_ended(pki, tmp_path):
         shutdown(server, grace_s=0.2)
         servicer.close()
         a.close()
-    audits = [(x["method"], x["role"], x["outcome"]) for x in logs if x["event"] == "audit"]
-    assert audits == [("/gpuscope.v1.Analyzer/CaptureJob", "operator", "NOT_FOUND"),
-                      ("/gpuscope.v1.Analyzer/CaptureJob", "operator", "INVALID_ARGUMENT"),
-                      ("/gpuscope.v1.Analyzer/CaptureJob", "reader", "denied")]
+    audits = [(x["method"], x["role"], x["outcome"], x.get("target")) for x in logs if x["event"] == "audit"]
+    assert audits == [("/gpuscope.v1.Analyzer/CaptureJob", "operator", "NOT_FOUND", "job=no-such-job"),
+                      ("/gpuscope.v1.Analyzer/CaptureJob", "operator", "INVALID_ARGUMENT", "job=j duration_ms=1000000000"),
+                      ("/gpuscope.v1.Analyzer/CaptureJob", "reader", "denied", None)]
 
 
 def test_how_a_call_ended():
@@ -303,9 +303,9 @@ def test_the_agents_operator_actions_are_audited_with_their_status_code(pki):
             assert len(stub.ListJobs(agent_pb2.ListJobsRequest(), timeout=10).jobs) == 0
     finally:
         shutdown(server, grace_s=0.2)
-    assert [(x["method"].rsplit("/", 1)[1], x["outcome"]) for x in logs if x["event"] == "audit"] == [
-        ("Capture", "PERMISSION_DENIED"), ("Capture", "INVALID_ARGUMENT"), ("Capture", "INVALID_ARGUMENT"),
-        ("ListJobs", "ok")]
+    assert [(x["method"].rsplit("/", 1)[1], x["outcome"], x.get("target")) for x in logs if x["event"] == "audit"] == [
+        ("Capture", "PERMISSION_DENIED", "pid=1 duration_ms=100"), ("Capture", "INVALID_ARGUMENT", "duration_ms=100"),
+        ("Capture", "INVALID_ARGUMENT", None), ("ListJobs", "ok", None)]
 
 
 def _server_security_for(ns, name):
