@@ -352,81 +352,70 @@ def _guard(behavior, method: str, authenticate: Authenticate, streams_out: bool)
     and say how it ended to whoever asked (the audit log of operator
     actions: "allowed" alone would not say whether the capture happened).
     One wrapper per handler kind, because gRPC tells them apart by kind."""
-    def enter(context):
+    def enter(context, request, sync: bool):
+        """The refusal, if any; the call's _Call; the context the handler gets."""
         caller, denial, done = authenticate(method, context.auth_context(),
                                             tuple(context.invocation_metadata() or ()))
-        return denial, (None if denial else CALLER.set(caller)), done
-
-    def leave(token, done, context, error: BaseException | None, request=None) -> None:
-        CALLER.reset(token)
-        if done is not None:
-            try:
-                done(_ended(context, error), _acted_on(request))
-            except Exception:   # the audit line must never change how the call ended
-                structlog.get_logger("gpuscope.audit").exception("audit line failed", method=method)
+        if denial:
+            return denial, None, context
+        if done is not None and sync:    # grpc.aio's context for sync handlers keeps no code: _Ending does
+            context = _Ending(context)
+        return None, _Call(method, CALLER.set(caller), done, context, request), context
 
     if inspect.isasyncgenfunction(behavior):
         async def agen(request, context):
-            denial, token, done = enter(context)
+            denial, call, context = enter(context, request, sync=False)
             if denial:
                 await context.abort(*denial)
-            error = None
-            try:
+            with call:
                 async for item in behavior(request, context):
                     yield item
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                leave(token, done, context, error, request)
         return agen
     if inspect.iscoroutinefunction(behavior):
         async def coro(request, context):
-            denial, token, done = enter(context)
+            denial, call, context = enter(context, request, sync=False)
             if denial:
                 await context.abort(*denial)
-            error = None
-            try:
+            with call:
                 return await behavior(request, context)
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                leave(token, done, context, error, request)
         return coro
 
     if streams_out:                    # a sync generator on the thread pool
         def gen(request, context):
-            denial, token, done = enter(context)
+            denial, call, context = enter(context, request, sync=True)
             if denial:
                 context.abort(*denial)
-            if done is not None:
-                context = _Ending(context)
-            error = None
-            try:
+            with call:
                 yield from behavior(request, context)
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                leave(token, done, context, error, request)
         return gen
 
-    def call(request, context):
-        denial, token, done = enter(context)
+    def unary(request, context):
+        denial, call, context = enter(context, request, sync=True)
         if denial:
             context.abort(*denial)
-        if done is not None:
-            context = _Ending(context)
-        error = None
-        try:
+        with call:
             return behavior(request, context)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            leave(token, done, context, error, request)
-    return call
+    return unary
+
+
+class _Call:
+    """An allowed call while its handler runs: CALLER set, and at its end
+    `done` told how it ended and what its request named."""
+    __slots__ = ("method", "token", "done", "context", "request")
+
+    def __init__(self, method: str, token, done, context, request) -> None:
+        self.method, self.token, self.done, self.context, self.request = method, token, done, context, request
+
+    def __enter__(self) -> "_Call":
+        return self
+
+    def __exit__(self, _kind, error: BaseException | None, _tb) -> None:
+        CALLER.reset(self.token)
+        if self.done is not None:
+            try:
+                self.done(_ended(self.context, error), _acted_on(self.request))
+            except Exception:   # the audit line must never change how the call ended
+                structlog.get_logger("gpuscope.audit").exception("audit line failed", method=self.method)
 
 
 def _acted_on(request) -> str:
