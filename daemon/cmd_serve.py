@@ -274,13 +274,14 @@ def _memory_limit(ns) -> None:
     """--memory-limit as DuckDB would take it, from the floor above to the
     machine's memory (more than it has is no cap at all). Said now, not by
     the analysis process at start-up, nor by its first query."""
-    from gpuscope.analyzers.store import MEMORY_SIZE, memory_size_bytes
+    from gpuscope.analyzers.store import memory_size_bytes
 
     value = ns.memory_limit
-    if not MEMORY_SIZE.fullmatch(value):
-        raise UsageError(f"--memory-limit {value!r}: expected a size like 1GB or 512MiB", exit_status=2)
+    try:
+        size = memory_size_bytes(value)
+    except ValueError as exc:
+        raise UsageError(f"--memory-limit {exc}", exit_status=2) from None
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    size = memory_size_bytes(value)
     if size < MEMORY_LIMIT_FLOOR:
         why = "less than DuckDB needs to hold the analyzer's tables and a commit"
     elif size > physical and _given(ns, "memory_limit", "1GB"):   # the default on a small machine: DuckDB's
