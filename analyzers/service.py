@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError
 
 from gpuscope.collectors import catalogue as cat
 from gpuscope.collectors.records import ATTRIBUTION_FIELDS, MAX_ATTRIBUTION_BYTES
-from gpuscope.v1 import ACCEPTED_KEY, analyzer_pb2 as apb, analyzer_pb2_grpc, samples_pb2 as pb
+from gpuscope.v1 import ACCEPTED_KEY, NOT_STORED, analyzer_pb2 as apb, analyzer_pb2_grpc, samples_pb2 as pb
 
 from gpuscope.security.context import current_caller
 from gpuscope.security.redact import command_label
@@ -277,7 +277,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
     def _not_stored(self, exc: Exception) -> str:
         """UNAVAILABLE's details for a batch not stored: what happened, in the
         store's words (a timeout has none), and what to do, said once here."""
-        return f"not stored, resend later: {str(exc) or f'no commit within {self._timeout:.0f} s'}"
+        return f"{NOT_STORED}: {str(exc) or f'no commit within {self._timeout:.0f} s'}"
 
     async def Push(self, request: bytes, context):
         try:
@@ -465,7 +465,7 @@ class AnalyzerServicer(analyzer_pb2_grpc.AnalyzerServicer):
         try:
             row = await asyncio.shield(slot.storing)
         except (StoreUnavailable, TimeoutError) as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the capture was not stored, resend later: "
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the capture was {NOT_STORED}: "
                                 f"{exc or 'no answer within 30 s'}")
         return capture_summary_pb(row)
 

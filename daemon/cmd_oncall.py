@@ -9,6 +9,7 @@ import time
 from gpuscope.analyzers import accuracy
 from gpuscope.collectors import catalogue as cat
 from gpuscope.collectors import human
+from gpuscope.v1 import NOT_STORED
 
 from . import clients
 from .cliutil import UsageError, age, print_json, seen, whose, whose_beside
@@ -79,7 +80,7 @@ def _uplink_state(s: dict) -> str:
     on-call after the network)."""
     if s["uplink_connected"]:
         return "connected"
-    if "not stored, resend later" in s.get("last_error", ""):
+    if NOT_STORED in s.get("last_error", ""):
         return "connected, but the ANALYZER IS NOT STORING (its store fails; the agent resends)"
     return "DISCONNECTED"
 

@@ -7,3 +7,6 @@ REJECTED_SEQ_KEY = "gpuscope-rejected-seq"
 # Initial metadata of a Commands stream the analyzer accepted, sent at once: the
 # agent then reads a later reset as the analyzer going away, not as a refusal.
 ACCEPTED_KEY = "gpuscope-commands-accepted"
+# Said in an UNAVAILABLE's details when the analyzer answered but its store did not
+# take what was sent (a full disk): clients tell that from an analyzer out of reach.
+NOT_STORED = "not stored, resend later"
