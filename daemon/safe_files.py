@@ -164,12 +164,14 @@ def _through_trusted_link(path: Path) -> int:
     one nobody but root or us could have made (_trusted_link)."""
     parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        if not _trusted_link(parent, path.name):
-            raise UnsafePath(f"{path} is a symbolic link others could have planted (not root's or yours, or in a "
-                             f"directory others may write to); give the directory itself")
-        return os.open(path.name, _DIR_FLAGS & ~os.O_NOFOLLOW, dir_fd=parent)
+        return _open_component(parent, path.name)
+    except OSError:
+        raise UnsafePath(f"{path} {_PLANTED}; give the directory itself") from None
     finally:
         os.close(parent)
+
+
+_PLANTED = "is a symbolic link others could have planted (not root's or yours, or in a directory others may write to)"
 
 
 def _open_component(fd: int, name: str) -> int:
@@ -198,9 +200,8 @@ def _trusted_link(fd: int, name: str) -> bool:
 
 def _unwalkable(exc: OSError, at: Path, path: Path) -> OSError:
     if os.path.islink(at):
-        return UnsafePath(f"{at} is a symbolic link others could have planted (not root's or yours, or in a "
-                          f"directory others may write to); directories are not created through one: give the path "
-                          f"it leads to ({os.path.realpath(path)}), or create {path} first")
+        return UnsafePath(f"{at} {_PLANTED}; directories are not created through one: give the path it leads to "
+                          f"({os.path.realpath(path)}), or create {path} first")
     if exc.errno in (errno.ENOTDIR, errno.ELOOP):
         return UnsafePath(f"cannot create {path}: {at} is not a directory")
     return exc
